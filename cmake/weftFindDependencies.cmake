@@ -1,0 +1,77 @@
+# Finds weft's dependencies -- MPI, Kokkos and Kokkos Kernels -- and guarantees
+# the targets MPI::MPI_CXX, Kokkos::kokkos and Kokkos::kokkoskernels, whether
+# Kokkos comes from a standard Kokkos >= 4 install or from Debian's
+# Trilinos-packaged 3.4 (targets trilinos_kokkoscore / trilinos_kokkoskernels
+# and an exported include directory that does not exist).
+# Used by weft's own build and installed beside weftConfig.cmake.
+include_guard(GLOBAL)
+
+set(_weft_install_hint
+  "On Debian/Ubuntu run scripts/install_deps.sh from the weft source tree, or:\n"
+  "  apt-get install libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenmpi-dev openmpi-bin libopenblas-dev\n"
+  "Elsewhere install Kokkos >= 4 and Kokkos Kernels (any backend) and pass -DKokkos_ROOT=<prefix> -DKokkosKernels_ROOT=<prefix>.")
+
+find_package(MPI QUIET COMPONENTS CXX)
+if(NOT MPI_CXX_FOUND)
+  message(FATAL_ERROR "weft: MPI (C++ bindings of the C API) was not found.\n" ${_weft_install_hint})
+endif()
+
+find_package(Kokkos CONFIG QUIET)
+if(NOT Kokkos_FOUND)
+  message(FATAL_ERROR "weft: Kokkos was not found (neither a Kokkos >= 4 install nor Debian's Trilinos-packaged Kokkos).\n" ${_weft_install_hint})
+endif()
+
+# Trilinos' TriBITS config sets Kokkos_PACKAGE_LIST and defines trilinos_* targets.
+if(TARGET trilinos_kokkoscore OR DEFINED Kokkos_PACKAGE_LIST)
+  set(WEFT_KOKKOS_FLAVOR "trilinos")
+  # Its Kokkos::kokkos names <prefix>/lib/include, which does not exist; the
+  # headers are in Kokkos_INCLUDE_DIRS. Keep only the directories that exist.
+  set(_weft_kokkos_inc "")
+  foreach(_dir IN LISTS Kokkos_INCLUDE_DIRS)
+    get_filename_component(_dir "${_dir}" REALPATH)
+    if(IS_DIRECTORY "${_dir}")
+      list(APPEND _weft_kokkos_inc "${_dir}")
+    endif()
+  endforeach()
+  if(NOT _weft_kokkos_inc OR NOT EXISTS "${_weft_kokkos_inc}/Kokkos_Core.hpp")
+    message(FATAL_ERROR "weft: Trilinos-packaged Kokkos found at ${Kokkos_DIR}, but Kokkos_Core.hpp is not in '${Kokkos_INCLUDE_DIRS}'.\n" ${_weft_install_hint})
+  endif()
+  if(NOT TARGET Kokkos::kokkos)
+    add_library(Kokkos::kokkos INTERFACE IMPORTED)
+    set_property(TARGET Kokkos::kokkos PROPERTY INTERFACE_LINK_LIBRARIES ${Kokkos_LIBRARIES})
+  endif()
+  set_property(TARGET Kokkos::kokkos PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${_weft_kokkos_inc}")
+  if(NOT Kokkos_VERSION)
+    file(STRINGS "${_weft_kokkos_inc}/KokkosCore_config.h" _weft_kv REGEX "define KOKKOS_VERSION ")
+    string(REGEX REPLACE ".*KOKKOS_VERSION ([0-9]+).*" "\\1" _weft_kv "${_weft_kv}")
+    math(EXPR _maj "${_weft_kv} / 10000")
+    math(EXPR _min "(${_weft_kv} / 100) % 100")
+    math(EXPR _pat "${_weft_kv} % 100")
+    set(Kokkos_VERSION "${_maj}.${_min}.${_pat}")
+  endif()
+else()
+  set(WEFT_KOKKOS_FLAVOR "standard")
+  if(NOT TARGET Kokkos::kokkos)
+    message(FATAL_ERROR "weft: Kokkos found at ${Kokkos_DIR} but it defines no Kokkos::kokkos target.\n" ${_weft_install_hint})
+  endif()
+endif()
+if(Kokkos_VERSION VERSION_LESS 3.4)
+  message(FATAL_ERROR "weft: Kokkos ${Kokkos_VERSION} is too old; weft needs 3.4 (Debian) or >= 4.0.\n" ${_weft_install_hint})
+endif()
+
+find_package(KokkosKernels CONFIG QUIET)
+if(NOT KokkosKernels_FOUND)
+  message(FATAL_ERROR "weft: Kokkos Kernels was not found (Kokkos ${Kokkos_VERSION} was, at ${Kokkos_DIR}).\n" ${_weft_install_hint})
+endif()
+if(NOT TARGET Kokkos::kokkoskernels)
+  if(TARGET trilinos_kokkoskernels)
+    add_library(Kokkos::kokkoskernels INTERFACE IMPORTED)
+    set_property(TARGET Kokkos::kokkoskernels PROPERTY INTERFACE_LINK_LIBRARIES trilinos_kokkoskernels Kokkos::kokkos)
+  else()
+    message(FATAL_ERROR "weft: Kokkos Kernels found at ${KokkosKernels_DIR} but it defines neither Kokkos::kokkoskernels nor trilinos_kokkoskernels.\n" ${_weft_install_hint})
+  endif()
+endif()
+
+if(NOT weft_FIND_QUIETLY)
+  message(STATUS "weft: Kokkos ${Kokkos_VERSION} (${WEFT_KOKKOS_FLAVOR}) at ${Kokkos_DIR}; MPI ${MPI_CXX_VERSION}")
+endif()

@@ -1,0 +1,45 @@
+# Test helpers of weft's own build:
+#   weft_add_mpi_test(NAME SOURCES ... [RANKS 1 2 4 8] [TIMEOUT s])
+#     one doctest executable, run by CTest at each rank count (oversubscribed
+#     where the machine has fewer cores, ranks yielding when idle).
+#   weft_add_compile_fail_test(NAME SOURCE file REGEX message [DEFINES ...])
+#     proves the snippet does NOT compile and that the compiler says `message`.
+include_guard(GLOBAL)
+
+set(WEFT_TEST_RANKS "1;2;4;8" CACHE STRING "Rank counts at which every MPI test runs")
+set(WEFT_MPIEXEC_FLAGS "--oversubscribe;--bind-to;none;--mca;mpi_yield_when_idle;1" CACHE STRING
+    "Flags of mpiexec for the tests (Open MPI spellings)")
+# Running as root needs Open MPI's consent; the variables are harmless otherwise.
+set(WEFT_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1;WEFT_TEST_DEADLINE=60")
+
+function(weft_add_mpi_test name)
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;RANKS;ENV" ${ARGN})
+  if(NOT T_RANKS)
+    set(T_RANKS ${WEFT_TEST_RANKS})
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE weft_test_harness)
+  foreach(n IN LISTS T_RANKS)
+    add_test(NAME ${name}.np${n}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${WEFT_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:${name}>)
+    set_tests_properties(${name}.np${n} PROPERTIES
+      PROCESSORS ${n} TIMEOUT ${T_TIMEOUT} LABELS "mpi;np${n}"
+      ENVIRONMENT "${WEFT_TEST_ENV};${T_ENV}")
+  endforeach()
+endfunction()
+
+function(weft_add_compile_fail_test name)
+  cmake_parse_arguments(T "" "SOURCE;REGEX" "DEFINES" ${ARGN})
+  set(obj compile_fail_${name})
+  add_library(${obj} OBJECT EXCLUDE_FROM_ALL ${T_SOURCE})
+  target_link_libraries(${obj} PRIVATE weft::weft)
+  target_compile_definitions(${obj} PRIVATE ${T_DEFINES})
+  add_test(NAME compile_fail.${name}
+           COMMAND ${CMAKE_COMMAND} -DTARGET=${obj} -DBUILD_DIR=${CMAKE_BINARY_DIR} "-DREGEX=${T_REGEX}"
+                   -P ${PROJECT_SOURCE_DIR}/cmake/weftCompileFail.cmake)
+  # Builds in the same tree must not run concurrently.
+  set_tests_properties(compile_fail.${name} PROPERTIES LABELS "compile_fail" RESOURCE_LOCK weft_build_tree TIMEOUT 300)
+endfunction()

@@ -1,0 +1,142 @@
+// weft::Environment: RAII start and stop of MPI and Kokkos for a weft program.
+// It respects an application that already initialised either (and then leaves
+// finalisation to it), and makes a failure on one rank end the whole job
+// instead of leaving the other ranks blocked.
+#pragma once
+
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <weft/comm/comm.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/kokkos_compat.hpp>
+
+namespace weft {
+
+namespace detail {
+inline const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "unknown";
+  }
+}
+
+// An exception that escapes main on one rank would leave the others blocked in
+// their next collective; print it and abort the whole job instead.
+[[noreturn]] inline void terminate_job() {
+  int rank = -1, init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::string what = "unknown exception";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+    }
+  } else {
+    what = "std::terminate called without an active exception";
+  }
+  std::fprintf(stderr, "weft: rank %d is ending the job: %s\n", rank, what.c_str());
+  std::fflush(stderr);
+  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+}  // namespace detail
+
+/// Starts MPI (at thread level `required_thread_level`, default
+/// MPI_THREAD_FUNNELED: only the main thread calls MPI) and Kokkos unless the
+/// application already did, and stops what it started. Construct it first in
+/// main and let every weft object die before it.
+class Environment {
+ public:
+  /// Initialises from the program's arguments (Kokkos reads its --kokkos-* flags).
+  Environment(int& argc, char**& argv, int required_thread_level = MPI_THREAD_FUNNELED) {
+    start(&argc, &argv, required_thread_level);
+  }
+  /// Initialises without program arguments.
+  explicit Environment(int required_thread_level = MPI_THREAD_FUNNELED) {
+    start(nullptr, nullptr, required_thread_level);
+  }
+  Environment(const Environment&) = delete;
+  Environment& operator=(const Environment&) = delete;
+
+  ~Environment() {
+    world_.reset();
+    const bool failing = std::uncaught_exceptions() > 0 || detail::comm_poisoned();
+    if (failing && owns_mpi_) {
+      // Another rank may be blocked waiting for this one: finalising could hang.
+      std::fprintf(stderr, "weft: rank %d is leaving with an error; aborting the job so that no rank waits forever\n", rank_);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (owns_kokkos_) {
+      Kokkos::finalize();
+      detail::kokkos_finalized_by_weft() = true;
+    }
+    if (owns_mpi_) {
+      int fin = 0;
+      MPI_Finalized(&fin);
+      if (!fin) MPI_Finalize();
+    }
+  }
+
+  /// weft's duplicate of MPI_COMM_WORLD (named "world"; errors returned, not fatal).
+  Comm& world() { return *world_; }
+  /// The thread level MPI provides.
+  int thread_level() const noexcept { return provided_; }
+  /// Whether this Environment initialised MPI (and will finalise it).
+  bool owns_mpi() const noexcept { return owns_mpi_; }
+  /// Whether this Environment initialised Kokkos (and will finalise it).
+  bool owns_kokkos() const noexcept { return owns_kokkos_; }
+
+ private:
+  void start(int* argc, char*** argv, int required) {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    WEFT_REQUIRE(!fin, ConfigError, "weft::Environment: MPI was already finalised; create the Environment before MPI_Finalize");
+    if (!init) {
+      int rc = MPI_Init_thread(argc, argv, required, &provided_);
+      WEFT_REQUIRE(rc == MPI_SUCCESS, ConfigError, "weft::Environment: MPI_Init_thread failed with code ", rc);
+      owns_mpi_ = true;
+      std::set_terminate(detail::terminate_job);
+    } else {
+      MPI_Query_thread(&provided_);
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    WEFT_REQUIRE(provided_ >= required, ConfigError, "weft::Environment: MPI provides thread level ",
+                 detail::thread_level_name(provided_), " but ", detail::thread_level_name(required),
+                 " was requested; initialise MPI with MPI_Init_thread at that level or request less");
+    if (!detail::kokkos_is_initialized()) {
+      WEFT_REQUIRE(!detail::kokkos_is_finalized(), ConfigError,
+                   "weft::Environment: Kokkos was already finalised and cannot be initialised again in this process");
+      if (argc != nullptr) {
+        Kokkos::initialize(*argc, *argv);
+      } else {
+        Kokkos::initialize();
+      }
+      owns_kokkos_ = true;
+    }
+    world_.emplace(Comm::duplicate(MPI_COMM_WORLD, "world"));
+  }
+
+  bool owns_mpi_ = false;
+  bool owns_kokkos_ = false;
+  int provided_ = MPI_THREAD_SINGLE;
+  int rank_ = 0;
+  std::optional<Comm> world_;
+};
+
+}  // namespace weft

@@ -1,0 +1,15 @@
+// The umbrella header: everything weft offers. Include this, or the headers of
+// the layers you use.
+#pragma once
+
+#include <weft/config.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/kokkos_compat.hpp>
+#include <weft/core/version.hpp>
+#include <weft/comm/datatype.hpp>
+#include <weft/comm/stats.hpp>
+#include <weft/comm/request.hpp>
+#include <weft/comm/comm.hpp>
+#include <weft/comm/environment.hpp>
+#include <weft/mesh/axis.hpp>
+#include <weft/mesh/mesh.hpp>
