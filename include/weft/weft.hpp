@@ -13,3 +13,4 @@
 #include <weft/comm/environment.hpp>
 #include <weft/mesh/axis.hpp>
 #include <weft/mesh/mesh.hpp>
+#include <weft/ops/ops.hpp>

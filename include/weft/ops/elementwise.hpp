@@ -1,0 +1,129 @@
+// Element-wise kernels of the transformer and their backward passes: bias add
+// and its column-sum gradient, residual add, tanh-approximated GELU and SwiGLU.
+// Column reductions loop over rows inside one thread per column so that the
+// result does not depend on how many threads run (bit-reproducible training).
+#pragma once
+
+#include <weft/ops/common.hpp>
+
+namespace weft::ops {
+
+/// y(i, j) += b(j): the bias of a Linear layer.
+template <class YV, class BV>
+void bias_add(const YV& y, const BV& b) {
+  detail::require_extent("weft::ops::bias_add", "bias", b, 0, y.extent(1));
+  const std::size_t n = y.extent(1);
+  Kokkos::parallel_for(
+      "weft::bias_add", detail::range(y, y.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        for (std::size_t j = 0; j < n; ++j) y(i, j) += b(j);
+      });
+}
+
+/// db(j) += sum_i dy(i, j): the bias gradient (accumulates, for microbatches).
+template <class DYV, class DBV>
+void bias_backward(const DYV& dy, const DBV& db) {
+  detail::require_extent("weft::ops::bias_backward", "bias gradient", db, 0, dy.extent(1));
+  const std::size_t rows = dy.extent(0);
+  Kokkos::parallel_for(
+      "weft::bias_backward", detail::range(db, db.extent(0)), KOKKOS_LAMBDA(std::size_t j) {
+        typename DBV::non_const_value_type s = 0;
+        for (std::size_t i = 0; i < rows; ++i) s += dy(i, j);
+        db(j) += s;
+      });
+}
+
+/// y = a + b (element-wise, rank 2); y may alias a or b. The residual connection.
+template <class YV, class AV, class BV>
+void add(const YV& y, const AV& a, const BV& b) {
+  detail::require_extent("weft::ops::add", "a", a, 0, y.extent(0));
+  detail::require_extent("weft::ops::add", "a", a, 1, y.extent(1));
+  detail::require_extent("weft::ops::add", "b", b, 0, y.extent(0));
+  detail::require_extent("weft::ops::add", "b", b, 1, y.extent(1));
+  const std::size_t n = y.extent(1);
+  Kokkos::parallel_for(
+      "weft::add", detail::range(y, y.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        for (std::size_t j = 0; j < n; ++j) y(i, j) = a(i, j) + b(i, j);
+      });
+}
+
+namespace detail {
+// GELU with the tanh approximation (GPT-2's): 0.5 x (1 + tanh(c (x + 0.044715 x^3))).
+template <class T>
+KOKKOS_INLINE_FUNCTION T gelu_value(T x) {
+  const T c = T(0.7978845608028654);  // sqrt(2 / pi)
+  return T(0.5) * x * (T(1) + math::tanh(c * (x + T(0.044715) * x * x * x)));
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION T gelu_derivative(T x) {
+  const T c = T(0.7978845608028654);
+  const T t = math::tanh(c * (x + T(0.044715) * x * x * x));
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * c * (T(1) + T(3) * T(0.044715) * x * x);
+}
+template <class T>
+KOKKOS_INLINE_FUNCTION T sigmoid(T x) {
+  return T(1) / (T(1) + math::exp(-x));
+}
+}  // namespace detail
+
+/// y = gelu(x), tanh approximation. The backward pass needs x (not y).
+template <class XV, class YV>
+void gelu_forward(const XV& x, const YV& y) {
+  detail::require_extent("weft::ops::gelu_forward", "y", y, 0, x.extent(0));
+  detail::require_extent("weft::ops::gelu_forward", "y", y, 1, x.extent(1));
+  const std::size_t n = x.extent(1);
+  Kokkos::parallel_for(
+      "weft::gelu_forward", detail::range(x, x.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        for (std::size_t j = 0; j < n; ++j) y(i, j) = detail::gelu_value(x(i, j));
+      });
+}
+
+/// dx = gelu'(x) * dy; dx may alias dy.
+template <class DYV, class XV, class DXV>
+void gelu_backward(const DYV& dy, const XV& x, const DXV& dx) {
+  detail::require_extent("weft::ops::gelu_backward", "dy", dy, 0, x.extent(0));
+  detail::require_extent("weft::ops::gelu_backward", "dy", dy, 1, x.extent(1));
+  detail::require_extent("weft::ops::gelu_backward", "dx", dx, 0, x.extent(0));
+  detail::require_extent("weft::ops::gelu_backward", "dx", dx, 1, x.extent(1));
+  const std::size_t n = x.extent(1);
+  Kokkos::parallel_for(
+      "weft::gelu_backward", detail::range(x, x.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        for (std::size_t j = 0; j < n; ++j) dx(i, j) = dy(i, j) * detail::gelu_derivative(x(i, j));
+      });
+}
+
+/// SwiGLU: u is [rows, 2F] holding the gate a = u(:, 0:F) and the value
+/// b = u(:, F:2F) side by side (one fused up-projection); y = silu(a) * b, [rows, F].
+template <class UV, class YV>
+void swiglu_forward(const UV& u, const YV& y) {
+  const std::size_t f = y.extent(1);
+  detail::require_extent("weft::ops::swiglu_forward", "u", u, 1, 2 * f);
+  detail::require_extent("weft::ops::swiglu_forward", "u", u, 0, y.extent(0));
+  Kokkos::parallel_for(
+      "weft::swiglu_forward", detail::range(u, u.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        for (std::size_t j = 0; j < f; ++j) {
+          const auto a = u(i, j);
+          y(i, j) = a * detail::sigmoid(a) * u(i, f + j);
+        }
+      });
+}
+
+/// du = d/du of sum(dy * swiglu(u)), [rows, 2F] (overwritten, not accumulated).
+template <class DYV, class UV, class DUV>
+void swiglu_backward(const DYV& dy, const UV& u, const DUV& du) {
+  const std::size_t f = dy.extent(1);
+  detail::require_extent("weft::ops::swiglu_backward", "u", u, 1, 2 * f);
+  detail::require_extent("weft::ops::swiglu_backward", "du", du, 1, 2 * f);
+  detail::require_extent("weft::ops::swiglu_backward", "du", du, 0, u.extent(0));
+  Kokkos::parallel_for(
+      "weft::swiglu_backward", detail::range(u, u.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        for (std::size_t j = 0; j < f; ++j) {
+          using T = typename UV::non_const_value_type;
+          const T a = u(i, j), b = u(i, f + j), g = dy(i, j);
+          const T s = detail::sigmoid(a);
+          du(i, j) = g * b * s * (T(1) + a * (T(1) - s));
+          du(i, f + j) = g * a * s;
+        }
+      });
+}
+
+}  // namespace weft::ops

@@ -1,0 +1,84 @@
+// Embedding lookup (token and learned position tables) and its backward, a
+// scatter-add into the table. The scatter runs one thread per feature column
+// over the tokens in order, so repeated tokens add up in a fixed order without
+// atomics: the gradient is bit-identical whatever the thread count.
+#pragma once
+
+#include <weft/ops/common.hpp>
+
+namespace weft::ops {
+
+/// y(n, :) = W(ids(n), :), or += with `accumulate`. Ids are checked on the
+/// device; an id outside [0, vocab) is a ConfigError naming the first one.
+template <class WV, class IV, class YV>
+void embedding_forward(const WV& W, const IV& ids, const YV& y, bool accumulate = false) {
+  const std::size_t n = ids.extent(0), d = W.extent(1);
+  const int vocab = static_cast<int>(W.extent(0));
+  detail::require_extent("weft::ops::embedding_forward", "y", y, 0, n);
+  detail::require_extent("weft::ops::embedding_forward", "y", y, 1, d);
+  long bad = -1;
+  Kokkos::parallel_reduce(
+      "weft::embedding_check", detail::range(ids, n),
+      KOKKOS_LAMBDA(std::size_t i, long& first) {
+        if ((ids(i) < 0 || ids(i) >= vocab) && (first < 0 || long(i) < first)) first = long(i);
+      },
+      Kokkos::Max<long>(bad));
+  if (bad >= 0) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Kokkos::subview(ids, std::make_pair(bad, bad + 1)));
+    ::weft::detail::throw_error<ConfigError>("weft::ops::embedding_forward: token id ", h(0), " at position ", bad,
+                                     " is outside the vocabulary [0, ", vocab,
+                                     "); raise --vocab or check the data's tokenizer");
+  }
+  Kokkos::parallel_for(
+      "weft::embedding_forward", detail::range(y, n), KOKKOS_LAMBDA(std::size_t i) {
+        const int t = ids(i);
+        for (std::size_t j = 0; j < d; ++j) y(i, j) = accumulate ? y(i, j) + W(t, j) : W(t, j);
+      });
+}
+
+/// dW(ids(n), :) += dy(n, :) for every n (accumulates into dW).
+template <class DYV, class IV, class DWV>
+void embedding_backward(const DYV& dy, const IV& ids, const DWV& dW) {
+  const std::size_t n = ids.extent(0);
+  detail::require_extent("weft::ops::embedding_backward", "dy", dy, 0, n);
+  detail::require_extent("weft::ops::embedding_backward", "dy", dy, 1, dW.extent(1));
+  Kokkos::parallel_for(
+      "weft::embedding_backward", detail::range(dW, dW.extent(1)), KOKKOS_LAMBDA(std::size_t j) {
+        for (std::size_t i = 0; i < n; ++i) dW(ids(i), j) += dy(i, j);
+      });
+}
+
+/// y(b*T + t, :) (+)= P(offset + t, :) for rows grouped in sequences of length
+/// T: learned absolute positions. `offset` is the global position of the first
+/// row of each sequence, so a sequence shard reads its own positions.
+template <class PV, class YV>
+void position_forward(const PV& P, std::size_t seq, std::size_t offset, const YV& y, bool accumulate = true) {
+  const std::size_t rows = y.extent(0), d = y.extent(1);
+  WEFT_REQUIRE(seq > 0 && rows % seq == 0, ShapeError, "weft::ops::position_forward: ", rows,
+               " rows are not whole sequences of length ", seq);
+  WEFT_REQUIRE(offset + seq <= P.extent(0), ConfigError, "weft::ops::position_forward: positions up to ", offset + seq,
+               " need a table of at least that many rows, the table has ", P.extent(0), "; raise --seq");
+  detail::require_extent("weft::ops::position_forward", "position table", P, 1, d);
+  Kokkos::parallel_for(
+      "weft::position_forward", detail::range(y, rows), KOKKOS_LAMBDA(std::size_t i) {
+        const std::size_t t = offset + i % seq;
+        for (std::size_t j = 0; j < d; ++j) y(i, j) = accumulate ? y(i, j) + P(t, j) : P(t, j);
+      });
+}
+
+/// dP(offset + t, :) += sum over sequences b of dy(b*T + t, :).
+template <class DYV, class DPV>
+void position_backward(const DYV& dy, std::size_t seq, std::size_t offset, const DPV& dP) {
+  const std::size_t rows = dy.extent(0), d = dy.extent(1);
+  WEFT_REQUIRE(seq > 0 && rows % seq == 0 && offset + seq <= dP.extent(0), ShapeError,
+               "weft::ops::position_backward: ", rows, " rows of sequences of length ", seq, " at offset ", offset,
+               " do not fit a table of ", dP.extent(0), " rows");
+  const std::size_t nseq = rows / seq;
+  Kokkos::parallel_for(
+      "weft::position_backward", detail::range(dy, seq), KOKKOS_LAMBDA(std::size_t t) {
+        for (std::size_t b = 0; b < nseq; ++b)
+          for (std::size_t j = 0; j < d; ++j) dP(offset + t, j) += dy(b * seq + t, j);
+      });
+}
+
+}  // namespace weft::ops

@@ -1,0 +1,129 @@
+// LayerNorm and RMSNorm over the feature dimension of a [rows, features]
+// matrix, forward and backward. The forward saves one mean and one reciprocal
+// standard deviation per row, which is all the backward needs besides x.
+#pragma once
+
+#include <weft/ops/common.hpp>
+
+namespace weft::ops {
+
+/// y = (x - mean) * rstd * gamma + beta per row; writes mean(i) and rstd(i)
+/// for the backward pass. y must not alias x (the backward needs x).
+template <class XV, class GV, class BV, class YV, class SV>
+void layernorm_forward(const XV& x, const GV& gamma, const BV& beta, typename YV::const_value_type eps, const YV& y,
+                       const SV& mean, const SV& rstd) {
+  const std::size_t rows = x.extent(0), d = x.extent(1);
+  detail::require_extent("weft::ops::layernorm_forward", "gamma", gamma, 0, d);
+  detail::require_extent("weft::ops::layernorm_forward", "beta", beta, 0, d);
+  detail::require_extent("weft::ops::layernorm_forward", "y", y, 0, rows);
+  detail::require_extent("weft::ops::layernorm_forward", "y", y, 1, d);
+  detail::require_extent("weft::ops::layernorm_forward", "mean", mean, 0, rows);
+  detail::require_extent("weft::ops::layernorm_forward", "rstd", rstd, 0, rows);
+  using T = typename YV::non_const_value_type;
+  Kokkos::parallel_for(
+      "weft::layernorm_forward", detail::range(x, rows), KOKKOS_LAMBDA(std::size_t i) {
+        T s = 0;
+        for (std::size_t j = 0; j < d; ++j) s += x(i, j);
+        const T mu = s / T(d);
+        T v = 0;  // two passes: the one-pass variance cancels badly for large means
+        for (std::size_t j = 0; j < d; ++j) v += (x(i, j) - mu) * (x(i, j) - mu);
+        const T r = T(1) / math::sqrt(v / T(d) + eps);
+        for (std::size_t j = 0; j < d; ++j) y(i, j) = (x(i, j) - mu) * r * gamma(j) + beta(j);
+        mean(i) = mu;
+        rstd(i) = r;
+      });
+}
+
+/// Backward of layernorm_forward. dx = (accumulate ? dx : 0) + d/dx; dgamma and
+/// dbeta always accumulate (gradients sum over microbatches).
+template <class DYV, class XV, class GV, class SV, class DXV, class DGV>
+void layernorm_backward(const DYV& dy, const XV& x, const GV& gamma, const SV& mean, const SV& rstd, const DXV& dx,
+                        bool accumulate, const DGV& dgamma, const DGV& dbeta) {
+  const std::size_t rows = x.extent(0), d = x.extent(1);
+  detail::require_extent("weft::ops::layernorm_backward", "dy", dy, 0, rows);
+  detail::require_extent("weft::ops::layernorm_backward", "dy", dy, 1, d);
+  detail::require_extent("weft::ops::layernorm_backward", "dx", dx, 0, rows);
+  detail::require_extent("weft::ops::layernorm_backward", "dx", dx, 1, d);
+  detail::require_extent("weft::ops::layernorm_backward", "dgamma", dgamma, 0, d);
+  detail::require_extent("weft::ops::layernorm_backward", "dbeta", dbeta, 0, d);
+  using T = typename DXV::non_const_value_type;
+  Kokkos::parallel_for(
+      "weft::layernorm_backward_params", detail::range(x, d), KOKKOS_LAMBDA(std::size_t j) {
+        T g = 0, b = 0;
+        for (std::size_t i = 0; i < rows; ++i) {
+          g += dy(i, j) * (x(i, j) - mean(i)) * rstd(i);
+          b += dy(i, j);
+        }
+        dgamma(j) += g;
+        dbeta(j) += b;
+      });
+  // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
+  Kokkos::parallel_for(
+      "weft::layernorm_backward_x", detail::range(x, rows), KOKKOS_LAMBDA(std::size_t i) {
+        const T mu = mean(i), r = rstd(i);
+        T sg = 0, sgx = 0;
+        for (std::size_t j = 0; j < d; ++j) {
+          const T g = dy(i, j) * gamma(j);
+          sg += g;
+          sgx += g * (x(i, j) - mu) * r;
+        }
+        sg /= T(d);
+        sgx /= T(d);
+        for (std::size_t j = 0; j < d; ++j) {
+          const T v = r * (dy(i, j) * gamma(j) - sg - (x(i, j) - mu) * r * sgx);
+          dx(i, j) = accumulate ? dx(i, j) + v : v;
+        }
+      });
+}
+
+/// y = x * rstd * gamma with rstd = 1 / sqrt(mean(x^2) + eps); writes rstd(i).
+template <class XV, class GV, class YV, class SV>
+void rmsnorm_forward(const XV& x, const GV& gamma, typename YV::const_value_type eps, const YV& y, const SV& rstd) {
+  const std::size_t rows = x.extent(0), d = x.extent(1);
+  detail::require_extent("weft::ops::rmsnorm_forward", "gamma", gamma, 0, d);
+  detail::require_extent("weft::ops::rmsnorm_forward", "y", y, 0, rows);
+  detail::require_extent("weft::ops::rmsnorm_forward", "y", y, 1, d);
+  detail::require_extent("weft::ops::rmsnorm_forward", "rstd", rstd, 0, rows);
+  using T = typename YV::non_const_value_type;
+  Kokkos::parallel_for(
+      "weft::rmsnorm_forward", detail::range(x, rows), KOKKOS_LAMBDA(std::size_t i) {
+        T s = 0;
+        for (std::size_t j = 0; j < d; ++j) s += x(i, j) * x(i, j);
+        const T r = T(1) / math::sqrt(s / T(d) + eps);
+        for (std::size_t j = 0; j < d; ++j) y(i, j) = x(i, j) * r * gamma(j);
+        rstd(i) = r;
+      });
+}
+
+/// Backward of rmsnorm_forward; same accumulation rules as layernorm_backward.
+template <class DYV, class XV, class GV, class SV, class DXV, class DGV>
+void rmsnorm_backward(const DYV& dy, const XV& x, const GV& gamma, const SV& rstd, const DXV& dx, bool accumulate,
+                      const DGV& dgamma) {
+  const std::size_t rows = x.extent(0), d = x.extent(1);
+  detail::require_extent("weft::ops::rmsnorm_backward", "dy", dy, 0, rows);
+  detail::require_extent("weft::ops::rmsnorm_backward", "dy", dy, 1, d);
+  detail::require_extent("weft::ops::rmsnorm_backward", "dx", dx, 0, rows);
+  detail::require_extent("weft::ops::rmsnorm_backward", "dx", dx, 1, d);
+  detail::require_extent("weft::ops::rmsnorm_backward", "dgamma", dgamma, 0, d);
+  using T = typename DXV::non_const_value_type;
+  Kokkos::parallel_for(
+      "weft::rmsnorm_backward_params", detail::range(x, d), KOKKOS_LAMBDA(std::size_t j) {
+        T g = 0;
+        for (std::size_t i = 0; i < rows; ++i) g += dy(i, j) * x(i, j) * rstd(i);
+        dgamma(j) += g;
+      });
+  // dx = rstd * (g - xhat * mean(g * xhat)), g = dy * gamma, xhat = x * rstd.
+  Kokkos::parallel_for(
+      "weft::rmsnorm_backward_x", detail::range(x, rows), KOKKOS_LAMBDA(std::size_t i) {
+        const T r = rstd(i);
+        T sgx = 0;
+        for (std::size_t j = 0; j < d; ++j) sgx += dy(i, j) * gamma(j) * x(i, j) * r;
+        sgx /= T(d);
+        for (std::size_t j = 0; j < d; ++j) {
+          const T v = r * (dy(i, j) * gamma(j) - x(i, j) * r * sgx);
+          dx(i, j) = accumulate ? dx(i, j) + v : v;
+        }
+      });
+}
+
+}  // namespace weft::ops

@@ -1,0 +1,444 @@
+// weft's kernels: gemm in every transpose case against a naive product (and
+// proof that it reaches the vendor BLAS), forward values of each kernel
+// against formulas computed here, and every backward pass against central
+// finite differences in double precision (relative error <= 1e-6).
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gradcheck.hpp"
+
+namespace {
+
+using namespace weft;
+using weft::test::fill_uniform;
+using weft::test::numeric_gradient;
+using weft::test::relative_error;
+using weft::test::to_vector;
+using weft::test::weighted_sum;
+using Space = Kokkos::DefaultExecutionSpace;
+template <class T>
+using Mat = ops::Matrix<T, Space>;
+template <class T>
+using Vec = ops::Vector<T, Space>;
+
+constexpr double kTol = 1e-6;
+
+// Naive C = alpha op(A) op(B) + beta C on host copies.
+template <class T, class AV, class BV, class CV>
+std::vector<double> naive_gemm(ops::Trans ta, ops::Trans tb, double alpha, const AV& A, const BV& B, double beta,
+                               const CV& C) {
+  auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A);
+  auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B);
+  auto c = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
+  const std::size_t m = c.extent(0), n = c.extent(1), k = ta == ops::Trans::T ? a.extent(0) : a.extent(1);
+  std::vector<double> out(m * n);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::size_t p = 0; p < k; ++p) {
+        const double av = ta == ops::Trans::T ? a(p, i) : a(i, p);
+        const double bv = tb == ops::Trans::T ? b(j, p) : b(p, j);
+        s += av * bv;
+      }
+      out[i * n + j] = alpha * s + beta * double(c(i, j));
+    }
+  return out;
+}
+
+template <class CV>
+std::vector<double> host_matrix(const CV& C) {
+  auto c = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
+  std::vector<double> out;
+  for (std::size_t i = 0; i < c.extent(0); ++i)
+    for (std::size_t j = 0; j < c.extent(1); ++j) out.push_back(double(c(i, j)));
+  return out;
+}
+
+TEST_CASE_TEMPLATE("gemm matches a naive product in every transpose case", T, float, double) {
+  const std::size_t m = 5, n = 4, k = 3;
+  for (auto ta : {ops::Trans::N, ops::Trans::T})
+    for (auto tb : {ops::Trans::N, ops::Trans::T}) {
+      Mat<T> A("A", ta == ops::Trans::T ? k : m, ta == ops::Trans::T ? m : k);
+      Mat<T> B("B", tb == ops::Trans::T ? n : k, tb == ops::Trans::T ? k : n);
+      Mat<T> C("C", m, n);
+      fill_uniform(A, 1);
+      fill_uniform(B, 2);
+      fill_uniform(C, 3);
+      const auto expect = naive_gemm<T>(ta, tb, 0.5, A, B, 2.0, C);
+      ops::gemm(ta, tb, T(0.5), A, B, T(2.0), C);
+      const auto got = host_matrix(C);
+      CAPTURE(char(ta));
+      CAPTURE(char(tb));
+      CHECK(relative_error(got, expect) < (std::is_same_v<T, float> ? 1e-6 : 1e-14));
+    }
+}
+
+TEST_CASE("gemm on head slices of a fused matrix keeps LayoutRight and is exact") {
+  // A [rows, 3*8] holds three 8-wide blocks; multiply the middle block's columns 2..5.
+  Mat<double> big("big", 6, 24), B("B", 4, 3), C("C", 6, 3);
+  fill_uniform(big, 4);
+  fill_uniform(B, 5);
+  auto A = Kokkos::subview(big, Kokkos::ALL, std::make_pair(10, 14));
+  static_assert(std::is_same_v<typename decltype(A)::array_layout, Kokkos::LayoutRight>,
+                "a column range of a LayoutRight matrix must stay LayoutRight so gemm reaches BLAS");
+  const auto expect = naive_gemm<double>(ops::Trans::N, ops::Trans::N, 1.0, A, B, 0.0, C);
+  ops::gemm(ops::Trans::N, ops::Trans::N, 1.0, A, B, 0.0, C);
+  CHECK(relative_error(host_matrix(C), expect) < 1e-14);
+}
+
+std::vector<std::string>* g_regions = nullptr;
+void record_region(const char* name) {
+  if (g_regions) g_regions->push_back(name);
+}
+
+TEST_CASE("gemm on host float and double reaches the vendor BLAS") {
+#if defined(KOKKOSKERNELS_ENABLE_TPL_BLAS)
+  if constexpr (std::is_same_v<typename Space::memory_space, Kokkos::HostSpace>) {
+    std::vector<std::string> regions;
+    g_regions = &regions;
+    Kokkos::Tools::Experimental::set_push_region_callback(&record_region);
+    Mat<float> A("A", 8, 8), B("B", 8, 8), C("C", 8, 8);
+    Mat<double> big("big", 8, 24), Bd("Bd", 8, 8), Cd("Cd", 8, 8);
+    ops::gemm(ops::Trans::T, ops::Trans::N, 1.0f, A, B, 0.0f, C);
+    ops::gemm(ops::Trans::N, ops::Trans::T, 1.0, Kokkos::subview(big, Kokkos::ALL, std::make_pair(8, 16)), Bd, 0.0, Cd);
+    Kokkos::Tools::Experimental::set_push_region_callback(nullptr);
+    g_regions = nullptr;
+    REQUIRE(regions.size() == 2);
+    CHECK(regions[0].find("TPL_BLAS") != std::string::npos);
+    CHECK(regions[1].find("TPL_BLAS") != std::string::npos);
+  }
+#else
+  MESSAGE("Kokkos Kernels built without a BLAS TPL: nothing to check");
+#endif
+}
+
+TEST_CASE("gemm rejects mismatched shapes and handles an empty inner dimension") {
+  Mat<double> A("A", 3, 2), B("B", 3, 4), C("C", 3, 4);
+  CHECK_THROWS_AS(ops::gemm(ops::Trans::N, ops::Trans::N, 1.0, A, B, 0.0, C), ShapeError);
+  Mat<double> A0("A0", 3, 0), B0("B0", 0, 4);
+  Kokkos::deep_copy(C, 2.0);
+  ops::gemm(ops::Trans::N, ops::Trans::N, 1.0, A0, B0, 0.5, C);
+  for (double v : to_vector(C)) CHECK(v == 1.0);
+}
+
+TEST_CASE("gemm_batched equals one gemm per slice") {
+  ops::Tensor3<double, Space> A("A", 3, 4, 5), B("B", 3, 4, 2), C("C", 3, 5, 2);
+  fill_uniform(A, 6);
+  fill_uniform(B, 7);
+  ops::gemm_batched(ops::Trans::T, ops::Trans::N, 1.0, A, B, 0.0, C);
+  for (std::size_t b = 0; b < 3; ++b) {
+    auto a = Kokkos::subview(A, b, Kokkos::ALL, Kokkos::ALL);
+    auto bb = Kokkos::subview(B, b, Kokkos::ALL, Kokkos::ALL);
+    auto c = Kokkos::subview(C, b, Kokkos::ALL, Kokkos::ALL);
+    Mat<double> zero("zero", 5, 2);
+    CHECK(relative_error(host_matrix(c), naive_gemm<double>(ops::Trans::T, ops::Trans::N, 1.0, a, bb, 0.0, zero)) <
+          1e-14);
+  }
+  ops::Tensor3<double, Space> Cbad("Cbad", 2, 5, 2);
+  CHECK_THROWS_AS(ops::gemm_batched(ops::Trans::T, ops::Trans::N, 1.0, A, B, 0.0, Cbad), ShapeError);
+}
+
+TEST_CASE("bias add and its backward") {
+  Mat<double> y("y", 4, 3), w("w", 4, 3);
+  Vec<double> b("b", 3), db("db", 3);
+  fill_uniform(b, 8);
+  fill_uniform(w, 9);
+  auto loss = [&] {
+    Kokkos::deep_copy(y, 0.0);
+    ops::bias_add(y, b);
+    return weighted_sum(y, w);
+  };
+  loss();
+  for (std::size_t i = 0; i < 4; ++i)
+    CHECK(to_vector(y)[i * 3 + 1] == to_vector(b)[1]);
+  ops::bias_backward(w, db);
+  CHECK(relative_error(to_vector(db), numeric_gradient(b, loss)) < kTol);
+  Vec<double> wrong("wrong", 2);
+  CHECK_THROWS_AS(ops::bias_add(y, wrong), ShapeError);
+}
+
+TEST_CASE("GELU (tanh form) values and gradient") {
+  Mat<double> x("x", 3, 5), y("y", 3, 5), w("w", 3, 5), dx("dx", 3, 5);
+  fill_uniform(x, 10, -3, 3);
+  fill_uniform(w, 11);
+  {
+    Mat<double> one("one", 1, 1), out("out", 1, 1);
+    Kokkos::deep_copy(one, 1.0);
+    ops::gelu_forward(one, out);
+    CHECK(to_vector(out)[0] == doctest::Approx(0.8411919906082768).epsilon(1e-14));
+  }
+  auto loss = [&] {
+    ops::gelu_forward(x, y);
+    return weighted_sum(y, w);
+  };
+  ops::gelu_backward(w, x, dx);
+  CHECK(relative_error(to_vector(dx), numeric_gradient(x, loss)) < kTol);
+}
+
+TEST_CASE("SwiGLU values and gradient") {
+  Mat<double> u("u", 3, 8), y("y", 3, 4), w("w", 3, 4), du("du", 3, 8);
+  fill_uniform(u, 12, -2, 2);
+  fill_uniform(w, 13);
+  ops::swiglu_forward(u, y);
+  const auto uh = to_vector(u), yh = to_vector(y);
+  const double a = uh[1], b = uh[4 + 1];
+  CHECK(yh[1] == doctest::Approx(a / (1 + std::exp(-a)) * b).epsilon(1e-14));
+  auto loss = [&] {
+    ops::swiglu_forward(u, y);
+    return weighted_sum(y, w);
+  };
+  ops::swiglu_backward(w, u, du);
+  CHECK(relative_error(to_vector(du), numeric_gradient(u, loss)) < kTol);
+  Mat<double> bad("bad", 3, 7);
+  CHECK_THROWS_AS(ops::swiglu_forward(bad, y), ShapeError);
+}
+
+TEST_CASE("LayerNorm normalises rows and its gradients match finite differences") {
+  const std::size_t n = 3, d = 6;
+  Mat<double> x("x", n, d), y("y", n, d), w("w", n, d), dx("dx", n, d);
+  Vec<double> g("g", d), b("b", d), mean("mean", n), rstd("rstd", n), dg("dg", d), db("db", d);
+  fill_uniform(x, 14, -2, 3);
+  fill_uniform(g, 15, 0.5, 1.5);
+  fill_uniform(b, 16);
+  fill_uniform(w, 17);
+  const double eps = 1e-5;
+  {
+    Vec<double> ones("ones", d), zeros("zeros", d);
+    Kokkos::deep_copy(ones, 1.0);
+    ops::layernorm_forward(x, ones, zeros, eps, y, mean, rstd);
+    const auto yh = to_vector(y);
+    for (std::size_t i = 0; i < n; ++i) {
+      double s = 0, s2 = 0;
+      for (std::size_t j = 0; j < d; ++j) s += yh[i * d + j], s2 += yh[i * d + j] * yh[i * d + j];
+      CHECK(std::abs(s / d) < 1e-12);
+      CHECK(s2 / d == doctest::Approx(1.0).epsilon(1e-4));  // eps keeps it just below 1
+    }
+  }
+  auto loss = [&] {
+    ops::layernorm_forward(x, g, b, eps, y, mean, rstd);
+    return weighted_sum(y, w);
+  };
+  loss();
+  Kokkos::deep_copy(dx, 7.0);  // accumulate=false must overwrite
+  ops::layernorm_backward(w, x, g, mean, rstd, dx, false, dg, db);
+  CHECK(relative_error(to_vector(dx), numeric_gradient(x, loss)) < kTol);
+  CHECK(relative_error(to_vector(dg), numeric_gradient(g, loss)) < kTol);
+  CHECK(relative_error(to_vector(db), numeric_gradient(b, loss)) < kTol);
+  // accumulate=true adds to what is there; parameter gradients always add.
+  Mat<double> dx2("dx2", n, d);
+  Kokkos::deep_copy(dx2, 1.0);
+  ops::layernorm_backward(w, x, g, mean, rstd, dx2, true, dg, db);
+  const auto a = to_vector(dx), c = to_vector(dx2);
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(c[i] == doctest::Approx(a[i] + 1.0).epsilon(1e-14));
+  const auto dg2 = to_vector(dg), num = numeric_gradient(g, loss);
+  for (std::size_t j = 0; j < d; ++j) CHECK(dg2[j] == doctest::Approx(2 * num[j]).epsilon(1e-6));
+}
+
+TEST_CASE("RMSNorm gradients match finite differences") {
+  const std::size_t n = 3, d = 5;
+  Mat<double> x("x", n, d), y("y", n, d), w("w", n, d), dx("dx", n, d);
+  Vec<double> g("g", d), rstd("rstd", n), dg("dg", d);
+  fill_uniform(x, 18, -2, 2);
+  fill_uniform(g, 19, 0.5, 1.5);
+  fill_uniform(w, 20);
+  auto loss = [&] {
+    ops::rmsnorm_forward(x, g, 1e-6, y, rstd);
+    return weighted_sum(y, w);
+  };
+  loss();
+  const auto xh = to_vector(x), yh = to_vector(y), gh = to_vector(g);
+  double ms = 0;
+  for (std::size_t j = 0; j < d; ++j) ms += xh[d + j] * xh[d + j];
+  CHECK(yh[d + 2] == doctest::Approx(xh[d + 2] / std::sqrt(ms / d + 1e-6) * gh[2]).epsilon(1e-13));
+  ops::rmsnorm_backward(w, x, g, rstd, dx, false, dg);
+  CHECK(relative_error(to_vector(dx), numeric_gradient(x, loss)) < kTol);
+  CHECK(relative_error(to_vector(dg), numeric_gradient(g, loss)) < kTol);
+}
+
+TEST_CASE("causal softmax: rows sum to one, the future is masked, lse is kept, gradient matches") {
+  for (bool causal : {true, false}) {
+    const std::size_t nb = 2, t = 4;
+    ops::Tensor3<double, Space> S("S", nb, t, t), P("P", nb, t, t), W("W", nb, t, t), dS("dS", nb, t, t);
+    Kokkos::View<double**, Kokkos::LayoutRight, Space> lse("lse", nb, t);
+    fill_uniform(S, 21, -3, 3);
+    fill_uniform(W, 22);
+    const double scale = 0.7;
+    auto loss = [&] {
+      ops::softmax_forward(S, scale, causal, P, lse);
+      return weighted_sum(P, W);
+    };
+    loss();
+    const auto ph = to_vector(P), sh = to_vector(S), lh = to_vector(lse);
+    for (std::size_t r = 0; r < nb * t; ++r) {
+      const std::size_t i = r % t;
+      double s = 0, z = 0;
+      for (std::size_t j = 0; j < t; ++j) {
+        s += ph[r * t + j];
+        if (causal && j > i) CHECK(ph[r * t + j] == 0.0);
+        if (!causal || j <= i) z += std::exp(scale * sh[r * t + j]);
+      }
+      CHECK(s == doctest::Approx(1.0).epsilon(1e-14));
+      CHECK(lh[r] == doctest::Approx(std::log(z)).epsilon(1e-14));
+    }
+    ops::softmax_backward(P, W, scale, dS);
+    CAPTURE(causal);
+    CHECK(relative_error(to_vector(dS), numeric_gradient(S, loss)) < kTol);
+  }
+}
+
+TEST_CASE("softmax stays finite for huge scores") {
+  ops::Tensor3<float, Space> S("S", 1, 2, 2), P("P", 1, 2, 2);
+  Kokkos::View<float**, Kokkos::LayoutRight, Space> lse("lse", 1, 2);
+  Kokkos::deep_copy(S, 1e30f);
+  ops::softmax_forward(S, 1.0f, false, P, lse);
+  for (double p : to_vector(P)) CHECK(p == doctest::Approx(0.5));
+}
+
+TEST_CASE("embedding lookup, scatter-add backward with repeated ids, and out-of-range ids") {
+  const std::size_t vocab = 5, d = 3;
+  Mat<double> W("W", vocab, d), y("y", 6, d), w("w", 6, d), dW("dW", vocab, d);
+  ops::Tokens<Space> ids("ids", 6);
+  {
+    auto h = Kokkos::create_mirror_view(ids);
+    const int v[6] = {4, 1, 4, 0, 4, 2};
+    for (int i = 0; i < 6; ++i) h(i) = v[i];
+    Kokkos::deep_copy(ids, h);
+  }
+  fill_uniform(W, 23);
+  fill_uniform(w, 24);
+  auto loss = [&] {
+    ops::embedding_forward(W, ids, y);
+    return weighted_sum(y, w);
+  };
+  loss();
+  CHECK(to_vector(y)[2 * d + 1] == to_vector(W)[4 * d + 1]);
+  ops::embedding_backward(w, ids, dW);
+  CHECK(relative_error(to_vector(dW), numeric_gradient(W, loss)) < kTol);
+  auto h = Kokkos::create_mirror_view(ids);
+  Kokkos::deep_copy(h, ids);
+  h(3) = 5;
+  Kokkos::deep_copy(ids, h);
+  CHECK_THROWS_AS(ops::embedding_forward(W, ids, y), ConfigError);
+}
+
+TEST_CASE("learned positions: forward adds the row's position, backward sums over sequences") {
+  const std::size_t seq = 3, d = 2, tmax = 5;
+  Mat<double> P("P", tmax, d), y("y", 2 * seq, d), w("w", 2 * seq, d), dP("dP", tmax, d);
+  fill_uniform(P, 25);
+  fill_uniform(w, 26);
+  auto loss = [&] {
+    Kokkos::deep_copy(y, 0.0);
+    ops::position_forward(P, seq, 1, y);
+    return weighted_sum(y, w);
+  };
+  loss();
+  CHECK(to_vector(y)[(seq + 2) * d] == to_vector(P)[(1 + 2) * d]);
+  ops::position_backward(w, seq, 1, dP);
+  CHECK(relative_error(to_vector(dP), numeric_gradient(P, loss)) < kTol);
+  CHECK(to_vector(dP)[0] == 0.0);  // position 0 is not used at offset 1
+  CHECK_THROWS_AS(ops::position_forward(P, seq, 3, y), ConfigError);
+}
+
+TEST_CASE("fused cross-entropy: loss equals the naive formula, gradient matches") {
+  const std::size_t n = 4, v = 7;
+  Mat<double> Z("Z", n, v), G("G", n, v);
+  ops::Tokens<Space> t("t", n);
+  fill_uniform(Z, 27, -4, 4);
+  {
+    auto h = Kokkos::create_mirror_view(t);
+    for (std::size_t i = 0; i < n; ++i) h(i) = int((3 * i + 1) % v);
+    Kokkos::deep_copy(t, h);
+  }
+  const auto zh = to_vector(Z);
+  double expect = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    double s = 0;
+    for (std::size_t j = 0; j < v; ++j) s += std::exp(zh[i * v + j]);
+    expect += std::log(s) - zh[i * v + (3 * i + 1) % v];
+  }
+  CHECK(ops::cross_entropy_forward(Z, t) == doctest::Approx(expect).epsilon(1e-14));
+  auto loss = [&] { return 0.25 * ops::cross_entropy_forward(Z, t); };
+  const auto num = numeric_gradient(Z, loss);
+  Kokkos::deep_copy(G, Z);
+  CHECK(ops::cross_entropy_forward_backward(G, t, 0.25) == doctest::Approx(expect).epsilon(1e-14));
+  CHECK(relative_error(to_vector(G), num) < kTol);
+  auto h = Kokkos::create_mirror_view(t);
+  Kokkos::deep_copy(h, t);
+  h(2) = int(v);
+  Kokkos::deep_copy(t, h);
+  CHECK_THROWS_AS(ops::cross_entropy_forward(Z, t), ConfigError);
+}
+
+TEST_CASE("rotary positions: norm-preserving, inverse undoes it, a sequence shard matches the whole") {
+  const std::size_t seq = 6, hd = 4, heads = 2, cols = 3 + heads * hd;
+  Mat<double> X("X", 2 * seq, cols), Y("Y", 2 * seq, cols), W("W", 2 * seq, cols), dX("dX", 2 * seq, cols);
+  fill_uniform(X, 28);
+  fill_uniform(W, 29);
+  ops::RotarySpec spec{.col_begin = 3, .heads = heads, .head_dim = hd, .seq = seq, .offset = 0};
+  Kokkos::deep_copy(Y, X);
+  ops::rotary_apply(Y, spec);
+  const auto xh = to_vector(X), yh = to_vector(Y);
+  for (std::size_t r = 0; r < 2 * seq; ++r) {
+    double nx = 0, ny = 0;
+    for (std::size_t c = 3; c < cols; ++c) nx += xh[r * cols + c] * xh[r * cols + c], ny += yh[r * cols + c] * yh[r * cols + c];
+    CHECK(ny == doctest::Approx(nx).epsilon(1e-13));
+    for (std::size_t c = 0; c < 3; ++c) CHECK(yh[r * cols + c] == xh[r * cols + c]);
+  }
+  CHECK(yh[3] == xh[3]);  // position 0 is not rotated
+  CHECK(yh[cols + 3] != xh[cols + 3]);
+  // The second half of each sequence, rotated on its own with offset seq/2.
+  Mat<double> half("half", seq / 2, cols);
+  Kokkos::deep_copy(half, Kokkos::subview(X, std::make_pair(seq / 2, seq), Kokkos::ALL));
+  auto spec2 = spec;
+  spec2.seq = seq / 2;
+  spec2.offset = seq / 2;
+  ops::rotary_apply(half, spec2);
+  const auto hh = to_vector(half);
+  for (std::size_t i = 0; i < hh.size(); ++i) CHECK(hh[i] == yh[(seq / 2) * cols + i]);
+  ops::rotary_apply(Y, spec, true);
+  CHECK(relative_error(to_vector(Y), xh) < 1e-15);
+  auto loss = [&] {
+    Kokkos::deep_copy(Y, X);
+    ops::rotary_apply(Y, spec);
+    return weighted_sum(Y, W);
+  };
+  Kokkos::deep_copy(dX, W);
+  ops::rotary_apply(dX, spec, true);
+  CHECK(relative_error(to_vector(dX), numeric_gradient(X, loss)) < kTol);
+  spec.head_dim = 3;
+  CHECK_THROWS_AS(ops::rotary_apply(Y, spec), ConfigError);
+}
+
+TEST_CASE("counter-based init: a shard draws exactly the whole tensor's values there") {
+  Mat<double> full("full", 6, 10), shard("shard", 3, 4);
+  ops::init_normal(full, 42, "blocks.0.mlp.up.weight", 0.02);
+  ops::init_normal(shard, 42, "blocks.0.mlp.up.weight", 0.02, {.row0 = 2, .col0 = 5, .global_cols = 10});
+  const auto f = to_vector(full), s = to_vector(shard);
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 4; ++j) CHECK(s[i * 4 + j] == f[(i + 2) * 10 + j + 5]);
+  Mat<double> other("other", 6, 10), reseeded("reseeded", 6, 10);
+  ops::init_normal(other, 42, "blocks.0.mlp.down.weight", 0.02);
+  ops::init_normal(reseeded, 43, "blocks.0.mlp.up.weight", 0.02);
+  CHECK(to_vector(other) != f);
+  CHECK(to_vector(reseeded) != f);
+  // Statistics of many draws: mean 0, standard deviation as asked.
+  Mat<double> big("big", 200, 500);
+  ops::init_normal(big, 7, "w", 2.0);
+  double s1 = 0, s2 = 0;
+  for (double v : to_vector(big)) s1 += v, s2 += v * v;
+  const double n = 200 * 500, mean = s1 / n, sd = std::sqrt(s2 / n - mean * mean);
+  CHECK(std::abs(mean) < 0.03);
+  CHECK(sd == doctest::Approx(2.0).epsilon(0.01));
+  CHECK_THROWS_AS(ops::init_normal(shard, 42, "w", 1.0, {.col0 = 8, .global_cols = 10}), ShapeError);
+}
+
+TEST_CASE("BLAS thread choice follows the flag, then the environment, then cores per rank") {
+  auto r = ops::set_blas_threads(1, 1);
+  CHECK(r.reason == "set by the user");
+  if (r.controlled) CHECK(ops::blas_thread_count() == 1);
+  CHECK_THROWS_AS(ops::set_blas_threads(0, 0), ConfigError);
+}
+
+}  // namespace
