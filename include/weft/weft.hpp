@@ -14,3 +14,4 @@
 #include <weft/mesh/axis.hpp>
 #include <weft/mesh/mesh.hpp>
 #include <weft/ops/ops.hpp>
+#include <weft/nn/nn.hpp>

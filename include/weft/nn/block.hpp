@@ -1,0 +1,140 @@
+// nn::Block: the pre-norm transformer block x + attn(norm(x)), then
+// + mlp(norm(.)). Its Saved activations can be private (kept from forward to
+// backward) or shared by all blocks with recomputation from the block input
+// (activation checkpointing): memory of one block instead of L.
+#pragma once
+
+#include <memory>
+
+#include <weft/nn/attention.hpp>
+#include <weft/nn/mlp.hpp>
+#include <weft/nn/norm.hpp>
+#include <weft/ops/elementwise.hpp>
+
+namespace weft::nn {
+
+/// One transformer block.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+class Block {
+ public:
+  /// Everything backward needs besides the block input: both norms' outputs
+  /// and statistics, attention's and the MLP's saved tensors, and the
+  /// residual stream between attention and MLP.
+  struct Saved {
+    typename Norm<T, Space>::Saved n1, n2;
+    ops::Matrix<T, Space> h1, mid, h2;
+    typename Attention<T, Space>::Saved attn;
+    typename MLP<T, Space>::Saved mlp;
+    long holder = -1;  ///< index of the block whose activations these are now (-1: none)
+    Saved(const std::string& n, const GPTConfig& c)
+        : n1(n + ".ln1", c.tokens()),
+          n2(n + ".ln2", c.tokens()),
+          h1(n + ".ln1.out", c.tokens(), c.d_model),
+          mid(n + ".mid", c.tokens(), c.d_model),
+          h2(n + ".ln2.out", c.tokens(), c.d_model),
+          attn(n + ".attn", c),
+          mlp(n + ".mlp", c) {}
+    /// Bytes held.
+    std::size_t bytes() const {
+      return n1.bytes() + n2.bytes() + detail::bytes_of(h1) + detail::bytes_of(mid) + detail::bytes_of(h2) +
+             attn.bytes() + mlp.bytes();
+    }
+  };
+
+  /// Backward scratch shared by every block of a model.
+  struct Workspace {
+    typename Attention<T, Space>::Workspace attn;
+    typename MLP<T, Space>::Workspace mlp;
+    ops::Matrix<T, Space> dh, dmid, scratch;
+    explicit Workspace(const GPTConfig& c)
+        : attn(c),
+          mlp(c),
+          dh("block.dh", c.tokens(), c.d_model),
+          dmid("block.dmid", c.tokens(), c.d_model),
+          scratch(c.recompute ? ops::Matrix<T, Space>("block.recompute_out", c.tokens(), c.d_model)
+                              : ops::Matrix<T, Space>()) {}
+    /// Bytes held.
+    std::size_t bytes() const {
+      return attn.bytes() + mlp.bytes() + detail::bytes_of(dh) + detail::bytes_of(dmid) + detail::bytes_of(scratch);
+    }
+  };
+
+  /// Block `index` with parameters under "blocks.<index>."; `saved` is this
+  /// block's own or (with recompute) the one all blocks share.
+  Block(ContextPtr ctx, std::size_t index, const GPTConfig& c, std::shared_ptr<Saved> saved,
+        std::shared_ptr<Workspace> ws)
+      : ctx_(ctx),
+        index_(long(index)),
+        recompute_(c.recompute),
+        ln1_(ctx, prefix(index) + "ln1", c.norm, c.d_model, c.norm_eps),
+        ln2_(ctx, prefix(index) + "ln2", c.norm, c.d_model, c.norm_eps),
+        attn_(ctx, prefix(index) + "attn", c),
+        mlp_(ctx, prefix(index) + "mlp", c),
+        s_(std::move(saved)),
+        w_(std::move(ws)) {}
+
+  /// y = block(x); x must stay unchanged until backward (it is the checkpoint).
+  template <class XV, class YV>
+  void forward(const XV& x, const YV& y) {
+    ln1_.forward(x, s_->h1, s_->n1);
+    attn_.forward(s_->h1, s_->attn, s_->mid);
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "residual");
+      ops::add(s_->mid, s_->mid, x);
+    }
+    ln2_.forward(s_->mid, s_->h2, s_->n2);
+    mlp_.forward(s_->h2, s_->mlp, y);
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "residual");
+      ops::add(y, y, s_->mid);
+    }
+    s_->holder = index_;
+  }
+
+  /// dx = d/dx from dy (dx overwritten, must not alias dy); parameter
+  /// gradients accumulate. With recompute, re-runs forward from x first
+  /// unless the shared activations are still this block's.
+  template <class XV, class DYV, class DXV>
+  void backward(const XV& x, const DYV& dy, const DXV& dx) {
+    if (s_->holder != index_) {
+      WEFT_REQUIRE(recompute_, Error, "nn::Block ", index_, ": backward without a preceding forward");
+      metrics::Profiler::Scope sc(ctx_->profiler, "recompute");
+      forward(x, w_->scratch);
+    }
+    mlp_.backward(s_->h2, s_->mlp, dy, w_->dh, w_->mlp);
+    ln2_.backward(w_->dh, s_->mid, s_->n2, w_->dmid, false);
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "residual");
+      ops::add(w_->dmid, w_->dmid, dy);
+    }
+    attn_.backward(s_->h1, s_->attn, w_->dmid, w_->dh, w_->attn);
+    ln1_.backward(w_->dh, x, s_->n1, dx, false);
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "residual");
+      ops::add(dx, dx, w_->dmid);
+    }
+  }
+
+  /// Appends pointers to this block's parameters.
+  void collect(std::vector<Parameter<T, Space>*>& out) {
+    ln1_.collect(out);
+    attn_.collect(out);
+    ln2_.collect(out);
+    mlp_.collect(out);
+  }
+  /// The activations this block writes (shared with other blocks under recompute).
+  const std::shared_ptr<Saved>& saved() const { return s_; }
+
+ private:
+  static std::string prefix(std::size_t i) { return "blocks." + std::to_string(i) + "."; }
+  ContextPtr ctx_;
+  long index_;
+  bool recompute_;
+  Norm<T, Space> ln1_, ln2_;
+  Attention<T, Space> attn_;
+  MLP<T, Space> mlp_;
+  std::shared_ptr<Saved> s_;
+  std::shared_ptr<Workspace> w_;
+};
+
+}  // namespace weft::nn

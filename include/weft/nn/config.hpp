@@ -1,0 +1,93 @@
+// The shape of a GPT and its checks. Field names follow train_gpt's flags
+// (--layers, --d-model, --heads, ...) and every check names the flag, the value
+// seen and what would be valid, so a bad command line reads as a sentence.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <weft/core/error.hpp>
+#include <weft/nn/norm.hpp>
+
+namespace weft::nn {
+
+/// The MLP of a block: GPT-2's GELU (tanh form) or SwiGLU.
+enum class MlpKind { gelu, swiglu };
+/// Positions: GPT-2's learned absolute table, or rotary (RoPE) in attention.
+enum class PositionKind { learned, rotary };
+
+/// A GPT's hyper-parameters. The defaults are GPT-2 shaped: learned positions,
+/// LayerNorm with affine parameters, Linear with bias, a 4*D GELU MLP, no
+/// dropout, an untied LM head without bias.
+struct GPTConfig {
+  std::size_t layers = 4;      ///< --layers: transformer blocks
+  std::size_t d_model = 256;   ///< --d-model: residual width D
+  std::size_t heads = 8;       ///< --heads: query heads H (divides D)
+  std::size_t kv_heads = 0;    ///< --kv-heads: key/value heads (0: = heads; fewer: grouped-query attention)
+  std::size_t seq = 128;       ///< --seq: tokens per sequence T (and the position table's length)
+  std::size_t batch = 8;       ///< sequences per forward pass (a microbatch)
+  std::size_t vocab = 256;     ///< --vocab: V
+  std::size_t ffn_hidden = 0;  ///< MLP hidden width (0: 4*D for GELU, 8*D/3 rounded up to a multiple of 8 for SwiGLU)
+  NormKind norm = NormKind::layernorm;
+  MlpKind mlp = MlpKind::gelu;
+  PositionKind position = PositionKind::learned;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;      ///< std of weights; residual projections get init_std / sqrt(2 * layers)
+  double rope_base = 10000.0;
+  bool recompute = false;      ///< activation checkpointing: keep only each block's input, recompute the rest
+  std::uint64_t seed = 1234;   ///< --seed: initialisation (with parameter names and global indices)
+
+  /// Features per head.
+  std::size_t head_dim() const { return d_model / heads; }
+  /// Key/value heads actually used.
+  std::size_t kv() const { return kv_heads ? kv_heads : heads; }
+  /// Columns of the fused QKV projection: D queries + 2 * kv * head_dim.
+  std::size_t qkv_cols() const { return d_model + 2 * kv() * head_dim(); }
+  /// MLP hidden width actually used.
+  std::size_t hidden() const {
+    if (ffn_hidden) return ffn_hidden;
+    if (mlp == MlpKind::gelu) return 4 * d_model;
+    return (8 * d_model / 3 + 7) / 8 * 8;
+  }
+  /// Tokens per forward pass.
+  std::size_t tokens() const { return batch * seq; }
+
+  /// Throws ConfigError naming the flag for anything that cannot build a model.
+  void validate() const {
+    auto positive = [](std::size_t v, const char* flag) {
+      WEFT_REQUIRE(v > 0, ConfigError, flag, " is ", v, "; expected a positive integer");
+    };
+    positive(layers, "--layers");
+    positive(d_model, "--d-model");
+    positive(heads, "--heads");
+    positive(seq, "--seq");
+    positive(batch, "--batch");
+    positive(vocab, "--vocab");
+    WEFT_REQUIRE(d_model % heads == 0, ConfigError, "--heads ", heads, " does not divide --d-model ", d_model,
+                 "; choose heads among the divisors of d-model (e.g. --heads ", d_model % 8 == 0 ? 8 : 1, ")");
+    WEFT_REQUIRE(kv_heads == 0 || (kv_heads <= heads && heads % kv_heads == 0), ConfigError, "--kv-heads ", kv_heads,
+                 " must divide --heads ", heads, " (each key/value head serves a whole group of query heads)");
+    WEFT_REQUIRE(position != PositionKind::rotary || head_dim() % 2 == 0, ConfigError,
+                 "rotary positions need an even head dimension, but --d-model ", d_model, " / --heads ", heads, " = ",
+                 head_dim());
+    WEFT_REQUIRE(norm_eps > 0 && init_std > 0, ConfigError, "norm_eps (", norm_eps, ") and init_std (", init_std,
+                 ") must be positive");
+  }
+
+  /// N, the parameters that take part in matrix products (QKV, attention
+  /// output, MLP and LM head; not embeddings, biases or norms). For the
+  /// default GPT-2 shape N = 12 L D^2 + D V.
+  double matmul_params() const {
+    const double d = double(d_model), f = double(hidden());
+    const double mlp_w = mlp == MlpKind::gelu ? 2 * d * f : 3 * d * f;
+    return double(layers) * (d * double(qkv_cols()) + d * d + mlp_w) + d * double(vocab);
+  }
+  /// Model FLOPs per token of one training step (forward + backward):
+  /// 6 N for the weight products plus 12 L T D for attention scores and
+  /// values (causal masking not discounted, as is conventional).
+  double flops_per_token() const {
+    return 6 * matmul_params() + 12.0 * double(layers) * double(seq) * double(d_model);
+  }
+};
+
+}  // namespace weft::nn

@@ -1,0 +1,12 @@
+// All of weft's layers: Linear, Embedding, Norm, Attention, MLP, Block, GPT.
+#pragma once
+
+#include <weft/nn/attention.hpp>
+#include <weft/nn/block.hpp>
+#include <weft/nn/config.hpp>
+#include <weft/nn/embedding.hpp>
+#include <weft/nn/gpt.hpp>
+#include <weft/nn/linear.hpp>
+#include <weft/nn/mlp.hpp>
+#include <weft/nn/norm.hpp>
+#include <weft/nn/parameter.hpp>

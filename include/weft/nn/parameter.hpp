@@ -1,0 +1,85 @@
+// A trainable tensor of a layer: its global name (which seeds its counter-based
+// initialisation), its value and gradient storage, and whether weight decay
+// applies. Also the per-model context layers share (profiler, seed).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <weft/metrics/memory.hpp>
+#include <weft/metrics/profiler.hpp>
+#include <weft/ops/common.hpp>
+
+namespace weft::nn {
+
+/// A rank-2 view onto a parameter's flat storage.
+template <class T, class Space>
+using MatrixRef = Kokkos::View<T**, Kokkos::LayoutRight, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+/// Value and gradient of one parameter, flat and contiguous (what optimizers
+/// and gradient collectives want), with rank-2 views for the kernels.
+template <class T, class Space>
+class Parameter {
+ public:
+  /// A [rows, cols] parameter (vectors are [1, n]). `decay`: whether decoupled
+  /// weight decay applies (matrices and embeddings yes; biases and norm scales no).
+  Parameter(std::string name, std::size_t rows, std::size_t cols, bool decay)
+      : name_(std::move(name)),
+        rows_(rows),
+        cols_(cols),
+        decay_(decay),
+        value(name_, rows * cols),
+        grad(name_ + ".grad", rows * cols) {}
+
+  /// The global parameter name, e.g. "blocks.3.attn.qkv.weight".
+  const std::string& name() const { return name_; }
+  /// Rows of the rank-2 shape.
+  std::size_t rows() const { return rows_; }
+  /// Columns of the rank-2 shape.
+  std::size_t cols() const { return cols_; }
+  /// Number of elements.
+  std::size_t size() const { return rows_ * cols_; }
+  /// Whether weight decay applies.
+  bool decay() const { return decay_; }
+  /// The value as a [rows, cols] matrix.
+  MatrixRef<T, Space> matrix() const { return MatrixRef<T, Space>(value.data(), rows_, cols_); }
+  /// The gradient as a [rows, cols] matrix.
+  MatrixRef<T, Space> grad_matrix() const { return MatrixRef<T, Space>(grad.data(), rows_, cols_); }
+
+ private:
+  std::string name_;
+  std::size_t rows_, cols_;
+  bool decay_;
+
+ public:
+  /// Flat value storage.
+  Kokkos::View<T*, Space> value;
+  /// Flat gradient storage; backward passes accumulate into it.
+  Kokkos::View<T*, Space> grad;
+};
+
+/// What every layer of one model shares: the profiler that kernel scopes
+/// charge (null: no timing, no fences).
+struct Context {
+  metrics::Profiler* profiler = nullptr;
+};
+
+/// A shared context handle: the model owns it, its layers keep a copy.
+using ContextPtr = std::shared_ptr<Context>;
+
+namespace detail {
+template <class V>
+std::size_t bytes_of(const V& v) {
+  return v.span() * sizeof(typename V::value_type);
+}
+/// Records a parameter's value and gradient in a ledger.
+template <class T, class Space>
+void account(metrics::MemoryLedger& m, const Parameter<T, Space>& p) {
+  m.add(metrics::MemoryCategory::parameters, p.name(), bytes_of(p.value));
+  m.add(metrics::MemoryCategory::gradients, p.name(), bytes_of(p.grad));
+}
+}  // namespace detail
+
+}  // namespace weft::nn
