@@ -15,3 +15,4 @@
 #include <weft/mesh/mesh.hpp>
 #include <weft/ops/ops.hpp>
 #include <weft/nn/nn.hpp>
+#include <weft/optim/optim.hpp>

@@ -1,0 +1,175 @@
+// Optimizers over a model's parameter list: AdamW (decoupled weight decay,
+// bias-corrected moments) and SGD with momentum and weight decay, plus
+// clipping by the global gradient norm. State lives beside each parameter in
+// the same execution space and is attributed as optimizer state.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include <weft/metrics/memory.hpp>
+#include <weft/nn/parameter.hpp>
+
+namespace weft::optim {
+
+/// sqrt of the sum of squares of every gradient, accumulated in double. On a
+/// data-parallel run this is the local part; reduce squares across ranks first.
+template <class T, class Space>
+double grad_norm(const std::vector<nn::Parameter<T, Space>*>& params) {
+  double total = 0;
+  for (auto* p : params) {
+    auto g = p->grad;
+    double s = 0;
+    Kokkos::parallel_reduce(
+        "weft::grad_norm", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+        KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
+    total += s;
+  }
+  return std::sqrt(total);
+}
+
+/// Scales every gradient by max_norm / norm when the global norm exceeds
+/// max_norm (max_norm <= 0: no clipping). Returns the norm before clipping.
+template <class T, class Space>
+double clip_grad_norm(const std::vector<nn::Parameter<T, Space>*>& params, double max_norm) {
+  const double norm = grad_norm(params);
+  if (max_norm > 0 && norm > max_norm) {
+    const T f = T(max_norm / (norm + 1e-6));
+    for (auto* p : params) {
+      auto g = p->grad;
+      Kokkos::parallel_for(
+          "weft::clip_grad", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+          KOKKOS_LAMBDA(std::size_t i) { g(i) *= f; });
+    }
+  }
+  return norm;
+}
+
+/// AdamW's hyper-parameters (GPT-2 style defaults).
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  ///< decoupled; only on parameters with decay() (matrices, embeddings)
+};
+
+/// AdamW (Loshchilov & Hutter): p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p).
+template <class T, class Space>
+class AdamW {
+ public:
+  /// Allocates zero first and second moments for every parameter.
+  AdamW(std::vector<nn::Parameter<T, Space>*> params, AdamWOptions o = {}) : params_(std::move(params)), o_(o) {
+    WEFT_REQUIRE(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0 && o.weight_decay >= 0,
+                 ConfigError, "optim::AdamW: beta1 ", o.beta1, " and beta2 ", o.beta2, " must lie in [0, 1), eps ", o.eps,
+                 " must be positive and weight decay ", o.weight_decay, " non-negative");
+    for (auto* p : params_) {
+      m_.emplace_back(p->name() + ".adam_m", p->size());
+      v_.emplace_back(p->name() + ".adam_v", p->size());
+    }
+  }
+
+  /// One update with learning rate lr from the accumulated gradients.
+  void step(double lr) {
+    WEFT_REQUIRE(lr >= 0 && std::isfinite(lr), ConfigError, "optim::AdamW: learning rate ", lr,
+                 " must be finite and non-negative (--lr)");
+    ++t_;
+    const T b1 = T(o_.beta1), b2 = T(o_.beta2), eps = T(o_.eps);
+    const T c1 = T(1.0 / (1.0 - std::pow(o_.beta1, double(t_))));
+    const T c2 = T(1.0 / (1.0 - std::pow(o_.beta2, double(t_))));
+    const T step_lr = T(lr);
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      auto* p = params_[k];
+      auto w = p->value;
+      auto g = p->grad;
+      auto m = m_[k];
+      auto v = v_[k];
+      const T keep = p->decay() ? T(1.0 - lr * o_.weight_decay) : T(1);
+      Kokkos::parallel_for(
+          "weft::adamw", Kokkos::RangePolicy<typename Space::execution_space>(0, w.extent(0)),
+          KOKKOS_LAMBDA(std::size_t i) {
+            const T gi = g(i);
+            const T mi = b1 * m(i) + (T(1) - b1) * gi;
+            const T vi = b2 * v(i) + (T(1) - b2) * gi * gi;
+            m(i) = mi;
+            v(i) = vi;
+            w(i) = keep * w(i) - step_lr * (mi * c1) / (ops::math::sqrt(vi * c2) + eps);
+          });
+    }
+  }
+
+  /// Steps taken.
+  long steps() const { return t_; }
+  /// Moment buffers, as optimizer state.
+  metrics::MemoryLedger memory() const {
+    metrics::MemoryLedger l;
+    for (std::size_t k = 0; k < m_.size(); ++k)
+      l.add(metrics::MemoryCategory::optimizer_state, params_[k]->name(),
+            (m_[k].span() + v_[k].span()) * sizeof(T));
+    return l;
+  }
+
+ private:
+  std::vector<nn::Parameter<T, Space>*> params_;
+  AdamWOptions o_;
+  std::vector<Kokkos::View<T*, Space>> m_, v_;
+  long t_ = 0;
+};
+
+/// SGD's hyper-parameters.
+struct SGDOptions {
+  double momentum = 0.0;      ///< heavy-ball momentum (0: plain SGD, no state)
+  double weight_decay = 0.0;  ///< L2 term added to the gradient of parameters with decay()
+};
+
+/// SGD: b = momentum * b + (g + wd * p); p -= lr * b.
+template <class T, class Space>
+class SGD {
+ public:
+  /// Allocates momentum buffers only when momentum is used.
+  SGD(std::vector<nn::Parameter<T, Space>*> params, SGDOptions o = {}) : params_(std::move(params)), o_(o) {
+    WEFT_REQUIRE(o.momentum >= 0 && o.momentum < 1 && o.weight_decay >= 0, ConfigError, "optim::SGD: momentum ",
+                 o.momentum, " must lie in [0, 1) and weight decay ", o.weight_decay, " be non-negative");
+    if (o.momentum > 0)
+      for (auto* p : params_) b_.emplace_back(p->name() + ".momentum", p->size());
+  }
+
+  /// One update with learning rate lr.
+  void step(double lr) {
+    WEFT_REQUIRE(lr >= 0 && std::isfinite(lr), ConfigError, "optim::SGD: learning rate ", lr,
+                 " must be finite and non-negative (--lr)");
+    const T mu = T(o_.momentum), step_lr = T(lr);
+    const bool use_b = o_.momentum > 0;
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      auto* p = params_[k];
+      auto w = p->value;
+      auto g = p->grad;
+      auto b = use_b ? b_[k] : Kokkos::View<T*, Space>();
+      const T wd = p->decay() ? T(o_.weight_decay) : T(0);
+      Kokkos::parallel_for(
+          "weft::sgd", Kokkos::RangePolicy<typename Space::execution_space>(0, w.extent(0)),
+          KOKKOS_LAMBDA(std::size_t i) {
+            T d = g(i) + wd * w(i);
+            if (use_b) {
+              d = mu * b(i) + d;
+              b(i) = d;
+            }
+            w(i) -= step_lr * d;
+          });
+    }
+  }
+
+  /// Momentum buffers, as optimizer state.
+  metrics::MemoryLedger memory() const {
+    metrics::MemoryLedger l;
+    for (std::size_t k = 0; k < b_.size(); ++k)
+      l.add(metrics::MemoryCategory::optimizer_state, params_[k]->name(), b_[k].span() * sizeof(T));
+    return l;
+  }
+
+ private:
+  std::vector<nn::Parameter<T, Space>*> params_;
+  SGDOptions o_;
+  std::vector<Kokkos::View<T*, Space>> b_;
+};
+
+}  // namespace weft::optim
