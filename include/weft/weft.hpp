@@ -16,3 +16,6 @@
 #include <weft/ops/ops.hpp>
 #include <weft/nn/nn.hpp>
 #include <weft/optim/optim.hpp>
+#include <weft/data/corpus.hpp>
+#include <weft/data/stream.hpp>
+#include <weft/optim/train_step.hpp>
