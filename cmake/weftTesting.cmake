@@ -1,5 +1,5 @@
 # Test helpers of weft's own build:
-#   weft_add_mpi_test(NAME SOURCES ... [RANKS 1 2 4 8] [TIMEOUT s])
+#   weft_add_mpi_test(NAME SOURCES ... [RANKS 1 2 4 8] [TIMEOUT s] [ARGS ...] [ENV ...])
 #     one doctest executable, run by CTest at each rank count (oversubscribed
 #     where the machine has fewer cores, ranks yielding when idle).
 #   weft_add_compile_fail_test(NAME SOURCE file REGEX message [DEFINES ...])
@@ -13,7 +13,7 @@ set(WEFT_MPIEXEC_FLAGS "--oversubscribe;--bind-to;none;--mca;mpi_yield_when_idle
 set(WEFT_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1;WEFT_TEST_DEADLINE=60")
 
 function(weft_add_mpi_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;RANKS;ENV" ${ARGN})
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;RANKS;ENV;ARGS" ${ARGN})
   if(NOT T_RANKS)
     set(T_RANKS ${WEFT_TEST_RANKS})
   endif()
@@ -24,7 +24,7 @@ function(weft_add_mpi_test name)
   target_link_libraries(${name} PRIVATE weft_test_harness)
   foreach(n IN LISTS T_RANKS)
     add_test(NAME ${name}.np${n}
-             COMMAND ${MPIEXEC_EXECUTABLE} ${WEFT_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:${name}>)
+             COMMAND ${MPIEXEC_EXECUTABLE} ${WEFT_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:${name}> ${T_ARGS})
     set_tests_properties(${name}.np${n} PROPERTIES
       PROCESSORS ${n} TIMEOUT ${T_TIMEOUT} LABELS "mpi;np${n}"
       ENVIRONMENT "${WEFT_TEST_ENV};${T_ENV}")
@@ -42,4 +42,21 @@ function(weft_add_compile_fail_test name)
                    -P ${PROJECT_SOURCE_DIR}/cmake/weftCompileFail.cmake)
   # Builds in the same tree must not run concurrently.
   set_tests_properties(compile_fail.${name} PROPERTIES LABELS "compile_fail" RESOURCE_LOCK weft_build_tree TIMEOUT 300)
+endfunction()
+
+# weft_add_expected_failure_test(NAME RANKS n REGEX message [MAX_SECONDS s] COMMAND exe args...)
+#   runs exe under mpiexec at n ranks; passes only when it exits non-zero,
+#   within MAX_SECONDS, with output matching REGEX. Proves that failures are
+#   reported, not that programs work.
+function(weft_add_expected_failure_test name)
+  cmake_parse_arguments(T "" "RANKS;REGEX;MAX_SECONDS" "COMMAND;ENV" ${ARGN})
+  if(NOT T_MAX_SECONDS)
+    set(T_MAX_SECONDS 60)
+  endif()
+  string(REPLACE ";" "|" cmd "${MPIEXEC_EXECUTABLE};${WEFT_MPIEXEC_FLAGS};${MPIEXEC_NUMPROC_FLAG};${T_RANKS};${T_COMMAND}")
+  add_test(NAME ${name}
+           COMMAND ${CMAKE_COMMAND} "-DCMD=${cmd}" "-DREGEX=${T_REGEX}" -DMAX_SECONDS=${T_MAX_SECONDS}
+                   -P ${PROJECT_SOURCE_DIR}/cmake/weftExpectFailure.cmake)
+  set_tests_properties(${name} PROPERTIES PROCESSORS ${T_RANKS} LABELS "mpi;expected_failure"
+                       TIMEOUT 300 ENVIRONMENT "${WEFT_TEST_ENV};${T_ENV}")
 endfunction()
