@@ -14,6 +14,10 @@
 #include <weft/mesh/axis.hpp>
 #include <weft/mesh/mesh.hpp>
 #include <weft/ops/ops.hpp>
+#include <weft/placement/placement.hpp>
+#include <weft/placement/dist_view.hpp>
+#include <weft/placement/redistribute.hpp>
+#include <weft/placement/propagation.hpp>
 #include <weft/nn/nn.hpp>
 #include <weft/optim/optim.hpp>
 #include <weft/data/corpus.hpp>
