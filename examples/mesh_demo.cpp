@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
 
   // tp=2 when the rank count is even, pp=2 when it divides by 4, dp the rest
   // (0 = inferred): 8 ranks give dp=2 x pp=2 x tp=2.
-  Mesh mesh(world, {.dp = 0, .tp = n % 2 == 0 ? 2 : 1, .pp = n % 4 == 0 ? 2 : 1});
+  Mesh mesh(world, {.dp = 0, .pp = n % 4 == 0 ? 2 : 1, .tp = n % 2 == 0 ? 2 : 1});
   const int me = mesh.rank_in_mesh();
   const int dp = mesh.coord<weft::DP>(), pp = mesh.coord<weft::PP>(), tp = mesh.coord<weft::TP>();
 

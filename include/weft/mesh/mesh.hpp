@@ -28,10 +28,11 @@ namespace weft {
 /// 0 means "not given": at most one axis of the mesh may be left at 0, and its
 /// extent is then the communicator size divided by the others. Axes the mesh
 /// does not have must be 0 or 1.
+/// Designated initialisers must follow the member order: dp, pp, tp, cp, ep.
 struct MeshSizes {
   int dp = 0;  ///< data-parallel extent
-  int tp = 0;  ///< tensor-parallel extent
   int pp = 0;  ///< pipeline-parallel extent
+  int tp = 0;  ///< tensor-parallel extent
   int cp = 0;  ///< context-parallel extent
   int ep = 0;  ///< expert-parallel extent
 };
@@ -67,6 +68,10 @@ class Mesh {
   static constexpr std::array<std::size_t, rank> static_extents{detail::axis_traits<Axes>::static_extent...};
   /// Number of axes whose extent is dynamic.
   static constexpr std::size_t rank_dynamic = (0 + ... + std::size_t(detail::axis_traits<Axes>::static_extent == dynamic_extent));
+
+  /// The tag of axis I (0 = outermost).
+  template <std::size_t I>
+  using tag_at = std::tuple_element_t<I, std::tuple<axis_tag_t<Axes>...>>;
 
   /// Whether the mesh has an axis tagged Tag.
   template <class Tag>
@@ -104,6 +109,15 @@ class Mesh {
       extents_[i] = static_cast<int>(e);
     }
     build();
+  }
+
+  /// Rejects a wrong number of extents with a readable message.
+  template <std::integral... I>
+    requires(sizeof...(I) != rank_dynamic)
+  explicit Mesh(const Comm&, I...) {
+    static_assert(sizeof...(I) == rank_dynamic,
+                  "weft::Mesh: give exactly one extent per dynamic axis, in axis order (static axes, "
+                  "weft::Axis<Tag, N>, take none), or name them: Mesh<DP, TP>(comm, {.dp = 2, .tp = 4})");
   }
 
   /// Builds the mesh over `parent` (collective over it) with extents named by

@@ -1,0 +1,9 @@
+// Misuse: communicating an element type that has no MPI datatype.
+#include <weft/weft.hpp>
+struct Particle {
+  double x, y;
+};
+void f(weft::Comm& c) {
+  Kokkos::View<Particle*> v("v", 4);
+  c.all_reduce(v);
+}
