@@ -1,0 +1,314 @@
+// bench_collectives: what weft::Comm costs on top of MPI. Each collective runs
+// on Kokkos views through weft and as the raw MPI call on the same buffers and
+// communicator, in the same run, in alternating batches (so a noisy, shared
+// machine slows both alike); a memcpy of the same size, also interleaved, is the
+// physical limit of one node. Reports the median over repetitions.
+//
+//   mpirun -n 2 ./bench_collectives [--min-bytes 4096] [--max-bytes 67108864] [--step 2]
+//                                   [--reps 11] [--batch-ms 20] [--check]
+//
+// Bytes follow nccl-tests' "size" (the full buffer a rank holds; see
+// weft/comm/stats.hpp) and bandwidth is size / time. weft/raw is the median of
+// the ratios of adjacent weft and raw batches (a pair sees the same machine
+// load), the bandwidths are medians over the batches. Targets: weft/raw >= 0.95
+// at >= 1 MiB for every collective; weft's extra cost per call < 2 us for
+// 8-byte messages. --check makes a missed target the exit status.
+#include <weft/weft.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using T = float;
+using Buf = Kokkos::View<T*, Kokkos::HostSpace>;
+
+struct Options {
+  std::size_t min_bytes = 4096;
+  std::size_t max_bytes = std::size_t(64) << 20;
+  std::size_t step = 2;
+  int reps = 11;
+  double batch_s = 0.020;
+  int overhead_reps = 15;
+  int overhead_iters = 5000;
+  bool check = false;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> double {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_collectives: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return std::atof(argv[++i]);
+    };
+    if (a == "--min-bytes") o.min_bytes = static_cast<std::size_t>(value());
+    else if (a == "--max-bytes") o.max_bytes = static_cast<std::size_t>(value());
+    else if (a == "--step") o.step = static_cast<std::size_t>(value());
+    else if (a == "--reps") o.reps = static_cast<int>(value());
+    else if (a == "--batch-ms") o.batch_s = value() / 1000.0;
+    else if (a == "--overhead-reps") o.overhead_reps = static_cast<int>(value());
+    else if (a == "--overhead-iters") o.overhead_iters = static_cast<int>(value());
+    else if (a == "--check") o.check = true;
+    else {
+      std::fprintf(stderr,
+                   "bench_collectives: unknown option '%s'\n"
+                   "options: --min-bytes N --max-bytes N --step K --reps N --batch-ms X "
+                   "--overhead-reps N --overhead-iters N --check\n",
+                   a.c_str());
+      std::exit(2);
+    }
+  }
+  if (o.step < 2 || o.reps < 1 || o.min_bytes < 8 || o.max_bytes < o.min_bytes) {
+    std::fprintf(stderr, "bench_collectives: need --step >= 2, --reps >= 1, 8 <= --min-bytes <= --max-bytes\n");
+    std::exit(2);
+  }
+  return o;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Timing runs on its own communicator, never mixed with the measured traffic.
+MPI_Comm g_sync = MPI_COMM_NULL;
+
+// Seconds per call of f over `iters` calls, the slowest rank's.
+template <class F>
+double batch(F&& f, int iters) {
+  MPI_Barrier(g_sync);
+  const double t0 = MPI_Wtime();
+  for (int i = 0; i < iters; ++i) f();
+  double t = (MPI_Wtime() - t0) / iters, slowest = 0;
+  MPI_Allreduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, g_sync);
+  return slowest;
+}
+
+void mpi_check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    std::fprintf(stderr, "bench_collectives: %s failed (%d)\n", what, rc);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
+
+// One collective at one size: the weft call and the raw MPI call it stands for.
+struct Case {
+  std::function<void()> weft, raw;
+  bool valid = true;  // false when the size does not split into the ranks' blocks
+};
+
+// The six collectives, each as a factory of a Case for `bytes` (nccl-tests' size).
+struct Suite {
+  weft::Comm& c;
+  Buf a, b;  // every collective reads a and writes b (broadcast: a only)
+  int p, me;
+
+  template <class V>
+  static auto head(const V& v, std::size_t n) {
+    return Kokkos::subview(v, std::make_pair(std::size_t(0), n));
+  }
+
+  Case make(const std::string& kind, std::size_t bytes) {
+    const std::size_t e = bytes / sizeof(T);
+    const auto pp = static_cast<std::size_t>(p);
+    const MPI_Comm m = c.native();
+    const MPI_Datatype dt = MPI_FLOAT;
+    T* ap = a.data();
+    T* bp = b.data();
+    if (kind == "all_reduce") {
+      auto s = head(a, e), r = head(b, e);
+      const int n = static_cast<int>(e);
+      return {[=, this] { c.all_reduce(s, r); },
+              [=] { mpi_check(MPI_Allreduce(ap, bp, n, dt, MPI_SUM, m), "MPI_Allreduce"); }};
+    }
+    if (kind == "all_gather") {  // size: the gathered output
+      if (e % pp) return {{}, {}, false};
+      auto s = head(a, e / pp), r = head(b, e);
+      const int n = static_cast<int>(e / pp);
+      return {[=, this] { c.all_gather(s, r); },
+              [=] { mpi_check(MPI_Allgather(ap, n, dt, bp, n, dt, m), "MPI_Allgather"); }};
+    }
+    if (kind == "reduce_scatter") {  // size: the full input
+      if (e % pp) return {{}, {}, false};
+      auto s = head(a, e), r = head(b, e / pp);
+      const int n = static_cast<int>(e / pp);
+      return {[=, this] { c.reduce_scatter(s, r); },
+              [=] { mpi_check(MPI_Reduce_scatter_block(ap, bp, n, dt, MPI_SUM, m), "MPI_Reduce_scatter_block"); }};
+    }
+    if (kind == "all_to_all") {  // size: the send buffer
+      if (e % pp) return {{}, {}, false};
+      auto s = head(a, e), r = head(b, e);
+      const int n = static_cast<int>(e / pp);
+      return {[=, this] { c.all_to_all(s, r); },
+              [=] { mpi_check(MPI_Alltoall(ap, n, dt, bp, n, dt, m), "MPI_Alltoall"); }};
+    }
+    if (kind == "broadcast") {
+      auto s = head(a, e);
+      const int n = static_cast<int>(e);
+      return {[=, this] { c.broadcast(s, 0); },
+              [=] { mpi_check(MPI_Bcast(ap, n, dt, 0, m), "MPI_Bcast"); }};
+    }
+    // sendrecv around the ring; size: the message
+    auto s = head(a, e), r = head(b, e);
+    const int n = static_cast<int>(e);
+    const int next = (me + 1) % p, prev = (me + p - 1) % p;
+    return {[=, this] { c.sendrecv(s, next, r, prev); },
+            [=] {
+              mpi_check(MPI_Sendrecv(ap, n, dt, next, 0, bp, n, dt, prev, 0, m, MPI_STATUS_IGNORE), "MPI_Sendrecv");
+            }};
+  }
+};
+
+std::string human(std::size_t bytes) {
+  char s[32];
+  if (bytes >= (std::size_t(1) << 20)) std::snprintf(s, sizeof s, "%zu MiB", bytes >> 20);
+  else if (bytes >= 1024) std::snprintf(s, sizeof s, "%zu KiB", bytes >> 10);
+  else std::snprintf(s, sizeof s, "%zu B", bytes);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  weft::Environment env(argc, argv);
+  const Options o = parse(argc, argv);
+  weft::Comm& world = env.world();
+  const int me = world.rank(), p = world.size();
+  MPI_Comm_dup(MPI_COMM_WORLD, &g_sync);
+
+  // Buffers for the largest size, touched before any timing.
+  const std::size_t max_e = o.max_bytes / sizeof(T);
+  Buf a("a", max_e), b("b", max_e);
+  Kokkos::deep_copy(a, T(1));
+  Kokkos::deep_copy(b, T(0));
+  std::vector<char> src(o.max_bytes, 1), dst(o.max_bytes, 0);
+  Suite suite{world, a, b, p, me};
+
+  const char* kinds[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "sendrecv"};
+  if (me == 0) {
+    std::printf("weft %s bench_collectives: %d ranks, float elements, host memory (Kokkos %s); "
+                "median of %d interleaved repetitions\n",
+                weft::version_string, p, Kokkos::DefaultHostExecutionSpace::name(), o.reps);
+    double load[3] = {0, 0, 0};
+    if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+      if (std::fscanf(f, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = load[1] = load[2] = 0;
+      std::fclose(f);
+    }
+    std::printf("machine load average at start: %.2f %.2f %.2f (other processes share the cores)\n", load[0],
+                load[1], load[2]);
+    std::printf("bytes = nccl-tests 'size' (all_gather: output, reduce_scatter: input, all_to_all: send buffer); "
+                "GB/s = bytes / time / 1e9\n\n");
+    std::printf("%-15s %9s %10s %10s %9s %12s %12s %11s\n", "collective", "bytes", "weft GB/s", "raw GB/s",
+                "weft/raw", "memcpy GB/s", "weft/memcpy", "raw/memcpy");
+  }
+
+  struct Worst {
+    double ratio = 1e300;
+    std::size_t at = 0;
+  };
+  std::vector<Worst> worst(std::size(kinds));
+  for (std::size_t k = 0; k < std::size(kinds); ++k) {
+    for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step) {
+      Case cs = suite.make(kinds[k], bytes);
+      if (!cs.valid) continue;
+      auto copy = [&] {
+        std::memcpy(dst.data(), src.data(), bytes);
+        asm volatile("" ::: "memory");  // the copy must happen every time
+      };
+      // Warm up both paths, then size a batch to about batch_s (all ranks agree).
+      cs.weft();
+      cs.raw();
+      const double once = batch(cs.raw, 1);
+      const int iters = std::clamp(static_cast<int>(o.batch_s / std::max(once, 1e-9)), 1, 100000);
+      const int copy_iters = std::clamp(static_cast<int>(o.batch_s / std::max(batch(copy, 1), 1e-9)), 1, 100000);
+      std::vector<double> tw, tr, tc, ratios;
+      for (int r = 0; r < o.reps; ++r) {
+        // Alternate the order so neither path always runs first.
+        if (r % 2 == 0) {
+          tw.push_back(batch(cs.weft, iters));
+          tr.push_back(batch(cs.raw, iters));
+        } else {
+          tr.push_back(batch(cs.raw, iters));
+          tw.push_back(batch(cs.weft, iters));
+        }
+        ratios.push_back(tr.back() / tw.back());
+        tc.push_back(batch(copy, copy_iters));
+      }
+      const double w = median(tw), raw = median(tr), cp = median(tc);
+      const double bw_w = bytes / w / 1e9, bw_r = bytes / raw / 1e9, bw_c = bytes / cp / 1e9;
+      const double ratio = median(ratios);
+      if (bytes >= (std::size_t(1) << 20) && ratio < worst[k].ratio) worst[k] = {ratio, bytes};
+      if (me == 0)
+        std::printf("%-15s %9s %10.3f %10.3f %9.3f %12.3f %12.3f %11.3f\n", kinds[k], human(bytes).c_str(), bw_w,
+                    bw_r, ratio, bw_c, bw_w / bw_c, bw_r / bw_c);
+    }
+    if (me == 0) std::printf("\n");
+  }
+
+  // Per-call overhead: 8-byte messages (all_reduce/broadcast/sendrecv: the
+  // buffer; all_gather, all_to_all: each rank's block; reduce_scatter: the result).
+  if (me == 0)
+    std::printf("per-call cost at 8-byte messages, median of %d interleaved batches of %d calls\n"
+                "%-15s %10s %10s %14s\n",
+                o.overhead_reps, o.overhead_iters, "collective", "weft us", "raw us", "weft-raw us");
+  std::vector<double> overhead(std::size(kinds));
+  for (std::size_t k = 0; k < std::size(kinds); ++k) {
+    const std::string kind = kinds[k];
+    const std::size_t per_block = 8;
+    const std::size_t bytes = (kind == "all_gather" || kind == "reduce_scatter" || kind == "all_to_all")
+                                  ? per_block * static_cast<std::size_t>(p)
+                                  : per_block;
+    Case cs = suite.make(kind, std::min(bytes, o.max_bytes));
+    for (int i = 0; i < 100; ++i) {
+      cs.weft();
+      cs.raw();
+    }
+    std::vector<double> tw, tr, diff;
+    for (int r = 0; r < o.overhead_reps; ++r) {
+      double w, raw;
+      if (r % 2 == 0) {
+        w = batch(cs.weft, o.overhead_iters);
+        raw = batch(cs.raw, o.overhead_iters);
+      } else {
+        raw = batch(cs.raw, o.overhead_iters);
+        w = batch(cs.weft, o.overhead_iters);
+      }
+      tw.push_back(w);
+      tr.push_back(raw);
+      diff.push_back(w - raw);
+    }
+    overhead[k] = median(diff) * 1e6;
+    if (me == 0)
+      std::printf("%-15s %10.3f %10.3f %14.3f\n", kinds[k], median(tw) * 1e6, median(tr) * 1e6, overhead[k]);
+  }
+
+  // Verdict against the targets.
+  bool ok = true;
+  if (me == 0) std::printf("\ntargets: weft/raw >= 0.95 at >= 1 MiB, overhead < 2 us at 8 bytes\n");
+  for (std::size_t k = 0; k < std::size(kinds); ++k) {
+    const bool bw_ok = worst[k].at == 0 || worst[k].ratio >= 0.95;
+    const bool lat_ok = overhead[k] < 2.0;
+    ok = ok && bw_ok && lat_ok;
+    if (me == 0) {
+      if (worst[k].at)
+        std::printf("%-15s lowest weft/raw at >= 1 MiB: %.3f (at %s) %s;  overhead %.3f us %s\n", kinds[k],
+                    worst[k].ratio, human(worst[k].at).c_str(), bw_ok ? "ok" : "MISSED", overhead[k],
+                    lat_ok ? "ok" : "MISSED");
+      else
+        std::printf("%-15s (no size >= 1 MiB measured);  overhead %.3f us %s\n", kinds[k], overhead[k],
+                    lat_ok ? "ok" : "MISSED");
+    }
+  }
+  MPI_Comm_free(&g_sync);
+  return (o.check && !ok) ? 1 : 0;
+}
