@@ -1,0 +1,44 @@
+# Sourced by scripts/run_example.sh and scripts/run_tests.sh: the build
+# variants they share, so that the example and the g++ test variant reuse one
+# build tree. Not meant to be run on its own.
+
+WEFT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+: "${WEFT_CI_JOBS:=$(nproc 2> /dev/null || echo 2)}"
+: "${WEFT_CI_WERROR:=1}"       # 0: warnings in weft's own code do not fail the build
+: "${WEFT_CI_ASAN_CXX:=clang++}"
+
+# Launcher settings of the examples (the tests take theirs from cmake/weftTesting.cmake):
+# ranks may outnumber cores, and idle ranks must yield the core they wait on.
+WEFT_MPIRUN_FLAGS=(--oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
+if [[ "$(id -u)" == 0 ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+# The build tree of a variant.
+weft_build_dir() { echo "${WEFT_ROOT}/build-ci-$1"; }
+
+# weft_configure VARIANT: configures (or refreshes) the variant's build tree.
+#   gcc    g++, RelWithDebInfo
+#   clang  clang++, Release
+#   asan   ${WEFT_CI_ASAN_CXX}, RelWithDebInfo, AddressSanitizer + UndefinedBehaviorSanitizer
+# -Werror applies to weft's own targets only (CMAKE_COMPILE_WARNING_AS_ERROR
+# sets their COMPILE_WARNING_AS_ERROR property); Kokkos' headers are system
+# headers and consumers of the installed package are untouched.
+weft_configure() {
+  local variant="$1" cxx type extra=()
+  case "$variant" in
+    gcc)   cxx=g++;                 type=RelWithDebInfo ;;
+    clang) cxx=clang++;             type=Release ;;
+    asan)  cxx="$WEFT_CI_ASAN_CXX"; type=RelWithDebInfo; extra=(-DWEFT_SANITIZE=address,undefined) ;;
+    *) echo "unknown variant '$variant' (expected gcc, clang or asan)" >&2; return 2 ;;
+  esac
+  local generator=()
+  command -v ninja > /dev/null && generator=(-G Ninja)
+  local dir; dir="$(weft_build_dir "$variant")"
+  # A tree made with another generator cannot be reconfigured with this one.
+  if [[ -f "$dir/CMakeCache.txt" ]] && ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" "$dir/CMakeCache.txt"; then
+    rm -rf "$dir"
+  fi
+  cmake -S "$WEFT_ROOT" -B "$dir" "${generator[@]}" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE="$type" \
+        -DCMAKE_COMPILE_WARNING_AS_ERROR="$([[ $WEFT_CI_WERROR == 1 ]] && echo ON || echo OFF)" "${extra[@]}"
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Quick start, part 2 (and what CI runs, through .ci/run): installs what is
+# missing (scripts/install_deps.sh), then builds and runs the whole test suite
+# in each build variant:
+#   gcc    g++ RelWithDebInfo                      build tree build-ci-gcc
+#   clang  clang++ Release                         build tree build-ci-clang
+#   asan   clang++ with -fsanitize=address,undefined  build tree build-ci-asan
+# Every variant also installs weft and builds a downstream project against the
+# installed package (CTest test downstream.installed_package).
+#
+#   scripts/run_tests.sh                         all variants
+#   WEFT_CI_VARIANTS=gcc scripts/run_tests.sh    one variant
+#   scripts/run_tests.sh -R mesh                 extra arguments go to ctest
+# Other knobs: WEFT_CI_JOBS (parallel compile jobs, default: the core count),
+# WEFT_CI_WERROR=0 (warnings do not fail the build), WEFT_CI_ASAN_CXX (default clang++).
+# Exits non-zero when any variant fails; prints the time each one took.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$WEFT_ROOT"
+
+scripts/install_deps.sh || exit 1
+
+read -r -a variants <<< "${WEFT_CI_VARIANTS:-gcc clang asan}"
+
+# Sanitizer runtime settings: Open MPI's own allocations are never freed, so
+# leak checking stays off; UBSan's findings abort the rank (the build also
+# passes -fno-sanitize-recover=undefined), which fails the test.
+asan_env=(
+  "ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1:detect_stack_use_after_return=0"
+  "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1"
+)
+
+now() { date +%s; }
+fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+summary=()
+failed=0
+t_all=$(now)
+for v in "${variants[@]}"; do
+  echo
+  echo "======================== variant $v ========================"
+  dir="$(weft_build_dir "$v")"
+  env_v=()
+  [[ "$v" == asan ]] && env_v=("${asan_env[@]}")
+  t0=$(now)
+  status=ok
+  if weft_configure "$v" && cmake --build "$dir" -j "$WEFT_CI_JOBS"; then
+    t1=$(now)
+    (cd "$dir" && env "${env_v[@]}" ctest -j2 --output-on-failure "$@") || status=FAILED
+  else
+    t1=$(now)
+    status="FAILED (build)"
+  fi
+  t2=$(now)
+  [[ "$status" == ok ]] || failed=1
+  line=$(printf '%-6s %-15s configure+build %s   tests %s   total %s' "$v" "$status" \
+         "$(fmt $((t1 - t0)))" "$(fmt $((t2 - t1)))" "$(fmt $((t2 - t0)))")
+  echo "[run_tests] $line"
+  summary+=("$line")
+done
+
+echo
+echo "======================== summary ========================"
+printf '%s\n' "${summary[@]}"
+echo "all variants: $(fmt $(($(now) - t_all)))"
+exit $failed
