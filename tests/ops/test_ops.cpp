@@ -442,3 +442,23 @@ TEST_CASE("BLAS thread choice follows the flag, then the environment, then cores
 }
 
 }  // namespace
+
+namespace {
+TEST_CASE("fast float exp and sqrt of the hot loops stay within a few float ulps") {
+  double worst_exp = 0, worst_sqrt = 0;
+  for (int i = -2000; i <= 2000; ++i) {
+    const float x = float(i) * 0.0437f;  // [-87.4, 87.4]
+    const double e = std::exp(double(x));
+    if (e > 1e-37) worst_exp = std::max(worst_exp, std::abs(double(weft::ops::math::fast_exp(x)) - e) / e);
+    const float s = std::ldexp(1.0f + float(i + 2000) / 4001.0f, (i % 60));
+    worst_sqrt = std::max(worst_sqrt, std::abs(double(weft::ops::math::fast_sqrt(s)) - std::sqrt(double(s))) / std::sqrt(double(s)));
+  }
+  CHECK(worst_exp < 4e-7);
+  CHECK(worst_sqrt < 4e-7);
+  CHECK(weft::ops::math::fast_exp(-1000.0f) < 1e-37f);  // clamped, not garbage
+  CHECK(weft::ops::math::fast_exp(-1000.0f) >= 0.0f);
+  CHECK(std::isfinite(weft::ops::math::fast_exp(1000.0f)));
+  CHECK(weft::ops::math::fast_sqrt(0.0f) == 0.0f);
+  CHECK(weft::ops::math::fast_exp(1.0) == std::exp(1.0));  // double is exact libm
+}
+}  // namespace

@@ -39,7 +39,7 @@ double cross_entropy_forward(const LV& logits, const IV& targets) {
         T mx = logits(i, 0);
         for (std::size_t j = 1; j < v; ++j) mx = logits(i, j) > mx ? logits(i, j) : mx;
         T s = 0;
-        for (std::size_t j = 0; j < v; ++j) s += math::exp(logits(i, j) - mx);
+        for (std::size_t j = 0; j < v; ++j) s += math::fast_exp(logits(i, j) - mx);
         acc += double(mx + math::log(s) - logits(i, targets(i)));
       },
       total);
@@ -65,7 +65,7 @@ double cross_entropy_forward_backward(const LV& logits, const IV& targets,
         const T zt = logits(i, t);
         T s = 0;
         for (std::size_t j = 0; j < v; ++j) {
-          const T e = math::exp(logits(i, j) - mx);
+          const T e = math::fast_exp(logits(i, j) - mx);
           logits(i, j) = e;  // keep exp for the gradient: one pass fewer
           s += e;
         }

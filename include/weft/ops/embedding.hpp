@@ -1,6 +1,6 @@
 // Embedding lookup (token and learned position tables) and its backward, a
-// scatter-add into the table. The scatter runs one thread per feature column
-// over the tokens in order, so repeated tokens add up in a fixed order without
+// scatter-add into the table. The scatter runs one thread per chunk of feature
+// columns over the tokens in order, so repeated tokens add up in a fixed order without
 // atomics: the gradient is bit-identical whatever the thread count.
 #pragma once
 
@@ -42,9 +42,12 @@ void embedding_backward(const DYV& dy, const IV& ids, const DWV& dW) {
   const std::size_t n = ids.extent(0);
   detail::require_extent("weft::ops::embedding_backward", "dy", dy, 0, n);
   detail::require_extent("weft::ops::embedding_backward", "dy", dy, 1, dW.extent(1));
+  const std::size_t d = dW.extent(1), C = detail::column_chunk;
   Kokkos::parallel_for(
-      "weft::embedding_backward", detail::range(dW, dW.extent(1)), KOKKOS_LAMBDA(std::size_t j) {
-        for (std::size_t i = 0; i < n; ++i) dW(ids(i), j) += dy(i, j);
+      "weft::embedding_backward", detail::range(dW, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
+        const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
+        for (std::size_t i = 0; i < n; ++i)
+          for (std::size_t jj = 0; jj < w; ++jj) dW(ids(i), j0 + jj) += dy(i, j0 + jj);
       });
 }
 

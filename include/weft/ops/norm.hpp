@@ -47,15 +47,22 @@ void layernorm_backward(const DYV& dy, const XV& x, const GV& gamma, const SV& m
   detail::require_extent("weft::ops::layernorm_backward", "dgamma", dgamma, 0, d);
   detail::require_extent("weft::ops::layernorm_backward", "dbeta", dbeta, 0, d);
   using T = typename DXV::non_const_value_type;
+  const std::size_t C = detail::column_chunk;
   Kokkos::parallel_for(
-      "weft::layernorm_backward_params", detail::range(x, d), KOKKOS_LAMBDA(std::size_t j) {
-        T g = 0, b = 0;
+      "weft::layernorm_backward_params", detail::range(x, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
+        T g[detail::column_chunk] = {}, b[detail::column_chunk] = {};
+        const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
         for (std::size_t i = 0; i < rows; ++i) {
-          g += dy(i, j) * (x(i, j) - mean(i)) * rstd(i);
-          b += dy(i, j);
+          const T mu = mean(i), r = rstd(i);
+          for (std::size_t jj = 0; jj < w; ++jj) {
+            g[jj] += dy(i, j0 + jj) * (x(i, j0 + jj) - mu) * r;
+            b[jj] += dy(i, j0 + jj);
+          }
         }
-        dgamma(j) += g;
-        dbeta(j) += b;
+        for (std::size_t jj = 0; jj < w; ++jj) {
+          dgamma(j0 + jj) += g[jj];
+          dbeta(j0 + jj) += b[jj];
+        }
       });
   // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma.
   Kokkos::parallel_for(
@@ -106,11 +113,16 @@ void rmsnorm_backward(const DYV& dy, const XV& x, const GV& gamma, const SV& rst
   detail::require_extent("weft::ops::rmsnorm_backward", "dx", dx, 1, d);
   detail::require_extent("weft::ops::rmsnorm_backward", "dgamma", dgamma, 0, d);
   using T = typename DXV::non_const_value_type;
+  const std::size_t C = detail::column_chunk;
   Kokkos::parallel_for(
-      "weft::rmsnorm_backward_params", detail::range(x, d), KOKKOS_LAMBDA(std::size_t j) {
-        T g = 0;
-        for (std::size_t i = 0; i < rows; ++i) g += dy(i, j) * x(i, j) * rstd(i);
-        dgamma(j) += g;
+      "weft::rmsnorm_backward_params", detail::range(x, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
+        T g[detail::column_chunk] = {};
+        const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
+        for (std::size_t i = 0; i < rows; ++i) {
+          const T r = rstd(i);
+          for (std::size_t jj = 0; jj < w; ++jj) g[jj] += dy(i, j0 + jj) * x(i, j0 + jj) * r;
+        }
+        for (std::size_t jj = 0; jj < w; ++jj) dgamma(j0 + jj) += g[jj];
       });
   // dx = rstd * (g - xhat * mean(g * xhat)), g = dy * gamma, xhat = x * rstd.
   Kokkos::parallel_for(

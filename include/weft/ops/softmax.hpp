@@ -29,7 +29,7 @@ void softmax_forward(const SV& S, typename PV::const_value_type scale, bool caus
         for (std::size_t j = 1; j < n; ++j) mx = scale * S(b, i, j) > mx ? scale * S(b, i, j) : mx;
         T sum = 0;
         for (std::size_t j = 0; j < n; ++j) {
-          const T e = math::exp(scale * S(b, i, j) - mx);
+          const T e = math::fast_exp(scale * S(b, i, j) - mx);
           P(b, i, j) = e;
           sum += e;
         }

@@ -92,7 +92,7 @@ class AdamW {
             const T vi = b2 * v(i) + (T(1) - b2) * gi * gi;
             m(i) = mi;
             v(i) = vi;
-            w(i) = keep * w(i) - step_lr * (mi * c1) / (ops::math::sqrt(vi * c2) + eps);
+            w(i) = keep * w(i) - step_lr * (mi * c1) / (ops::math::fast_sqrt(vi * c2) + eps);
           });
     }
   }
