@@ -23,3 +23,4 @@
 #include <weft/data/corpus.hpp>
 #include <weft/data/stream.hpp>
 #include <weft/optim/train_step.hpp>
+#include <weft/metrics/metrics.hpp>

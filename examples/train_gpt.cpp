@@ -1,0 +1,323 @@
+// train_gpt: trains the reference GPT on byte-level text -- by default a
+// synthetic language generated here, or any text file with --data -- and
+// prints one line per step; with --record FILE it writes a JSON run record
+// (config, mesh, per-step losses, tokens/s, model FLOPs, MFU, memory).
+//
+//   mpirun -n 1 train_gpt --layers 4 --d-model 128 --heads 4 --seq 64 --batch 8 --steps 300 --record run.json
+//
+// --batch is the global batch (sequences per optimizer step); --microbatches
+// splits it for gradient accumulation. The same flags keep their meaning when
+// later strategies add --mesh.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <weft/metrics/metrics.hpp>
+#include <weft/weft.hpp>
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using weft::ConfigError;
+
+struct Options {
+  weft::nn::GPTConfig model;
+  std::size_t batch = 8, microbatches = 1, steps = 200, threads = 0, corpus_bytes = 2000000;
+  double lr = 1e-3, weight_decay = 0.1, clip = 1.0, momentum = 0.9;
+  std::size_t warmup = 0;
+  std::string data, record, optimizer = "adamw";
+};
+
+const char* kUsage =
+    "usage: train_gpt [flags]\n"
+    "  --layers N        transformer blocks (4)\n"
+    "  --d-model N       residual width (128)\n"
+    "  --heads N         attention heads, dividing d-model (4)\n"
+    "  --kv-heads N      key/value heads for grouped-query attention (= heads)\n"
+    "  --seq N           tokens per sequence (64)\n"
+    "  --batch N         global batch: sequences per optimizer step (8)\n"
+    "  --microbatches N  gradient-accumulation microbatches, dividing batch (1)\n"
+    "  --vocab N         vocabulary, >= 256 for byte data (256)\n"
+    "  --steps N         optimizer steps (200)\n"
+    "  --lr X            peak learning rate (1e-3)\n"
+    "  --warmup N        linear learning-rate warm-up steps (0)\n"
+    "  --optimizer adamw|sgd, --weight-decay X (0.1), --momentum X (sgd, 0.9), --clip X (1.0; 0: off)\n"
+    "  --norm layernorm|rmsnorm, --mlp gelu|swiglu, --pos learned|rotary, --recompute\n"
+    "  --seed N          initialisation and data order (1234)\n"
+    "  --data FILE       train on the bytes of FILE (default: synthetic language)\n"
+    "  --threads N       BLAS threads per rank (default: cores / ranks on the node)\n"
+    "  --record FILE     write a JSON run record\n";
+
+std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false) {
+  std::size_t pos = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  WEFT_REQUIRE(pos == v.size() && !v.empty() && (allow_zero ? x >= 0 : x > 0), ConfigError, flag, " ", v,
+               ": expected a ", allow_zero ? "non-negative" : "positive", " integer");
+  return std::size_t(x);
+}
+
+double parse_real(const std::string& flag, const std::string& v, bool positive) {
+  std::size_t pos = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  WEFT_REQUIRE(pos == v.size() && !v.empty() && std::isfinite(x) && (positive ? x > 0 : x >= 0), ConfigError, flag,
+               " ", v, ": expected a ", positive ? "positive" : "non-negative", " number");
+  return x;
+}
+
+template <class E>
+E parse_choice(const std::string& flag, const std::string& v, const std::map<std::string, E>& choices) {
+  auto it = choices.find(v);
+  if (it == choices.end()) {
+    std::string names;
+    for (const auto& [k, e] : choices) names += (names.empty() ? "" : ", ") + k;
+    weft::detail::throw_error<ConfigError>(flag, " ", v, ": expected one of ", names);
+  }
+  return it->second;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  o.model.d_model = 128;
+  o.model.heads = 4;
+  o.model.seq = 64;
+  std::map<std::string, std::function<void(const std::string&)>> flags = {
+      {"--layers", [&](const std::string& v) { o.model.layers = parse_count("--layers", v); }},
+      {"--d-model", [&](const std::string& v) { o.model.d_model = parse_count("--d-model", v); }},
+      {"--heads", [&](const std::string& v) { o.model.heads = parse_count("--heads", v); }},
+      {"--kv-heads", [&](const std::string& v) { o.model.kv_heads = parse_count("--kv-heads", v); }},
+      {"--seq", [&](const std::string& v) { o.model.seq = parse_count("--seq", v); }},
+      {"--batch", [&](const std::string& v) { o.batch = parse_count("--batch", v); }},
+      {"--microbatches", [&](const std::string& v) { o.microbatches = parse_count("--microbatches", v); }},
+      {"--vocab", [&](const std::string& v) { o.model.vocab = parse_count("--vocab", v); }},
+      {"--steps", [&](const std::string& v) { o.steps = parse_count("--steps", v); }},
+      {"--lr", [&](const std::string& v) { o.lr = parse_real("--lr", v, true); }},
+      {"--warmup", [&](const std::string& v) { o.warmup = parse_count("--warmup", v, true); }},
+      {"--weight-decay", [&](const std::string& v) { o.weight_decay = parse_real("--weight-decay", v, false); }},
+      {"--momentum", [&](const std::string& v) { o.momentum = parse_real("--momentum", v, false); }},
+      {"--clip", [&](const std::string& v) { o.clip = parse_real("--clip", v, false); }},
+      {"--seed", [&](const std::string& v) { o.model.seed = parse_count("--seed", v, true); }},
+      {"--data", [&](const std::string& v) { o.data = v; }},
+      {"--record", [&](const std::string& v) { o.record = v; }},
+      {"--threads", [&](const std::string& v) { o.threads = parse_count("--threads", v); }},
+      {"--optimizer",
+       [&](const std::string& v) {
+         o.optimizer = parse_choice<std::string>("--optimizer", v, {{"adamw", "adamw"}, {"sgd", "sgd"}});
+       }},
+      {"--norm",
+       [&](const std::string& v) {
+         o.model.norm = parse_choice<weft::nn::NormKind>(
+             "--norm", v, {{"layernorm", weft::nn::NormKind::layernorm}, {"rmsnorm", weft::nn::NormKind::rmsnorm}});
+       }},
+      {"--mlp",
+       [&](const std::string& v) {
+         o.model.mlp = parse_choice<weft::nn::MlpKind>("--mlp", v,
+                                                       {{"gelu", weft::nn::MlpKind::gelu}, {"swiglu", weft::nn::MlpKind::swiglu}});
+       }},
+      {"--pos",
+       [&](const std::string& v) {
+         o.model.position = parse_choice<weft::nn::PositionKind>(
+             "--pos", v, {{"learned", weft::nn::PositionKind::learned}, {"rotary", weft::nn::PositionKind::rotary}});
+       }},
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i], v;
+    if (a == "--recompute") {
+      o.model.recompute = true;
+      continue;
+    }
+    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      v = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+    auto it = flags.find(a);
+    WEFT_REQUIRE(it != flags.end(), ConfigError, "unknown flag ", a, "; run train_gpt --help for the flags");
+    if (v.empty() && argv[i][a.size()] != '=') {
+      WEFT_REQUIRE(i + 1 < argc, ConfigError, a, " needs a value");
+      v = argv[++i];
+    }
+    it->second(v);
+  }
+  WEFT_REQUIRE(o.batch % o.microbatches == 0, ConfigError, "--microbatches ", o.microbatches, " does not divide --batch ",
+               o.batch, "; every microbatch must hold the same number of sequences");
+  o.model.batch = o.batch / o.microbatches;
+  WEFT_REQUIRE(o.model.vocab >= 256, ConfigError, "--vocab ", o.model.vocab,
+               " is smaller than the 256 byte values of the data; use --vocab 256 or more");
+  o.model.validate();
+  return o;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+const char* name_of(weft::nn::NormKind k) { return k == weft::nn::NormKind::layernorm ? "layernorm" : "rmsnorm"; }
+const char* name_of(weft::nn::MlpKind k) { return k == weft::nn::MlpKind::gelu ? "gelu" : "swiglu"; }
+const char* name_of(weft::nn::PositionKind k) { return k == weft::nn::PositionKind::learned ? "learned" : "rotary"; }
+
+template <class Opt>
+int train(const Options& o, weft::nn::GPT<float, Space>& gpt, Opt& opt, const weft::data::TokenStream& stream,
+          const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+  const auto& c = gpt.config();
+  const std::size_t tokens_per_step = o.batch * c.seq;
+  // The MFU yardstick: the best float gemm of the model's own MLP shape and a square one, measured now.
+  const auto peak = weft::metrics::measure_sgemm_peak<Space>({{c.tokens(), 4 * c.d_model, c.d_model}, {512, 512, 512}}, 3);
+  const double flops_per_token = c.flops_per_token();
+  std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
+              gpt.num_parameters(), flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
+  std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s\n", bt.threads, bt.reason.c_str(), peak.wall * 1e-9);
+  std::fflush(stdout);
+  const bool tty = isatty(STDOUT_FILENO);
+  weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("targets", c.tokens());
+  std::vector<double> losses, norms, walls, cpus;
+  for (std::size_t s = 0; s < o.steps; ++s) {
+    const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
+    Kokkos::fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = weft::metrics::process_cpu_seconds();
+    const auto r = weft::optim::train_step(gpt, opt, stream, s, o.microbatches, ids, tg, lr, o.clip);
+    Kokkos::fence();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    cpus.push_back(weft::metrics::process_cpu_seconds() - c0);
+    walls.push_back(wall);
+    losses.push_back(r.loss);
+    norms.push_back(r.grad_norm);
+    if (tty) std::printf("\r\033[K");
+    std::printf("step %zu loss %.4f tok/s %.0f grad_norm %.4f lr %.3g ms %.1f\n", s, r.loss,
+                double(tokens_per_step) / wall, r.grad_norm, lr, wall * 1e3);
+    if (tty) {
+      const int width = 30, done = int(double(width) * double(s + 1) / double(o.steps));
+      std::printf("[%s%s] %zu/%zu loss %.3f", std::string(std::size_t(done), '#').c_str(),
+                  std::string(std::size_t(width - done), '.').c_str(), s + 1, o.steps, r.loss);
+    }
+    std::fflush(stdout);
+  }
+  if (tty) std::printf("\r\033[K");
+  // Tokens/s: median over the steps after warm-up (the first steps pay for first-touch and BLAS buffers).
+  const std::size_t skip = o.steps > 1 ? std::min<std::size_t>(5, std::max<std::size_t>(1, o.steps / 10)) : 0;
+  const std::vector<double> steady(walls.begin() + long(skip), walls.end()),
+      steady_cpu(cpus.begin() + long(skip), cpus.end());
+  const double tps = double(tokens_per_step) / median(steady);
+  const double tps_cpu = double(tokens_per_step) / median(steady_cpu);
+  const double mfu = flops_per_token * tps / peak.wall;
+  std::printf("train_gpt: final loss %.4f (unigram entropy of the data %.4f); %.0f tok/s, %.2f GFLOP/s of model FLOPs, MFU %.3f\n",
+              losses.back(), unigram, tps, flops_per_token * tps * 1e-9, mfu);
+
+  if (!o.record.empty()) {
+    using weft::metrics::Json;
+    auto mem = gpt.memory();
+    mem.merge(opt.memory());
+    using C = weft::metrics::MemoryCategory;
+    Json memory = Json::object();
+    for (auto cat : {C::parameters, C::gradients, C::optimizer_state, C::activations, C::buffers})
+      memory.set(weft::metrics::category_name(cat), Json(mem.bytes(cat)));
+    memory.set("total", Json(mem.total()));
+    memory.set("note", "bytes weft allocates, all at start-up and kept for the run (so also the peak); BLAS and MPI buffers not included");
+    Json rec = Json::object();
+    rec.set("program", "train_gpt").set("weft_version", WEFT_VERSION_STRING);
+    rec.set("config", Json::object()
+                          .set("layers", Json(c.layers)).set("d_model", Json(c.d_model)).set("heads", Json(c.heads))
+                          .set("kv_heads", Json(c.kv())).set("seq", Json(c.seq)).set("batch", Json(o.batch))
+                          .set("microbatches", Json(o.microbatches)).set("microbatch", Json(c.batch))
+                          .set("vocab", Json(c.vocab)).set("ffn_hidden", Json(c.hidden())).set("steps", Json(o.steps))
+                          .set("lr", o.lr).set("warmup", Json(o.warmup)).set("optimizer", o.optimizer)
+                          .set("weight_decay", o.weight_decay).set("clip", o.clip).set("seed", Json(c.seed))
+                          .set("data", data_name).set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp))
+                          .set("position", name_of(c.position)).set("recompute", c.recompute).set("dtype", "float32"));
+    rec.set("mesh", Json::object().set("dp", 1).set("tp", 1).set("pp", 1).set("cp", 1).set("ep", 1).set("world_size", 1));
+    rec.set("runtime", Json::object()
+                           .set("execution_space", Space::name()).set("kokkos_version", Json(KOKKOS_VERSION))
+                           .set("blas_threads", bt.threads).set("blas_threads_reason", bt.reason)
+                           .set("ranks_per_node", ranks_per_node));
+    rec.set("tokens_per_step", Json(tokens_per_step));
+    rec.set("loss", Json(losses));
+    rec.set("grad_norm", Json(norms));
+    rec.set("step_seconds", Json(walls));
+    rec.set("warmup_steps_excluded", Json(skip));
+    rec.set("tokens_per_second", tps);
+    rec.set("tokens_per_second_cpu_time", tps_cpu);
+    rec.set("parameters", Json(gpt.num_parameters()));
+    rec.set("matmul_parameters", c.matmul_params());
+    rec.set("model_flops_per_token", flops_per_token);
+    rec.set("model_flops_formula",
+            "6*N + 12*L*T*D per token (forward + backward); N = matmul weights = 12*L*D^2 + D*V for the GPT-2 shape; see docs/model.md");
+    rec.set("peak_flops", peak.wall);
+    rec.set("peak_flops_cpu_time", peak.cpu);
+    rec.set("peak_method", "best float gemm through Kokkos Kernels at start-up: [tokens x D] x [D x 4D] and 512^3, 3 runs each, same BLAS threads");
+    rec.set("mfu", mfu);
+    rec.set("mfu_cpu_time", flops_per_token * tps_cpu / peak.cpu);
+    rec.set("memory_bytes", memory);
+    rec.set("unigram_entropy", unigram);
+    std::ofstream f(o.record);
+    WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot open the file for writing (", std::strerror(errno), ")");
+    f << rec.dump() << "\n";
+    WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": writing failed");
+    std::printf("train_gpt: run record written to %s\n", o.record.c_str());
+  }
+  return 0;
+}
+
+int run(int argc, char** argv, weft::Environment& env) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  const Options o = parse(argc, argv);
+  WEFT_REQUIRE(env.world().size() == 1, ConfigError, "train_gpt runs on one process until the parallel strategies arrive; it was started on ",
+               env.world().size(), " ranks: launch it with mpirun -n 1");
+  // BLAS threads: ranks sharing this node x threads must not exceed its cores.
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int ranks_per_node = 1;
+  MPI_Comm_size(node, &ranks_per_node);
+  MPI_Comm_free(&node);
+  const auto bt = weft::ops::set_blas_threads(int(o.threads), ranks_per_node);
+
+  std::vector<std::uint8_t> bytes = o.data.empty() ? weft::data::synthetic_corpus(o.corpus_bytes, 0) : weft::data::read_corpus(o.data);
+  const std::string data_name = o.data.empty() ? "synthetic" : o.data;
+  WEFT_REQUIRE(bytes.size() >= o.model.seq + 1, ConfigError, "--data ", data_name, " has ", bytes.size(),
+               " bytes, fewer than --seq + 1 = ", o.model.seq + 1, "; use a longer file or a shorter --seq");
+  const double unigram = weft::data::unigram_entropy(bytes);
+  weft::data::TokenStream stream(bytes, o.model.seq, o.model.seed);
+  weft::nn::GPT<float, Space> gpt(o.model);
+  if (o.optimizer == "adamw") {
+    weft::optim::AdamW<float, Space> opt(gpt.parameters(), {.weight_decay = o.weight_decay});
+    return train(o, gpt, opt, stream, bt, ranks_per_node, unigram, data_name);
+  }
+  weft::optim::SGD<float, Space> opt(gpt.parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
+  return train(o, gpt, opt, stream, bt, ranks_per_node, unigram, data_name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  weft::Environment env(argc, argv);
+  try {
+    return run(argc, argv, env);
+  } catch (const weft::Error& e) {
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    return 2;
+  }
+}

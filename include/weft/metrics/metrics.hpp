@@ -1,0 +1,8 @@
+// Measurement: kernel timers, memory by category, the gemm peak behind MFU,
+// and the JSON writer of run records.
+#pragma once
+
+#include <weft/metrics/json.hpp>
+#include <weft/metrics/memory.hpp>
+#include <weft/metrics/peak.hpp>
+#include <weft/metrics/profiler.hpp>

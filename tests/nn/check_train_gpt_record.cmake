@@ -1,0 +1,43 @@
+# Runs train_gpt twice with one config and checks its run records: the keys
+# the issue asks for are there, the loss array has one entry per step and
+# falls, MFU is positive, and the two runs' losses are identical to the last
+# printed digit (17 significant digits: bit-identical floats).
+#   cmake -DEXE=... -DMPIEXEC=... -DWORK=dir -P check_train_gpt_record.cmake
+file(MAKE_DIRECTORY "${WORK}")
+set(args --layers 2 --d-model 32 --heads 4 --seq 32 --batch 4 --steps 40 --lr 3e-3 --seed 5)
+foreach(run a b)
+  execute_process(COMMAND ${MPIEXEC} -n 1 ${EXE} ${args} --record "${WORK}/${run}.json"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "train_gpt run ${run} failed (${rc}):\n${out}\n${err}")
+  endif()
+  file(READ "${WORK}/${run}.json" json_${run})
+endforeach()
+foreach(key config mesh loss tokens_per_second model_flops_per_token model_flops_formula peak_flops mfu memory_bytes)
+  string(JSON t ERROR_VARIABLE e TYPE "${json_a}" ${key})
+  if(e)
+    message(FATAL_ERROR "run record lacks '${key}': ${e}")
+  endif()
+endforeach()
+string(JSON n LENGTH "${json_a}" loss)
+if(NOT n EQUAL 40)
+  message(FATAL_ERROR "loss has ${n} entries, expected 40 (one per step)")
+endif()
+string(JSON first GET "${json_a}" loss 0)
+string(JSON last GET "${json_a}" loss 39)
+string(JSON mfu GET "${json_a}" mfu)
+string(JSON act GET "${json_a}" memory_bytes activations)
+string(JSON opt GET "${json_a}" memory_bytes optimizer_state)
+string(JSON la GET "${json_a}" loss)
+string(JSON lb GET "${json_b}" loss)
+if(NOT la STREQUAL lb)
+  message(FATAL_ERROR "two runs of one config gave different losses:\n${la}\n${lb}")
+endif()
+# CMake compares numbers as doubles only in if(LESS): enough for these checks.
+if(NOT last LESS first OR NOT first GREATER 5.0 OR NOT last LESS 4.0)
+  message(FATAL_ERROR "the loss did not fall as expected: ${first} -> ${last}")
+endif()
+if(NOT mfu GREATER 0 OR NOT act GREATER 0 OR NOT opt GREATER 0)
+  message(FATAL_ERROR "implausible record: mfu ${mfu}, activations ${act} B, optimizer state ${opt} B")
+endif()
+message(STATUS "train_gpt records agree: loss ${first} -> ${last}, mfu ${mfu}")
