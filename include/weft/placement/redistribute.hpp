@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <exception>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -130,20 +131,22 @@ auto flat(const V& v) {
       v.data(), v.size());
 }
 
-// dst holds p blocks, block r being src(:, r*m : (r+1)*m, :) with m = mid / p,
-// so that rank-ordered collectives see each rank's block contiguously.
+// Packing moves p * outer runs of m * inner contiguous elements (m = mid / p):
+// a 2-D range over (run, element in run) keeps the inner loop a plain copy.
+template <class Exec>
+using RunPolicy = Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>;
+
+// dst holds p blocks, block r being src(:, r*m : (r+1)*m, :), so that
+// rank-ordered collectives see each rank's block contiguously.
 template <class Exec, class Src, class Dst>
 void pack_blocks(const Src& src, const Dst& dst, Split3 s, std::size_t p) {
-  const std::size_t m = s.mid / p, O = s.outer, I = s.inner, M = s.mid;
+  const std::int64_t P = static_cast<std::int64_t>(p), O = static_cast<std::int64_t>(s.outer),
+                     run = static_cast<std::int64_t>(s.mid / p * s.inner);
   Kokkos::parallel_for(
-      "weft::redistribute::pack", Kokkos::RangePolicy<Exec>(0, src.size()), KOKKOS_LAMBDA(const std::size_t n) {
-        const std::size_t i = n % I;
-        std::size_t t = n / I;
-        const std::size_t k = t % m;
-        t /= m;
-        const std::size_t o = t % O;
-        const std::size_t r = t / O;
-        dst(n) = src((o * M + r * m + k) * I + i);
+      "weft::redistribute::pack", RunPolicy<Exec>({0, 0}, {P * O, run}),
+      KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t j) {
+        const std::int64_t r = b / O, o = b % O;
+        dst(b * run + j) = src((o * P + r) * run + j);
       });
   Exec().fence();
 }
@@ -151,16 +154,13 @@ void pack_blocks(const Src& src, const Dst& dst, Split3 s, std::size_t p) {
 // The inverse: src holds p blocks of (outer, m, inner); dst is (outer, p*m, inner).
 template <class Exec, class Src, class Dst>
 void unpack_blocks(const Src& src, const Dst& dst, Split3 block, std::size_t p) {
-  const std::size_t m = block.mid, O = block.outer, I = block.inner, M = block.mid * p;
+  const std::int64_t P = static_cast<std::int64_t>(p), O = static_cast<std::int64_t>(block.outer),
+                     run = static_cast<std::int64_t>(block.mid * block.inner);
   Kokkos::parallel_for(
-      "weft::redistribute::unpack", Kokkos::RangePolicy<Exec>(0, src.size()), KOKKOS_LAMBDA(const std::size_t n) {
-        const std::size_t i = n % I;
-        std::size_t t = n / I;
-        const std::size_t k = t % m;
-        t /= m;
-        const std::size_t o = t % O;
-        const std::size_t r = t / O;
-        dst((o * M + r * m + k) * I + i) = src(n);
+      "weft::redistribute::unpack", RunPolicy<Exec>({0, 0}, {P * O, run}),
+      KOKKOS_LAMBDA(const std::int64_t b, const std::int64_t j) {
+        const std::int64_t r = b / O, o = b % O;
+        dst((o * P + r) * run + j) = src(b * run + j);
       });
   Exec().fence();
 }
@@ -168,15 +168,11 @@ void unpack_blocks(const Src& src, const Dst& dst, Split3 block, std::size_t p) 
 // dst = block c of src along the mid dimension.
 template <class Exec, class Src, class Dst>
 void slice_block(const Src& src, const Dst& dst, Split3 s, std::size_t p, std::size_t c) {
-  const std::size_t m = s.mid / p, I = s.inner, M = s.mid;
+  const std::int64_t P = static_cast<std::int64_t>(p), O = static_cast<std::int64_t>(s.outer),
+                     run = static_cast<std::int64_t>(s.mid / p * s.inner), C = static_cast<std::int64_t>(c);
   Kokkos::parallel_for(
-      "weft::redistribute::slice", Kokkos::RangePolicy<Exec>(0, dst.size()), KOKKOS_LAMBDA(const std::size_t n) {
-        const std::size_t i = n % I;
-        const std::size_t t = n / I;
-        const std::size_t k = t % m;
-        const std::size_t o = t / m;
-        dst(n) = src((o * M + c * m + k) * I + i);
-      });
+      "weft::redistribute::slice", RunPolicy<Exec>({0, 0}, {O, run}),
+      KOKKOS_LAMBDA(const std::int64_t o, const std::int64_t j) { dst(o * run + j) = src((o * P + C) * run + j); });
   Exec().fence();
 }
 

@@ -1,0 +1,179 @@
+// bench_redistribute: what weft::redistribute costs on top of the Comm
+// collective it calls. Each redistribution of a (rows x 1024) float tensor over
+// one mesh axis runs against the bare Comm collective on preallocated buffers of
+// the same sizes, in the same run, in alternating batches (so a noisy, shared
+// machine slows both alike). Reports the median over repetitions.
+//
+//   mpirun -n 2 ./bench_redistribute [--min-bytes 1048576] [--max-bytes 67108864] [--step 4]
+//                                    [--reps 9] [--batch-ms 40] [--check]
+//
+// Bytes are the global tensor's. ratio = bare time / weft time (1 = no
+// overhead; the target is >= 0.95 for the forms without packing). "into"
+// writes into a preallocated destination; "alloc" allocates the result each
+// call, as `auto y = redistribute<To>(x, axis)` does. Shard<1> pairs pack or
+// unpack blocks around the collective (work the bare call does not do), so
+// their ratio shows what a non-leading split costs. --check makes a missed
+// target the exit status.
+#include <weft/weft.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using T = float;
+using Space = Kokkos::HostSpace;
+constexpr std::size_t cols = 1024;
+
+struct Options {
+  std::size_t min_bytes = std::size_t(1) << 20;
+  std::size_t max_bytes = std::size_t(64) << 20;
+  std::size_t step = 4;
+  int reps = 9;
+  double batch_s = 0.040;
+  bool check = false;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> double {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_redistribute: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return std::atof(argv[++i]);
+    };
+    if (a == "--min-bytes") o.min_bytes = static_cast<std::size_t>(value());
+    else if (a == "--max-bytes") o.max_bytes = static_cast<std::size_t>(value());
+    else if (a == "--step") o.step = static_cast<std::size_t>(value());
+    else if (a == "--reps") o.reps = static_cast<int>(value());
+    else if (a == "--batch-ms") o.batch_s = value() / 1000.0;
+    else if (a == "--check") o.check = true;
+    else {
+      std::fprintf(stderr,
+                   "bench_redistribute: unknown option '%s'\n"
+                   "options: --min-bytes N --max-bytes N --step K --reps N --batch-ms X --check\n",
+                   a.c_str());
+      std::exit(2);
+    }
+  }
+  if (o.step < 2 || o.reps < 1 || o.min_bytes < cols * sizeof(T) || o.max_bytes < o.min_bytes) {
+    std::fprintf(stderr, "bench_redistribute: need --step >= 2, --reps >= 1, 4096 <= --min-bytes <= --max-bytes\n");
+    std::exit(2);
+  }
+  return o;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Seconds per call of f over a batch of `iters` calls, the slowest rank's.
+double time_batch(weft::Comm& world, int iters, const std::function<void()>& f) {
+  MPI_Barrier(world.native());
+  const double t0 = MPI_Wtime();
+  for (int i = 0; i < iters; ++i) f();
+  double t = (MPI_Wtime() - t0) / iters;
+  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, world.native());
+  return t;
+}
+
+struct Result {
+  double ratio = 0, weft_s = 0, bare_s = 0;
+};
+
+// Alternating batches of weft and bare; ratio = median of bare/weft per pair.
+Result compare(weft::Comm& world, const Options& o, const std::function<void()>& weft_call,
+               const std::function<void()>& bare_call) {
+  weft_call();  // warm up: first-touch pages, MPI connections
+  bare_call();
+  const double once = time_batch(world, 1, bare_call);
+  int iters = static_cast<int>(o.batch_s / std::max(once, 1e-6));
+  iters = std::max(1, std::min(iters, 1000));
+  MPI_Bcast(&iters, 1, MPI_INT, 0, world.native());
+  std::vector<double> ratios, tw, tb;
+  for (int r = 0; r < o.reps; ++r) {
+    const double a = time_batch(world, iters, weft_call);
+    const double b = time_batch(world, iters, bare_call);
+    ratios.push_back(b / a);
+    tw.push_back(a);
+    tb.push_back(b);
+  }
+  return {median(ratios), median(tw), median(tb)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  weft::Environment env(argc, argv);
+  const Options o = parse(argc, argv);
+  auto& world = env.world();
+  weft::Mesh<weft::TP> mesh(world, world.size());
+  auto& tp = mesh.axis<weft::TP>();
+  const bool root = world.rank() == 0;
+  if (root) {
+    std::printf("# bench_redistribute: %d ranks, float, (rows x %zu) tensors over axis tp; ratio = bare / weft time\n",
+                world.size(), cols);
+    std::printf("%-26s %-15s %10s %12s %12s %8s %8s\n", "redistribution", "collective", "bytes", "weft_us", "bare_us",
+                "into", "alloc");
+  }
+  bool missed = false;
+  using namespace weft;
+  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step) {
+    const std::size_t rows = bytes / sizeof(T) / cols;
+    const std::size_t p = static_cast<std::size_t>(world.size());
+    if (rows % p != 0) continue;
+
+    auto row = [&](const char* name, const char* coll, bool target, const std::function<void()>& into,
+                   const std::function<void()>& alloc, const std::function<void()>& bare) {
+      const Result ri = compare(world, o, into, bare);
+      const Result ra = compare(world, o, alloc, bare);
+      if (root)
+        std::printf("%-26s %-15s %10zu %12.1f %12.1f %8.3f %8.3f%s\n", name, coll, bytes, ri.weft_s * 1e6,
+                    ri.bare_s * 1e6, ri.ratio, ra.ratio, target ? "" : "   (packs: no target)");
+      if (target && ri.ratio < 0.95) missed = true;
+      std::fflush(stdout);
+    };
+
+    {  // Shard<0> -> Replicate: all-gather straight into the result.
+      DistView<T, 2, On<TP, Shard<0>>> x(mesh, rows, cols);
+      DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
+      row("Shard<0> -> Replicate", "all_gather", true, [&] { redistribute<Replicate>(x, TP{}, y); },
+          [&] { (void)redistribute<Replicate>(x, TP{}); }, [&] { tp.all_gather(x.local(), y.local()); });
+    }
+    {  // Partial<Sum> -> Replicate: all-reduce.
+      DistView<T, 2, On<TP, Partial<Sum>>> x(mesh, rows, cols);
+      DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
+      row("Partial<Sum> -> Replicate", "all_reduce", true, [&] { redistribute<Replicate>(x, TP{}, y); },
+          [&] { (void)redistribute<Replicate>(x, TP{}); }, [&] { tp.all_reduce(x.local(), y.local()); });
+    }
+    {  // Partial<Sum> -> Shard<0>: reduce-scatter.
+      DistView<T, 2, On<TP, Partial<Sum>>> x(mesh, rows, cols);
+      DistView<T, 2, On<TP, Shard<0>>> y(mesh, rows, cols);
+      row("Partial<Sum> -> Shard<0>", "reduce_scatter", true, [&] { redistribute<Shard<0>>(x, TP{}, y); },
+          [&] { (void)redistribute<Shard<0>>(x, TP{}); }, [&] { tp.reduce_scatter(x.local(), y.local()); });
+    }
+    {  // Shard<1> -> Shard<0>: all-to-all, chunks along dim 0 are contiguous, received ones concatenate along dim 1.
+      DistView<T, 2, On<TP, Shard<1>>> x(mesh, rows, cols);
+      DistView<T, 2, On<TP, Shard<0>>> y(mesh, rows, cols);
+      row("Shard<1> -> Shard<0>", "all_to_all", false, [&] { redistribute<Shard<0>>(x, TP{}, y); },
+          [&] { (void)redistribute<Shard<0>>(x, TP{}); }, [&] { tp.all_to_all(x.local(), y.local()); });
+    }
+    {  // Shard<1> -> Replicate: all-gather, then unpack the column blocks.
+      DistView<T, 2, On<TP, Shard<1>>> x(mesh, rows, cols);
+      DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
+      row("Shard<1> -> Replicate", "all_gather", false, [&] { redistribute<Replicate>(x, TP{}, y); },
+          [&] { (void)redistribute<Replicate>(x, TP{}); }, [&] { tp.all_gather(x.local(), y.local()); });
+    }
+  }
+  if (root && o.check) std::printf(missed ? "# target missed\n" : "# every target met\n");
+  return (o.check && missed) ? 1 : 0;
+}
