@@ -21,6 +21,9 @@ set(prefix "${WORK_DIR}/prefix")
 set(build "${WORK_DIR}/build")
 file(REMOVE_RECURSE "${WORK_DIR}")
 
+# Refresh the build tree first: a header added since it was configured would
+# be missing from the install rules (they come from a configure-time glob).
+step("refresh weft's build tree" ${CMAKE_COMMAND} "${WEFT_BUILD_DIR}")
 step("cmake --install into ${prefix}" ${CMAKE_COMMAND} --install "${WEFT_BUILD_DIR}" --prefix "${prefix}")
 # Only the scratch prefix may provide weft: not the build tree, not a package registry.
 step("configure against the installed package"
