@@ -57,11 +57,17 @@ class GPT {
       metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
       sum = ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
     }
-    head_.backward(hf_, logits_, dhf_, false);
     const std::size_t L = cfg_.layers;
+    if (hooks_) hooks_->before_backward(L);
+    head_.backward(hf_, logits_, dhf_, false);
     ln_f_.backward(dhf_, xs_[L], sf_, dxs_[L % 2], false);
-    for (std::size_t l = L; l-- > 0;) blocks_[l].backward(xs_[l], dxs_[(l + 1) % 2], dxs_[l % 2]);
+    for (std::size_t l = L; l-- > 0;) {
+      if (hooks_) hooks_->before_backward(l);
+      blocks_[l].backward(xs_[l], dxs_[(l + 1) % 2], dxs_[l % 2]);
+      if (hooks_) hooks_->after_backward(l);
+    }
     emb_.backward(ids, dxs_[0]);
+    if (hooks_) hooks_->after_backward(L);
     return sum / double(cfg_.tokens());
   }
 
@@ -87,6 +93,20 @@ class GPT {
     head_.collect(out);
     return out;
   }
+
+  /// Parameters by group, for strategies that work group by group: group l <
+  /// layers is block l, group `layers` the root (embeddings, final norm, head).
+  std::vector<std::vector<Parameter<T, Space>*>> parameter_groups() {
+    std::vector<std::vector<Parameter<T, Space>*>> g(cfg_.layers + 1);
+    for (std::size_t l = 0; l < cfg_.layers; ++l) blocks_[l].collect(g[l]);
+    emb_.collect(g[cfg_.layers]);
+    ln_f_.collect(g[cfg_.layers]);
+    head_.collect(g[cfg_.layers]);
+    return g;
+  }
+
+  /// Installs hooks called around each group's forward and backward (null removes them).
+  void set_hooks(GroupHooks* h) { hooks_ = h; }
 
   /// Total number of parameter elements.
   std::size_t num_parameters() {
@@ -129,10 +149,17 @@ class GPT {
   template <class IV>
   void forward_hidden(const IV& ids) {
     detail_check_ids(ids);
+    const std::size_t L = cfg_.layers;
+    if (hooks_) hooks_->before_forward(L);
     emb_.forward(ids, xs_[0]);
-    for (std::size_t l = 0; l < cfg_.layers; ++l) blocks_[l].forward(xs_[l], xs_[l + 1]);
-    ln_f_.forward(xs_[cfg_.layers], hf_, sf_);
+    for (std::size_t l = 0; l < L; ++l) {
+      if (hooks_) hooks_->before_forward(l);
+      blocks_[l].forward(xs_[l], xs_[l + 1]);
+      if (hooks_) hooks_->after_forward(l);
+    }
+    ln_f_.forward(xs_[L], hf_, sf_);
     head_.forward(hf_, logits_);
+    if (hooks_) hooks_->after_forward(L);
   }
   template <class IV>
   void detail_check_ids(const IV& ids) const {
@@ -152,6 +179,7 @@ class GPT {
   typename Norm<T, Space>::Saved sf_;
   ops::Matrix<T, Space> logits_, dhf_;
   std::shared_ptr<typename Block<T, Space>::Workspace> ws_;
+  GroupHooks* hooks_ = nullptr;
 };
 
 }  // namespace weft::nn

@@ -33,6 +33,11 @@ class Parameter {
         value(name_, rows * cols),
         grad(name_ + ".grad", rows * cols) {}
 
+  /// A flat parameter over existing storage (a shard or a slice of a flat
+  /// buffer, e.g. what a data-parallel strategy hands its optimizer).
+  Parameter(std::string name, Kokkos::View<T*, Space> value_view, Kokkos::View<T*, Space> grad_view, bool decay)
+      : name_(std::move(name)), rows_(1), cols_(value_view.extent(0)), decay_(decay), value(value_view), grad(grad_view) {}
+
   /// The global parameter name, e.g. "blocks.3.attn.qkv.weight".
   const std::string& name() const { return name_; }
   /// Rows of the rank-2 shape.
@@ -64,6 +69,22 @@ class Parameter {
 /// charge (null: no timing, no fences).
 struct Context {
   metrics::Profiler* profiler = nullptr;
+};
+
+/// Called by a model around the forward and backward of each parameter group
+/// (for the GPT: group l < L is block l, group L the root -- embeddings, final
+/// norm, head). Strategies such as fully sharded data parallelism gather a
+/// group's parameters before it runs and reduce its gradients after.
+struct GroupHooks {
+  virtual ~GroupHooks() = default;
+  /// Before the group's parameters are read in forward.
+  virtual void before_forward(std::size_t group) { (void)group; }
+  /// After the group's forward.
+  virtual void after_forward(std::size_t group) { (void)group; }
+  /// Before the group's backward reads its parameters or writes its gradients.
+  virtual void before_backward(std::size_t group) { (void)group; }
+  /// After the group's gradients of this microbatch are complete.
+  virtual void after_backward(std::size_t group) { (void)group; }
 };
 
 /// A shared context handle: the model owns it, its layers keep a copy.

@@ -110,6 +110,10 @@ class AdamW {
 
   /// Steps taken.
   long steps() const { return t_; }
+  /// First moment of parameter k (in the order the optimizer was given).
+  const Kokkos::View<T*, Space>& first_moment(std::size_t k) const { return m_.at(k); }
+  /// Second moment of parameter k.
+  const Kokkos::View<T*, Space>& second_moment(std::size_t k) const { return v_.at(k); }
   /// Moment buffers, as optimizer state.
   metrics::MemoryLedger memory() const {
     metrics::MemoryLedger l;

@@ -1,0 +1,499 @@
+// Data parallelism over the DP axis of a mesh: Replicate (DDP: bucketed
+// gradient all-reduce started during backward) and Shard over DP (ZeRO-1,
+// ZeRO-2, fully sharded). Works on parameter groups of any model whose layers
+// hold weft::nn::Parameter objects and call nn::GroupHooks.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <weft/comm/comm.hpp>
+#include <weft/core/error.hpp>
+#include <weft/metrics/memory.hpp>
+#include <weft/nn/parameter.hpp>
+
+namespace weft::parallel {
+
+/// How the DP axis treats parameters, gradients and optimizer state.
+enum class DPMode {
+  replicate,  ///< everything replicated; gradients all-reduced (DDP)
+  zero1,      ///< optimizer state sharded; gradients reduce-scattered once per step; parameters all-gathered
+  zero2,      ///< gradients sharded too: reduce-scattered group by group every microbatch
+  fsdp        ///< parameters sharded too: gathered per group for forward and backward, freed after
+};
+
+/// "replicate", "zero1", "zero2" or "fsdp".
+constexpr const char* to_string(DPMode m) {
+  switch (m) {
+    case DPMode::replicate: return "replicate";
+    case DPMode::zero1: return "zero1";
+    case DPMode::zero2: return "zero2";
+    case DPMode::fsdp: return "fsdp";
+  }
+  return "?";
+}
+
+/// Parses a --dp value; a ConfigError names the value and the valid ones.
+inline DPMode parse_dp_mode(std::string_view s) {
+  for (DPMode m : {DPMode::replicate, DPMode::zero1, DPMode::zero2, DPMode::fsdp})
+    if (s == to_string(m)) return m;
+  detail::throw_error<ConfigError>("--dp ", s, ": unknown data-parallel mode; expected replicate, zero1, zero2 or fsdp");
+}
+
+/// Options of DataParallel.
+struct DPOptions {
+  DPMode mode = DPMode::replicate;
+  /// Bucket size of replicate and zero1 (zero2 and fsdp communicate one
+  /// parameter group at a time).
+  double bucket_mb = 25.0;
+  /// Start each bucket's reduction as soon as backward completes it (off: all
+  /// reductions after backward, for measuring what overlap buys).
+  bool overlap = true;
+  /// fsdp: free a block's gathered parameters after its forward and gather
+  /// them again for backward (off: keep them from forward to backward).
+  bool reshard_after_forward = true;
+  /// fsdp: start gathering the next group while the current one computes.
+  bool prefetch = true;
+};
+
+/// Data parallelism over one communicator (the mesh's DP axis).
+///
+/// Lifecycle of a step: zero_grad(); for each microbatch: begin_microbatch(last)
+/// then the model's forward and backward (which call the hooks);
+/// finish_gradients(); clip_grad_norm(); the optimizer's step() over
+/// optimizer_parameters(); sync_parameters().
+///
+/// Gradients are summed over the DP axis, not averaged: each rank scales its
+/// loss by 1 / (global batch tokens), so the sum is the gradient of the global
+/// mean loss, exactly as the single-process model computes it.
+///
+/// Parameters and gradients live in flat buffers laid out bucket by bucket in
+/// the order backward completes them (blocks last to first, then the root
+/// group); each bucket is padded to a multiple of the DP size so rank r owns
+/// chunk r of every bucket. The padding is internal storage only: it is zero,
+/// never part of any tensor, and excluded from the optimizer.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+class DataParallel final : public nn::GroupHooks {
+ public:
+  using Param = nn::Parameter<T, Space>;
+  using Flat = Kokkos::View<T*, Space>;
+
+  /// Takes over the parameters of `groups` (forward order; the last group is
+  /// the root, used before the first and after the last block): their value
+  /// and gradient views are re-pointed into weft's buffers. Collective over dp.
+  DataParallel(Comm& dp, std::vector<std::vector<Param*>> groups, DPOptions o = {})
+      : dp_(dp), o_(o), groups_(std::move(groups)), p_(static_cast<std::size_t>(dp.size())),
+        r_(static_cast<std::size_t>(dp.rank())) {
+    WEFT_REQUIRE(!groups_.empty(), ConfigError, "parallel::DataParallel: no parameter groups");
+    WEFT_REQUIRE(o.bucket_mb > 0, ConfigError, "--bucket-mb ", o.bucket_mb, ": expected a positive size in MiB");
+    root_ = groups_.size() - 1;
+    build_buckets();
+    allocate_and_adopt();
+    group_state_.resize(groups_.size());
+  }
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+  ~DataParallel() override { drain(); }
+
+  /// The mode.
+  DPMode mode() const { return o_.mode; }
+  /// The DP communicator.
+  Comm& comm() { return dp_; }
+
+  /// The parameters the optimizer updates: all of them (replicate) or this
+  /// rank's shard pieces, one per (parameter, owned chunk) intersection.
+  std::vector<Param*> optimizer_parameters() {
+    std::vector<Param*> out;
+    if (o_.mode == DPMode::replicate) {
+      for (auto& g : groups_)
+        for (auto* p : g) out.push_back(p);
+      return out;
+    }
+    for (auto& piece : pieces_) out.push_back(piece.get());
+    return out;
+  }
+
+  /// Where optimizer_parameters()[i] comes from: the parameter's name and the
+  /// offset of the piece inside it (0 and whole parameters for replicate).
+  struct PieceOrigin {
+    std::string parameter;
+    std::size_t offset = 0;
+  };
+  /// The origin of every optimizer parameter, in the same order.
+  const std::vector<PieceOrigin>& piece_origins() const { return origins_; }
+
+  /// Sets every gradient this rank accumulates to zero (start of a step).
+  void zero_grad() {
+    if (flat_grad_.extent(0)) Kokkos::deep_copy(flat_grad_, T(0));
+    if (shard_grad_.extent(0)) Kokkos::deep_copy(shard_grad_, T(0));
+  }
+
+  /// Announces the next microbatch; gradients of replicate and zero1 are
+  /// communicated only during the last one.
+  void begin_microbatch(bool last) {
+    last_microbatch_ = last;
+    for (auto& b : buckets_) b.done_groups = 0;
+    next_post_ = 0;
+  }
+
+  /// Completes every gradient reduction of the step.
+  void finish_gradients() {
+    if (sums_once_per_step())
+      for (; next_post_ < buckets_.size(); ++next_post_) post_bucket(next_post_);
+    drain();
+  }
+
+  /// Clips by the global gradient norm (over all shards) and returns the norm
+  /// before clipping; max_norm <= 0 only measures.
+  double clip_grad_norm(double max_norm) {
+    auto params = optimizer_parameters();
+    double local = 0;
+    for (auto* p : params) local += sum_squares(p->grad);
+    double total = local;
+    if (o_.mode != DPMode::replicate && p_ > 1) {
+      Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(&total, 1);
+      dp_.all_reduce(v);
+    }
+    const double norm = std::sqrt(total);
+    if (max_norm > 0 && norm > max_norm) {
+      const T f = T(max_norm / (norm + 1e-6));
+      for (auto* p : params) {
+        auto g = p->grad;
+        Kokkos::parallel_for("weft::dp_clip", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+                             KOKKOS_LAMBDA(std::size_t i) { g(i) *= f; });
+      }
+    }
+    return norm;
+  }
+
+  /// After the optimizer step: zero1/zero2 all-gather the updated shards into
+  /// every rank's full parameters; fsdp has nothing to do (the shards are the
+  /// parameters); replicate neither.
+  void sync_parameters() {
+    if (o_.mode == DPMode::fsdp) release_all();  // gathered copies are stale now
+    if (o_.mode != DPMode::zero1 && o_.mode != DPMode::zero2) return;
+    std::vector<Request> reqs;
+    reqs.reserve(buckets_.size());
+    for (auto& b : buckets_) {
+      auto full = Kokkos::subview(flat_value_, std::make_pair(b.flat_off, b.flat_off + b.padded));
+      auto mine = Kokkos::subview(full, std::make_pair(r_ * b.chunk, (r_ + 1) * b.chunk));
+      Kokkos::deep_copy(b.send_tmp, mine);
+      reqs.push_back(dp_.iall_gather(b.send_tmp, full));
+    }
+    for (auto& q : reqs) q.wait();
+  }
+
+  /// Frees every gathered group (fsdp), e.g. after evaluation.
+  void release_all() {
+    if (o_.mode != DPMode::fsdp) return;
+    drain();
+    for (std::size_t g = 0; g < groups_.size(); ++g) release(g);
+  }
+
+  /// Persistent bytes per category on this rank (parameters, gradients) plus
+  /// the peak of transient gathered buffers (fsdp parameters, zero2/fsdp
+  /// group gradients) as "buffers".
+  metrics::MemoryLedger memory() const {
+    metrics::MemoryLedger m;
+    using C = metrics::MemoryCategory;
+    m.add(C::parameters, "dp.flat_parameters", bytes(flat_value_) + bytes(shard_value_));
+    m.add(C::gradients, "dp.flat_gradients", bytes(flat_grad_) + bytes(shard_grad_));
+    m.add(C::buffers, "dp.gathered_groups_peak", peak_transient_);
+    std::size_t tmp = 0;
+    for (const auto& b : buckets_) tmp += bytes(b.send_tmp) + bytes(b.rs_tmp);
+    m.add(C::buffers, "dp.communication_buffers", tmp);
+    return m;
+  }
+
+  /// Peak bytes of gathered parameters and group gradients held at once.
+  std::size_t peak_transient_bytes() const { return peak_transient_; }
+
+  // ------------------------------------------------------------- the hooks
+  void before_forward(std::size_t g) override {
+    if (o_.mode != DPMode::fsdp) return;
+    gather(g);
+    if (o_.prefetch && g < root_ && g + 1 < root_) start_gather(g + 1);
+    if (o_.prefetch && g == root_ && root_ > 0) start_gather(0);
+    progress();
+  }
+  void after_forward(std::size_t g) override {
+    if (o_.mode == DPMode::fsdp && o_.reshard_after_forward && g != root_) release(g);
+  }
+  void before_backward(std::size_t g) override {
+    if (o_.mode == DPMode::fsdp) {
+      gather(g);
+      if (o_.prefetch) {
+        if (g == root_ && root_ > 0) start_gather(root_ - 1);
+        else if (g != root_ && g > 0) start_gather(g - 1);
+      }
+    }
+    if (o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp) allocate_group_grad(g);
+    progress();
+  }
+  void after_backward(std::size_t g) override {
+    if (o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp) {
+      post_group_reduce_scatter(g);
+      if (o_.mode == DPMode::fsdp) release(g);
+    } else if (o_.overlap && last_microbatch_) {
+      for (auto bi : group_buckets_[g]) buckets_[bi].done_groups += 1;
+      while (next_post_ < buckets_.size() && buckets_[next_post_].done_groups == buckets_[next_post_].groups.size())
+        post_bucket(next_post_++);
+    }
+    progress();
+  }
+
+ private:
+  struct Bucket {
+    std::vector<Param*> params;
+    std::vector<std::size_t> param_off;  // offset of each parameter inside the bucket
+    std::vector<std::size_t> groups;     // groups whose parameters it holds
+    std::size_t size = 0, padded = 0, chunk = 0, flat_off = 0, shard_off = 0;
+    std::size_t done_groups = 0;
+    Flat send_tmp, rs_tmp;  // zero1/zero2 all-gather source; zero2/fsdp reduce-scatter target
+  };
+  struct GroupState {
+    bool gathered = false;
+    Request gather_req;
+    Flat full_value, full_grad;
+  };
+  struct Pending {
+    Request req;
+    std::size_t bucket;
+    bool accumulate;  // add rs_tmp into the shard gradients, then free the group gradient
+    std::size_t group;
+  };
+
+  bool sums_once_per_step() const { return o_.mode == DPMode::replicate || o_.mode == DPMode::zero1; }
+
+  static std::size_t bytes(const Flat& v) { return v.span() * sizeof(T); }
+
+  static double sum_squares(const Kokkos::View<T*, Space>& g) {
+    double s = 0;
+    Kokkos::parallel_reduce(
+        "weft::dp_sumsq", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+        KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
+    return s;
+  }
+
+  // Buckets in backward order: blocks last to first, then the root. zero2 and
+  // fsdp: one bucket per group; replicate and zero1: parameters packed up to
+  // bucket_mb (a parameter larger than that is a bucket of its own).
+  void build_buckets() {
+    std::vector<std::size_t> order;
+    for (std::size_t g = root_; g-- > 0;) order.push_back(g);
+    order.push_back(root_);
+    group_buckets_.assign(groups_.size(), {});
+    const std::size_t limit = std::max<std::size_t>(1, std::size_t(o_.bucket_mb * 1024.0 * 1024.0) / sizeof(T));
+    const bool per_group = !sums_once_per_step();
+    Bucket cur;
+    auto close = [&] {
+      if (cur.params.empty()) return;
+      buckets_.push_back(std::move(cur));
+      cur = Bucket{};
+    };
+    for (std::size_t g : order) {
+      for (auto it = groups_[g].rbegin(); it != groups_[g].rend(); ++it) {
+        Param* p = *it;
+        if (!per_group && cur.size > 0 && cur.size + p->size() > limit) close();
+        cur.param_off.push_back(cur.size);
+        cur.params.push_back(p);
+        cur.size += p->size();
+        if (cur.groups.empty() || cur.groups.back() != g) cur.groups.push_back(g);
+      }
+      if (per_group) close();
+    }
+    close();
+    std::size_t flat = 0, shard = 0;
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      auto& k = buckets_[b];
+      k.chunk = (k.size + p_ - 1) / p_;
+      k.padded = k.chunk * p_;
+      k.flat_off = flat;
+      k.shard_off = shard;
+      flat += k.padded;
+      shard += k.chunk;
+      for (auto g : k.groups) group_buckets_[g].push_back(b);
+    }
+    flat_size_ = flat;
+    shard_size_ = shard;
+  }
+
+  template <class V>
+  static auto slice(const V& v, std::size_t off, std::size_t n) {
+    return Kokkos::subview(v, std::make_pair(off, off + n));
+  }
+
+  // Copies the initial values into weft's buffers and re-points the
+  // parameters: every rank built the same values (initialisation depends only
+  // on seed and name), so each keeps what it needs.
+  void allocate_and_adopt() {
+    const bool full_values = o_.mode != DPMode::fsdp;
+    if (full_values) flat_value_ = Flat("weft::dp.parameters", flat_size_);
+    else shard_value_ = Flat("weft::dp.parameter_shard", shard_size_);
+    if (sums_once_per_step()) flat_grad_ = Flat("weft::dp.gradients", flat_size_);
+    if (o_.mode != DPMode::replicate) shard_grad_ = Flat("weft::dp.gradient_shard", shard_size_);
+    for (auto& b : buckets_) {
+      if (o_.mode == DPMode::zero1 || o_.mode == DPMode::zero2) b.send_tmp = Flat("weft::dp.gather_send", b.chunk);
+      if (o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp) b.rs_tmp = Flat("weft::dp.reduce_scatter_out", b.chunk);
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        Param* p = b.params[i];
+        const std::size_t off = b.param_off[i];
+        if (full_values) {
+          Kokkos::deep_copy(slice(flat_value_, b.flat_off + off, p->size()), p->value);
+        } else {
+          // Copy the part of this parameter that falls in the owned chunk.
+          const std::size_t lo = std::max(off, r_ * b.chunk), hi = std::min(off + p->size(), (r_ + 1) * b.chunk);
+          if (lo < hi)
+            Kokkos::deep_copy(slice(shard_value_, b.shard_off + lo - r_ * b.chunk, hi - lo), slice(p->value, lo - off, hi - lo));
+        }
+      }
+    }
+    // Re-point (after all copies: a parameter's old storage is freed here).
+    for (auto& b : buckets_) {
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        Param* p = b.params[i];
+        const std::size_t off = b.param_off[i];
+        p->value = full_values ? Flat(slice(flat_value_, b.flat_off + off, p->size())) : Flat();
+        p->grad = flat_grad_.extent(0) ? Flat(slice(flat_grad_, b.flat_off + off, p->size())) : Flat();
+      }
+    }
+    if (o_.mode == DPMode::replicate) {
+      for (auto& g : groups_)
+        for (auto* p : g) origins_.push_back(PieceOrigin{p->name(), 0});
+      return;
+    }
+    // Optimizer pieces: the owned chunk of each bucket cut at parameter borders.
+    for (auto& b : buckets_) {
+      for (std::size_t i = 0; i < b.params.size(); ++i) {
+        Param* p = b.params[i];
+        const std::size_t off = b.param_off[i];
+        const std::size_t lo = std::max(off, r_ * b.chunk), hi = std::min(off + p->size(), (r_ + 1) * b.chunk);
+        if (lo >= hi) continue;
+        const std::size_t in_shard = b.shard_off + lo - r_ * b.chunk;
+        Flat v = full_values ? Flat(slice(flat_value_, b.flat_off + lo, hi - lo)) : Flat(slice(shard_value_, in_shard, hi - lo));
+        Flat g = slice(shard_grad_, in_shard, hi - lo);
+        origins_.push_back(PieceOrigin{p->name(), lo - off});
+        pieces_.push_back(std::make_unique<Param>(p->name() + "[" + std::to_string(lo - off) + ":" + std::to_string(hi - off) + "]",
+                                                  v, g, p->decay()));
+      }
+    }
+  }
+
+  void track(std::ptrdiff_t delta) {
+    transient_ = std::size_t(std::ptrdiff_t(transient_) + delta);
+    peak_transient_ = std::max(peak_transient_, transient_);
+  }
+
+  // fsdp: start the all-gather of group g's parameters (its buckets; one per group).
+  void start_gather(std::size_t g) {
+    auto& s = group_state_[g];
+    if (s.gathered || s.gather_req.active()) return;
+    const auto& b = buckets_[group_buckets_[g].front()];
+    s.full_value = Flat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::dp.gathered"), b.padded);
+    track(std::ptrdiff_t(bytes(s.full_value)));
+    s.gather_req = dp_.iall_gather(slice(shard_value_, b.shard_off, b.chunk), s.full_value);
+  }
+  void gather(std::size_t g) {
+    auto& s = group_state_[g];
+    if (s.gathered) return;
+    start_gather(g);
+    s.gather_req.wait();
+    s.gathered = true;
+    const auto& b = buckets_[group_buckets_[g].front()];
+    for (std::size_t i = 0; i < b.params.size(); ++i)
+      b.params[i]->value = Flat(slice(s.full_value, b.param_off[i], b.params[i]->size()));
+  }
+  void release(std::size_t g) {
+    auto& s = group_state_[g];
+    if (s.gather_req.active()) s.gather_req.wait();
+    if (!s.full_value.extent(0)) return;
+    track(-std::ptrdiff_t(bytes(s.full_value)));
+    s.full_value = Flat();
+    s.gathered = false;
+    for (auto* p : groups_[g]) p->value = Flat();
+  }
+
+  // zero2/fsdp: a zeroed full gradient for group g while its backward runs.
+  void allocate_group_grad(std::size_t g) {
+    auto& s = group_state_[g];
+    // The previous microbatch's reduction of this group may still be in
+    // flight on the old buffer: finish it (and what was posted before it).
+    while (s.full_grad.extent(0) && !pending_.empty()) {
+      complete(pending_.front());
+      pending_.pop_front();
+    }
+    const auto& b = buckets_[group_buckets_[g].front()];
+    s.full_grad = Flat("weft::dp.group_gradient", b.padded);
+    track(std::ptrdiff_t(bytes(s.full_grad)));
+    for (std::size_t i = 0; i < b.params.size(); ++i)
+      b.params[i]->grad = Flat(slice(s.full_grad, b.param_off[i], b.params[i]->size()));
+  }
+  void post_group_reduce_scatter(std::size_t g) {
+    const std::size_t bi = group_buckets_[g].front();
+    auto& b = buckets_[bi];
+    pending_.push_back(Pending{dp_.ireduce_scatter(group_state_[g].full_grad, b.rs_tmp), bi, true, g});
+  }
+
+  // replicate: all-reduce the bucket in place; zero1: reduce-scatter it into the shard.
+  void post_bucket(std::size_t bi) {
+    auto& b = buckets_[bi];
+    auto full = slice(flat_grad_, b.flat_off, b.padded);
+    if (o_.mode == DPMode::replicate) {
+      pending_.push_back(Pending{dp_.iall_reduce(slice(flat_grad_, b.flat_off, b.size)), bi, false, 0});
+    } else {
+      pending_.push_back(Pending{dp_.ireduce_scatter(full, slice(shard_grad_, b.shard_off, b.chunk)), bi, false, 0});
+    }
+  }
+
+  void complete(Pending& q) {
+    q.req.wait();
+    if (!q.accumulate) return;
+    auto& b = buckets_[q.bucket];
+    auto dst = slice(shard_grad_, b.shard_off, b.chunk);
+    auto src = b.rs_tmp;
+    Kokkos::parallel_for("weft::dp_accumulate", Kokkos::RangePolicy<typename Space::execution_space>(0, b.chunk),
+                         KOKKOS_LAMBDA(std::size_t i) { dst(i) += src(i); });
+    auto& s = group_state_[q.group];
+    track(-std::ptrdiff_t(bytes(s.full_grad)));
+    s.full_grad = Flat();
+    for (auto* p : groups_[q.group]) p->grad = Flat();
+  }
+  // Lets MPI advance posted operations; completes those at the front that are done.
+  void progress() {
+    while (!pending_.empty() && pending_.front().req.test()) {
+      complete(pending_.front());
+      pending_.pop_front();
+    }
+  }
+  void drain() {
+    while (!pending_.empty()) {
+      complete(pending_.front());
+      pending_.pop_front();
+    }
+  }
+
+  Comm& dp_;
+  DPOptions o_;
+  std::vector<std::vector<Param*>> groups_;
+  std::size_t p_, r_, root_ = 0;
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<std::size_t>> group_buckets_;
+  std::size_t flat_size_ = 0, shard_size_ = 0;
+  Flat flat_value_, flat_grad_, shard_value_, shard_grad_;
+  std::vector<std::unique_ptr<Param>> pieces_;
+  std::vector<PieceOrigin> origins_;
+  std::vector<GroupState> group_state_;
+  std::deque<Pending> pending_;
+  std::size_t next_post_ = 0;
+  bool last_microbatch_ = true;
+  std::size_t transient_ = 0, peak_transient_ = 0;
+};
+
+}  // namespace weft::parallel

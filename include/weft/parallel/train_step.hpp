@@ -1,0 +1,73 @@
+// One data-parallel optimizer step: every DP rank takes its slice of the
+// global batch (fixed by seed and step alone), accumulates microbatches, and
+// the DataParallel engine reduces gradients, clips, updates and re-syncs.
+#pragma once
+
+#include <cstdint>
+
+#include <weft/data/stream.hpp>
+#include <weft/metrics/profiler.hpp>
+#include <weft/optim/train_step.hpp>
+#include <weft/parallel/data_parallel.hpp>
+
+namespace weft::parallel {
+
+/// Checks that a global batch splits into dp ranks x microbatches equal
+/// microbatches; the ConfigError names every number.
+inline std::size_t local_microbatch(std::size_t global_batch, std::size_t dp, std::size_t microbatches) {
+  WEFT_REQUIRE(microbatches > 0, ConfigError, "--microbatches is 0; expected a positive integer");
+  WEFT_REQUIRE(global_batch % dp == 0, ConfigError, "--batch ", global_batch, " is not divisible by dp ", dp,
+               ": every data-parallel rank takes batch / dp sequences; choose a batch that is a multiple of ", dp);
+  WEFT_REQUIRE((global_batch / dp) % microbatches == 0, ConfigError, "--batch ", global_batch, " / dp ", dp, " = ",
+               global_batch / dp, " sequences per rank do not split into --microbatches ", microbatches,
+               "; choose a batch that is a multiple of dp x microbatches = ", dp * microbatches);
+  return global_batch / dp / microbatches;
+}
+
+/// Trains `model` (hooks set to `dp`; config().batch sequences per
+/// microbatch) on step `step` of `data` with the global batch split over the
+/// DP ranks. Returns the global mean loss (identical on every rank) and the
+/// global gradient norm before clipping.
+template <class Model, class T, class Space, class Optimizer, class IV, class TV>
+optim::StepResult train_step(Model& model, DataParallel<T, Space>& dp, Optimizer& opt, const data::TokenStream& data,
+                             std::uint64_t step, std::size_t global_batch, std::size_t microbatches, const IV& ids,
+                             const TV& targets, double lr, double clip, metrics::Profiler* profiler = nullptr) {
+  const std::size_t p = static_cast<std::size_t>(dp.comm().size());
+  const std::size_t mb = local_microbatch(global_batch, p, microbatches);
+  WEFT_REQUIRE(mb == model.config().batch, ConfigError, "parallel::train_step: the model is built for microbatches of ",
+               model.config().batch, " sequences, but batch ", global_batch, " / dp ", p, " / microbatches ",
+               microbatches, " = ", mb);
+  const std::size_t first = static_cast<std::size_t>(dp.comm().rank()) * mb * microbatches;
+  optim::StepResult r;
+  dp.zero_grad();
+  double local = 0;
+  for (std::size_t m = 0; m < microbatches; ++m) {
+    dp.begin_microbatch(m + 1 == microbatches);
+    {
+      metrics::Profiler::Scope sc(profiler, "data");
+      data.fill(step, global_batch, first + m * mb, mb, ids, targets);
+    }
+    local += model.forward_backward(ids, targets, 1.0 / double(global_batch * model.config().seq));
+  }
+  {
+    metrics::Profiler::Scope sc(profiler, "dp_gradients");
+    dp.finish_gradients();
+  }
+  {
+    metrics::Profiler::Scope sc(profiler, "optimizer");
+    r.grad_norm = dp.clip_grad_norm(clip);
+    opt.step(lr);
+  }
+  {
+    metrics::Profiler::Scope sc(profiler, "dp_parameters");
+    dp.sync_parameters();
+  }
+  // Every rank's microbatches have equal size: the global mean is the mean of the local means.
+  double mean = local / double(microbatches);
+  Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(&mean, 1);
+  dp.comm().all_reduce(v, ReduceOp::avg);
+  r.loss = mean;
+  return r;
+}
+
+}  // namespace weft::parallel
