@@ -184,9 +184,45 @@ struct Stage {
   std::function<void()> finish;
 };
 
+// Pack buffers, kept for reuse: a training loop redistributes the same shapes
+// every step, and fresh large allocations cost page faults on every first
+// touch. A buffer is free when only the cache holds it (a pending stage holds
+// a reference); buffers are reused at their exact size, at most `keep` are
+// kept per element type and memory space, and all are freed before Kokkos
+// finalizes. Not thread-safe, like the Comm calls around it.
+template <class T, class Space>
+struct ScratchCache {
+  static constexpr std::size_t keep = 8;
+  std::vector<Kokkos::View<T*, Space>> buffers;
+
+  static ScratchCache& get() {
+    static ScratchCache* cache = [] {
+      auto* c = new ScratchCache;
+      Kokkos::push_finalize_hook([c] { c->buffers.clear(); });
+      return c;
+    }();
+    return *cache;
+  }
+  Kokkos::View<T*, Space> acquire(std::size_t n, const char* label) {
+    for (auto& b : buffers)
+      if (b.size() == n && b.use_count() == 1) return b;
+    Kokkos::View<T*, Space> b(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), n);
+    if (buffers.size() < keep) {
+      buffers.push_back(b);
+    } else {
+      for (auto& old : buffers)
+        if (old.use_count() == 1) {
+          old = b;
+          break;
+        }
+    }
+    return b;
+  }
+};
+
 template <class Exec, class T, class Space>
 Kokkos::View<T*, Space> scratch(std::size_t n, const char* label) {
-  return Kokkos::View<T*, Space>(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), n);
+  return ScratchCache<T, Space>::get().acquire(n, label);
 }
 
 // Plans one step over Axis from x into out (already allocated, of the result
