@@ -6,8 +6,11 @@
 //   mpirun -n 1 train_gpt --layers 4 --d-model 128 --heads 4 --seq 64 --batch 8 --steps 300 --record run.json
 //
 // --batch is the global batch (sequences per optimizer step); --microbatches
-// splits it for gradient accumulation. The same flags keep their meaning when
-// later strategies add --mesh.
+// splits it for gradient accumulation, and --mesh dp=N splits it over N
+// data-parallel ranks (each takes batch / dp sequences): the same command line
+// on any mesh trains the same model on the same data.
+//
+//   mpirun -n 4 train_gpt --mesh dp=4 --dp fsdp --batch 16 --record run.json
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -36,6 +40,10 @@ struct Options {
   double lr = 1e-3, weight_decay = 0.1, clip = 1.0, momentum = 0.9;
   std::size_t warmup = 0;
   std::string data, record, optimizer = "adamw";
+  int dp = 0;  // 0: the world size
+  std::string compare;  // a run record whose loss curve this run must follow
+  double tolerance = 1e-5;
+  weft::parallel::DPOptions dp_options;
 };
 
 const char* kUsage =
@@ -56,7 +64,13 @@ const char* kUsage =
     "  --seed N          initialisation and data order (1234)\n"
     "  --data FILE       train on the bytes of FILE (default: synthetic language)\n"
     "  --threads N       BLAS threads per rank (default: cores / ranks on the node)\n"
-    "  --record FILE     write a JSON run record\n";
+    "  --record FILE     write a JSON run record\n"
+    "  --mesh dp=N       the mesh; axes left out have size 1 (default dp = number of ranks)\n"
+    "  --dp replicate|zero1|zero2|fsdp  data-parallel mode (replicate)\n"
+    "  --bucket-mb X     gradient bucket size of replicate and zero1 in MiB (25)\n"
+    "  --no-overlap      reduce gradients after backward instead of during it\n"
+    "  --compare FILE    fail unless the loss curve follows FILE's (a --record of another run) to --tolerance\n"
+    "  --tolerance X     relative difference allowed per step by --compare (1e-5)\n";
 
 std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false) {
   std::size_t pos = 0;
@@ -95,6 +109,32 @@ E parse_choice(const std::string& flag, const std::string& v, const std::map<std
   return it->second;
 }
 
+// --mesh dp=A[,tp=B,pp=C,cp=D,ep=E]: the axes this build of train_gpt runs
+// are named; the others must be 1 until their strategies arrive.
+int parse_mesh(const std::string& v) {
+  int dp = 0;
+  std::size_t start = 0;
+  while (start <= v.size()) {
+    const std::size_t end = std::min(v.find(',', start), v.size());
+    const std::string item = v.substr(start, end - start);
+    const std::size_t eq = item.find('=');
+    WEFT_REQUIRE(eq != std::string::npos, ConfigError, "--mesh ", v, ": expected axis=size items such as dp=4, got '", item, "'");
+    const std::string axis = item.substr(0, eq);
+    const int n = int(parse_count("--mesh " + axis, item.substr(eq + 1)));
+    if (axis == "dp") {
+      dp = n;
+    } else {
+      WEFT_REQUIRE(axis == "tp" || axis == "pp" || axis == "cp" || axis == "ep", ConfigError, "--mesh ", v,
+                   ": unknown axis '", axis, "'; the axes are dp, tp, pp, cp, ep");
+      WEFT_REQUIRE(n == 1, ConfigError, "--mesh ", v, ": ", axis, "=", n,
+                   " is not available in train_gpt yet (data parallelism only); use ", axis, "=1 or leave it out");
+    }
+    start = end + 1;
+  }
+  WEFT_REQUIRE(dp > 0, ConfigError, "--mesh ", v, ": name the data-parallel extent, e.g. --mesh dp=4");
+  return dp;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   o.model.d_model = 128;
@@ -119,6 +159,11 @@ Options parse(int argc, char** argv) {
       {"--data", [&](const std::string& v) { o.data = v; }},
       {"--record", [&](const std::string& v) { o.record = v; }},
       {"--threads", [&](const std::string& v) { o.threads = parse_count("--threads", v); }},
+      {"--mesh", [&](const std::string& v) { o.dp = parse_mesh(v); }},
+      {"--compare", [&](const std::string& v) { o.compare = v; }},
+      {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v, true); }},
+      {"--dp", [&](const std::string& v) { o.dp_options.mode = weft::parallel::parse_dp_mode(v); }},
+      {"--bucket-mb", [&](const std::string& v) { o.dp_options.bucket_mb = parse_real("--bucket-mb", v, true); }},
       {"--optimizer",
        [&](const std::string& v) {
          o.optimizer = parse_choice<std::string>("--optimizer", v, {{"adamw", "adamw"}, {"sgd", "sgd"}});
@@ -145,6 +190,10 @@ Options parse(int argc, char** argv) {
       o.model.recompute = true;
       continue;
     }
+    if (a == "--no-overlap") {
+      o.dp_options.overlap = false;
+      continue;
+    }
     if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
       v = a.substr(eq + 1);
       a = a.substr(0, eq);
@@ -157,13 +206,37 @@ Options parse(int argc, char** argv) {
     }
     it->second(v);
   }
-  WEFT_REQUIRE(o.batch % o.microbatches == 0, ConfigError, "--microbatches ", o.microbatches, " does not divide --batch ",
-               o.batch, "; every microbatch must hold the same number of sequences");
-  o.model.batch = o.batch / o.microbatches;
   WEFT_REQUIRE(o.model.vocab >= 256, ConfigError, "--vocab ", o.model.vocab,
                " is smaller than the 256 byte values of the data; use --vocab 256 or more");
   o.model.validate();
   return o;
+}
+
+// The "loss" array of a run record written by --record.
+std::vector<double> read_losses(const std::string& path) {
+  std::ifstream f(path);
+  WEFT_REQUIRE(f.good(), ConfigError, "--compare ", path, ": cannot open the file (", std::strerror(errno), ")");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::size_t key = text.find("\"loss\":");
+  const std::size_t open = key == std::string::npos ? key : text.find('[', key);
+  const std::size_t close = open == std::string::npos ? open : text.find(']', open);
+  WEFT_REQUIRE(close != std::string::npos, ConfigError, "--compare ", path,
+               ": no \"loss\" array found; expected a run record written by train_gpt --record");
+  std::vector<double> out;
+  const char* p = text.c_str() + open + 1;
+  const char* end = text.c_str() + close;
+  while (p < end) {
+    char* next = nullptr;
+    const double x = std::strtod(p, &next);
+    if (next == p) {
+      ++p;  // separators and spaces
+      continue;
+    }
+    out.push_back(x);
+    p = next;
+  }
+  WEFT_REQUIRE(!out.empty(), ConfigError, "--compare ", path, ": the \"loss\" array is empty");
+  return out;
 }
 
 double median(std::vector<double> v) {
@@ -177,18 +250,31 @@ const char* name_of(weft::nn::MlpKind k) { return k == weft::nn::MlpKind::gelu ?
 const char* name_of(weft::nn::PositionKind k) { return k == weft::nn::PositionKind::learned ? "learned" : "rotary"; }
 
 template <class Opt>
-int train(const Options& o, weft::nn::GPT<float, Space>& gpt, Opt& opt, const weft::data::TokenStream& stream,
-          const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::DataParallel<float, Space>& dp, Opt& opt,
+          const weft::data::TokenStream& stream, const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram,
+          const std::string& data_name) {
   const auto& c = gpt.config();
+  weft::Comm& comm = dp.comm();
+  const bool root = comm.rank() == 0;
+  const int ndp = comm.size();
   const std::size_t tokens_per_step = o.batch * c.seq;
   // The MFU yardstick: the best float gemm of the model's own MLP shape and a square one, measured now.
   const auto peak = weft::metrics::measure_sgemm_peak<Space>({{c.tokens(), 4 * c.d_model, c.d_model}, {512, 512, 512}}, 3);
   const double flops_per_token = c.flops_per_token();
-  std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
-              gpt.num_parameters(), flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
-  std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s\n", bt.threads, bt.reason.c_str(), peak.wall * 1e-9);
+  std::size_t nparams = 0;
+  for (auto& g : gpt.parameter_groups())
+    for (auto* p : g) nparams += p->size();
+  if (root) {
+    std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
+                nparams, flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
+    std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp,
+                weft::parallel::to_string(dp.mode()), c.batch);
+    std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s per rank\n", bt.threads, bt.reason.c_str(),
+                peak.wall * 1e-9);
+  }
   std::fflush(stdout);
-  const bool tty = isatty(STDOUT_FILENO);
+  const bool tty = root && isatty(STDOUT_FILENO);
+  comm.reset_stats();
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("targets", c.tokens());
   std::vector<double> losses, norms, walls, cpus;
   for (std::size_t s = 0; s < o.steps; ++s) {
@@ -196,13 +282,14 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, Opt& opt, const we
     Kokkos::fence();
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = weft::metrics::process_cpu_seconds();
-    const auto r = weft::optim::train_step(gpt, opt, stream, s, o.microbatches, ids, tg, lr, o.clip);
+    const auto r = weft::parallel::train_step(gpt, dp, opt, stream, s, o.batch, o.microbatches, ids, tg, lr, o.clip);
     Kokkos::fence();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     cpus.push_back(weft::metrics::process_cpu_seconds() - c0);
     walls.push_back(wall);
     losses.push_back(r.loss);
     norms.push_back(r.grad_norm);
+    if (!root) continue;
     if (tty) std::printf("\r\033[K");
     std::printf("step %zu loss %.4f tok/s %.0f grad_norm %.4f lr %.3g ms %.1f\n", s, r.loss,
                 double(tokens_per_step) / wall, r.grad_norm, lr, wall * 1e3);
@@ -220,20 +307,45 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, Opt& opt, const we
       steady_cpu(cpus.begin() + long(skip), cpus.end());
   const double tps = double(tokens_per_step) / median(steady);
   const double tps_cpu = double(tokens_per_step) / median(steady_cpu);
-  const double mfu = flops_per_token * tps / peak.wall;
+  // Each rank's gemm peak is the yardstick of its share of the work.
+  const double mfu = flops_per_token * tps / (peak.wall * ndp);
+  // Memory per category on every rank (sharded modes differ by rank).
+  using C = weft::metrics::MemoryCategory;
+  const C cats[] = {C::parameters, C::gradients, C::optimizer_state, C::activations, C::buffers};
+  auto mem = gpt.memory();
+  weft::metrics::MemoryLedger ledger;
+  for (const auto& item : mem.items())  // parameters and gradients are owned by the data-parallel engine
+    if (item.category != C::parameters && item.category != C::gradients) ledger.add(item.category, item.label, item.bytes);
+  ledger.merge(dp.memory());
+  ledger.merge(opt.memory());
+  Kokkos::View<double*, Kokkos::HostSpace> mine("mine", 5), all("all", 5 * std::size_t(ndp));
+  for (int k = 0; k < 5; ++k) mine(std::size_t(k)) = double(ledger.bytes(cats[k]));
+  comm.all_gather(mine, all);
+  const weft::CommStats stats = comm.stats();
+  if (!root) return 0;
   std::printf("train_gpt: final loss %.4f (unigram entropy of the data %.4f); %.0f tok/s, %.2f GFLOP/s of model FLOPs, MFU %.3f\n",
               losses.back(), unigram, tps, flops_per_token * tps * 1e-9, mfu);
 
   if (!o.record.empty()) {
     using weft::metrics::Json;
-    auto mem = gpt.memory();
-    mem.merge(opt.memory());
-    using C = weft::metrics::MemoryCategory;
     Json memory = Json::object();
-    for (auto cat : {C::parameters, C::gradients, C::optimizer_state, C::activations, C::buffers})
-      memory.set(weft::metrics::category_name(cat), Json(mem.bytes(cat)));
-    memory.set("total", Json(mem.total()));
-    memory.set("note", "bytes weft allocates, all at start-up and kept for the run (so also the peak); BLAS and MPI buffers not included");
+    for (int k = 0; k < 5; ++k) memory.set(weft::metrics::category_name(cats[k]), Json(std::size_t(mine(std::size_t(k)))));
+    memory.set("total", Json(ledger.total()));
+    memory.set("note", "rank 0: bytes weft allocates, all at start-up and kept for the run, except fsdp/zero2 gathered groups counted at their peak under buffers; BLAS and MPI buffers not included");
+    Json::Array per_rank;
+    for (int r = 0; r < ndp; ++r) {
+      Json m = Json::object();
+      for (int k = 0; k < 5; ++k) m.set(weft::metrics::category_name(cats[k]), Json(std::size_t(all(std::size_t(5 * r + k)))));
+      per_rank.push_back(m);
+    }
+    Json collectives = Json::object();
+    for (int k = 0; k < weft::comm_kind_count; ++k) {
+      const auto& ks = stats[static_cast<weft::CommKind>(k)];
+      if (ks.calls == 0) continue;
+      collectives.set(std::string(weft::to_string(static_cast<weft::CommKind>(k))),
+                      Json::object().set("calls", Json(std::size_t(ks.calls))).set("bytes", Json(std::size_t(ks.bytes)))
+                          .set("seconds", ks.seconds).set("exposed_seconds", ks.exposed_seconds));
+    }
     Json rec = Json::object();
     rec.set("program", "train_gpt").set("weft_version", WEFT_VERSION_STRING);
     rec.set("config", Json::object()
@@ -245,7 +357,9 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, Opt& opt, const we
                           .set("weight_decay", o.weight_decay).set("clip", o.clip).set("seed", Json(c.seed))
                           .set("data", data_name).set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp))
                           .set("position", name_of(c.position)).set("recompute", c.recompute).set("dtype", "float32"));
-    rec.set("mesh", Json::object().set("dp", 1).set("tp", 1).set("pp", 1).set("cp", 1).set("ep", 1).set("world_size", 1));
+    rec.set("mesh", Json::object().set("dp", ndp).set("tp", 1).set("pp", 1).set("cp", 1).set("ep", 1).set("world_size", ndp)
+                        .set("dp_mode", weft::parallel::to_string(dp.mode())).set("bucket_mb", o.dp_options.bucket_mb)
+                        .set("overlap", o.dp_options.overlap));
     rec.set("runtime", Json::object()
                            .set("execution_space", Space::name()).set("kokkos_version", Json(KOKKOS_VERSION))
                            .set("blas_threads", bt.threads).set("blas_threads_reason", bt.reason)
@@ -257,7 +371,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, Opt& opt, const we
     rec.set("warmup_steps_excluded", Json(skip));
     rec.set("tokens_per_second", tps);
     rec.set("tokens_per_second_cpu_time", tps_cpu);
-    rec.set("parameters", Json(gpt.num_parameters()));
+    rec.set("parameters", Json(nparams));
     rec.set("matmul_parameters", c.matmul_params());
     rec.set("model_flops_per_token", flops_per_token);
     rec.set("model_flops_formula",
@@ -268,12 +382,32 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, Opt& opt, const we
     rec.set("mfu", mfu);
     rec.set("mfu_cpu_time", flops_per_token * tps_cpu / peak.cpu);
     rec.set("memory_bytes", memory);
+    rec.set("memory_bytes_per_rank", Json(per_rank));
+    rec.set("collectives", collectives);
+    rec.set("collectives_note", "dp axis, rank 0, all steps: bytes as nccl-tests' size; exposed = time the rank was blocked");
     rec.set("unigram_entropy", unigram);
     std::ofstream f(o.record);
     WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot open the file for writing (", std::strerror(errno), ")");
     f << rec.dump() << "\n";
     WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": writing failed");
     std::printf("train_gpt: run record written to %s\n", o.record.c_str());
+  }
+  if (!o.compare.empty()) {
+    const auto ref = read_losses(o.compare);
+    WEFT_REQUIRE(ref.size() >= losses.size(), ConfigError, "--compare ", o.compare, " has ", ref.size(),
+                 " steps, fewer than the ", losses.size(), " of this run");
+    double worst = 0;
+    for (std::size_t s = 0; s < losses.size(); ++s) {
+      const double rel = std::abs(losses[s] - ref[s]) / std::max(std::abs(ref[s]), 1e-30);
+      worst = std::max(worst, rel);
+      if (!(rel <= o.tolerance)) {
+        std::fprintf(stderr, "train_gpt: error: step %zu loss %.9g differs from %s's %.9g by %.3g relative, more than --tolerance %.3g\n",
+                     s, losses[s], o.compare.c_str(), ref[s], rel, o.tolerance);
+        return 3;
+      }
+    }
+    std::printf("train_gpt: the loss curve follows %s: max relative difference %.3g over %zu steps (tolerance %.3g)\n",
+                o.compare.c_str(), worst, losses.size(), o.tolerance);
   }
   return 0;
 }
@@ -285,8 +419,14 @@ int run(int argc, char** argv, weft::Environment& env) {
       return 0;
     }
   const Options o = parse(argc, argv);
-  WEFT_REQUIRE(env.world().size() == 1, ConfigError, "train_gpt runs on one process until the parallel strategies arrive; it was started on ",
-               env.world().size(), " ranks: launch it with mpirun -n 1");
+  const int world = env.world().size();
+  const int ndp = o.dp == 0 ? world : o.dp;
+  WEFT_REQUIRE(ndp == world, ConfigError, "--mesh dp=", ndp, " needs ", ndp, " ranks, but train_gpt was started on ",
+               world, "; launch it with mpirun -n ", ndp, " or change --mesh");
+  Options opts = o;
+  opts.model.batch = weft::parallel::local_microbatch(o.batch, std::size_t(ndp), o.microbatches);
+  opts.model.validate();
+  weft::Mesh<weft::DP> mesh(env.world(), ndp);
   // BLAS threads: ranks sharing this node x threads must not exceed its cores.
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -300,14 +440,16 @@ int run(int argc, char** argv, weft::Environment& env) {
   WEFT_REQUIRE(bytes.size() >= o.model.seq + 1, ConfigError, "--data ", data_name, " has ", bytes.size(),
                " bytes, fewer than --seq + 1 = ", o.model.seq + 1, "; use a longer file or a shorter --seq");
   const double unigram = weft::data::unigram_entropy(bytes);
-  weft::data::TokenStream stream(bytes, o.model.seq, o.model.seed);
-  weft::nn::GPT<float, Space> gpt(o.model);
+  weft::data::TokenStream stream(bytes, opts.model.seq, opts.model.seed);
+  weft::nn::GPT<float, Space> gpt(opts.model);
+  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), opts.dp_options);
+  gpt.set_hooks(&dp);
   if (o.optimizer == "adamw") {
-    weft::optim::AdamW<float, Space> opt(gpt.parameters(), {.weight_decay = o.weight_decay});
-    return train(o, gpt, opt, stream, bt, ranks_per_node, unigram, data_name);
+    weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters(), {.weight_decay = o.weight_decay});
+    return train(opts, gpt, dp, opt, stream, bt, ranks_per_node, unigram, data_name);
   }
-  weft::optim::SGD<float, Space> opt(gpt.parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
-  return train(o, gpt, opt, stream, bt, ranks_per_node, unigram, data_name);
+  weft::optim::SGD<float, Space> opt(dp.optimizer_parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
+  return train(opts, gpt, dp, opt, stream, bt, ranks_per_node, unigram, data_name);
 }
 
 }  // namespace
