@@ -1,0 +1,151 @@
+// Data-parallel scaling on one node, all phases in one run on 2 ranks (one
+// BLAS thread each), config M by default (L=8, D=512, H=8, T=256, per-rank
+// micro-batch 4, V=8192):
+//   dp1-alone       rank 0 trains alone (rank 1 idle): one process, one core
+//   dp1-concurrent  both ranks train independent dp=1 models at the same time
+//   replicate       dp=2, bucketed all-reduce overlapped with backward
+//   replicate-no-overlap, zero1, zero2, fsdp
+// Weak scaling (same per-rank micro-batch): efficiency = tok/s(dp=2) /
+// (2 x tok/s(dp=1)), printed against both dp=1 divisors. Exposed
+// communication = time ranks were blocked in DP collectives / step time.
+//
+//   mpirun -n 2 bench_data_parallel [--steps 4] [--warmup 1] [--layers 8 --d-model 512 --seq 256 --micro 4 --vocab 8192]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <weft/weft.hpp>
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using weft::parallel::DPMode;
+
+struct Args {
+  std::size_t steps = 4, warmup = 1, layers = 8, d_model = 512, heads = 8, seq = 256, micro = 4, vocab = 8192;
+};
+
+struct Result {
+  double tokens_per_second = 0;  // global tokens per second of the phase
+  double step_seconds = 0;       // median step time
+  double exposed_fraction = 0;   // exposed DP communication / step time (rank 0)
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Trains `steps` steps after `warmup` on the given communicator and mode.
+Result run(weft::Comm& comm, DPMode mode, bool overlap, const Args& a, const weft::data::TokenStream& data) {
+  weft::nn::GPTConfig c;
+  c.layers = a.layers;
+  c.d_model = a.d_model;
+  c.heads = a.heads;
+  c.seq = a.seq;
+  c.vocab = a.vocab;
+  c.batch = a.micro;
+  weft::nn::GPT<float, Space> gpt(c);
+  weft::parallel::DPOptions o;
+  o.mode = mode;
+  o.overlap = overlap;
+  weft::parallel::DataParallel<float, Space> dp(comm, gpt.parameter_groups(), o);
+  gpt.set_hooks(&dp);
+  weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
+  weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("tg", c.tokens());
+  const std::size_t global = a.micro * std::size_t(comm.size());
+  std::vector<double> times;
+  double exposed = 0, total = 0;
+  for (std::size_t s = 0; s < a.warmup + a.steps; ++s) {
+    if (s == a.warmup) comm.reset_stats();
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    weft::parallel::train_step(gpt, dp, opt, data, s, global, 1, ids, tg, 1e-4, 1.0);
+    Kokkos::fence();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= a.warmup) {
+      times.push_back(t);
+      total += t;
+    }
+  }
+  // All DP traffic counts (the loss all-reduce of train_step is a scalar),
+  // except the barrier that lines the ranks up before each timed step.
+  exposed = comm.stats().total().exposed_seconds - comm.stats()[weft::CommKind::barrier].exposed_seconds;
+  Result r;
+  r.step_seconds = median(times);
+  r.tokens_per_second = double(global * c.seq) / r.step_seconds;
+  r.exposed_fraction = exposed / total;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  weft::Environment env(argc, argv);
+  auto& world = env.world();
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string f = argv[i];
+    const std::size_t v = std::stoul(argv[i + 1]);
+    if (f == "--steps") a.steps = v;
+    else if (f == "--warmup") a.warmup = v;
+    else if (f == "--layers") a.layers = v;
+    else if (f == "--d-model") a.d_model = v;
+    else if (f == "--heads") a.heads = v;
+    else if (f == "--seq") a.seq = v;
+    else if (f == "--micro") a.micro = v;
+    else if (f == "--vocab") a.vocab = v;
+    else {
+      if (world.rank() == 0) std::fprintf(stderr, "bench_data_parallel: unknown flag %s\n", f.c_str());
+      return 2;
+    }
+  }
+  if (world.size() != 2) {
+    if (world.rank() == 0) std::fprintf(stderr, "bench_data_parallel: run it on 2 ranks (mpirun -n 2), not %d\n", world.size());
+    return 2;
+  }
+  const auto bt = weft::ops::set_blas_threads(1, 2);
+  const bool root = world.rank() == 0;
+  weft::data::TokenStream data(weft::data::synthetic_corpus(1 << 20, 0), a.seq, 1);
+  if (root)
+    std::printf("bench_data_parallel: L=%zu D=%zu H=%zu T=%zu micro-batch %zu per rank V=%zu; %zu steps after %zu warm-up; BLAS threads %d\n",
+                a.layers, a.d_model, a.heads, a.seq, a.micro, a.vocab, a.steps, a.warmup, bt.threads);
+
+  weft::Comm self = world.split(world.rank(), 0, "self");
+  Result alone;
+  if (root) alone = run(self, DPMode::replicate, true, a, data);
+  world.barrier();
+  const Result concurrent = run(self, DPMode::replicate, true, a, data);
+
+  struct Phase {
+    const char* name;
+    DPMode mode;
+    bool overlap;
+    Result r;
+  };
+  std::vector<Phase> phases = {{"replicate", DPMode::replicate, true, {}},
+                               {"replicate-no-overlap", DPMode::replicate, false, {}},
+                               {"zero1", DPMode::zero1, true, {}},
+                               {"zero2", DPMode::zero2, true, {}},
+                               {"fsdp", DPMode::fsdp, true, {}}};
+  for (auto& p : phases) p.r = run(world, p.mode, p.overlap, a, data);
+  if (!root) return 0;
+  std::printf("\n%-22s %12s %10s %14s %16s %10s\n", "phase", "tok/s", "step s", "eff vs alone", "eff vs concurrent", "exposed");
+  std::printf("%-22s %12.0f %10.3f %14s %16s %10s\n", "dp1-alone", alone.tokens_per_second, alone.step_seconds, "-", "-", "-");
+  std::printf("%-22s %12.0f %10.3f %14s %16s %10s   (per rank; both ranks training)\n", "dp1-concurrent",
+              concurrent.tokens_per_second, concurrent.step_seconds, "-", "-", "-");
+  for (const auto& p : phases)
+    std::printf("%-22s %12.0f %10.3f %14.3f %16.3f %9.1f%%\n", p.name, p.r.tokens_per_second, p.r.step_seconds,
+                p.r.tokens_per_second / (2 * alone.tokens_per_second),
+                p.r.tokens_per_second / (2 * concurrent.tokens_per_second), 100 * p.r.exposed_fraction);
+  const double rep = phases[0].r.tokens_per_second;
+  std::printf("\nweak-scaling efficiency of replicate at dp=2: %.3f (divisor: 2 x dp1-alone tok/s), %.3f (divisor: 2 x dp1-concurrent tok/s); target >= 0.95\n",
+              rep / (2 * alone.tokens_per_second), rep / (2 * concurrent.tokens_per_second));
+  std::printf("exposed DP communication of replicate: %.1f%% of the step with overlap, %.1f%% without; target <= 10%%\n",
+              100 * phases[0].r.exposed_fraction, 100 * phases[1].r.exposed_fraction);
+  std::printf("fsdp tokens/s relative to replicate: %.3f; target >= 0.85\n", phases[4].r.tokens_per_second / rep);
+  return 0;
+}
