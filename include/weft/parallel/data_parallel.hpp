@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -100,7 +101,11 @@ class DataParallel final : public nn::GroupHooks {
   }
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
-  ~DataParallel() override { drain(); }
+  ~DataParallel() override {
+    // Unwinding from an error: a peer may never join, so do not wait
+    // (pending Requests then keep their buffers alive instead).
+    if (std::uncaught_exceptions() == 0) drain();
+  }
 
   /// The mode.
   DPMode mode() const { return o_.mode; }
