@@ -26,3 +26,4 @@
 #include <weft/metrics/metrics.hpp>
 #include <weft/parallel/data_parallel.hpp>
 #include <weft/parallel/train_step.hpp>
+#include <weft/parallel/pipeline/simulator.hpp>
