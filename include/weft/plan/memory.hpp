@@ -1,0 +1,208 @@
+// Per-rank memory budgets: training (parameters, gradients, optimizer state,
+// saved activations, temporary, communication, allocator headroom) and
+// inference (weights, KV cache, workspace, buffers). Formulas: docs/plan.md.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include <weft/plan/model.hpp>
+
+namespace weft::plan {
+
+/// Parameter elements one rank holds before data-parallel sharding, split the
+/// way weft groups them (a block; the root: embeddings, final norm, head).
+struct StageParams {
+  double block = 0;       ///< one block's elements on this rank (its experts and tensor shard)
+  double blocks = 0;      ///< blocks on this stage
+  double root = 0;        ///< root elements on the worst stage (embeddings first, head last)
+  /// Elements of the stage.
+  double total() const { return blocks * block + root; }
+};
+
+/// Parameter elements on the heaviest pipeline stage of one rank. Matrices
+/// and vocabulary tables split over tp; column-parallel biases too; norms and
+/// row-parallel biases are replicated; experts split over ep.
+inline StageParams stage_params(const ModelSpec& m, const MeshSpec& s) {
+  const double tp = double(s.tp), D = double(m.d_model);
+  const double qkv = double(m.qkv_cols()), up = double(m.up_cols()), F = double(m.hidden());
+  const double attn = (D * qkv + D * D) / tp + (m.bias ? qkv / tp + D : 0.0);
+  const double mlp = (D * up + F * D) / tp + (m.bias ? up / tp + D : 0.0);
+  const double experts_here = m.experts ? double(m.experts) / double(s.ep) : 1.0;
+  StageParams p;
+  p.block = attn + experts_here * mlp + double(m.norm_params(2)) + double(m.router_params());
+  p.blocks = double(m.layers) / double(s.pp);
+  const double first = double(m.vocab) * D / tp + (m.learned_positions ? double(m.seq) * D : 0.0);
+  const double last = double(m.norm_params(1)) + D * double(m.vocab) / tp;
+  p.root = s.pp == 1 ? first + last : std::max(first, last);
+  return p;
+}
+
+/// Per-rank peak bytes of a training step, by category.
+struct TrainingBudget {
+  double parameters = 0;       ///< weights this rank keeps between steps
+  double gradients = 0;        ///< gradients this rank keeps between steps
+  double optimizer_state = 0;  ///< moments (and master weights)
+  double activations = 0;      ///< tensors saved by forward for backward
+  double temporary = 0;        ///< backward scratch and transiently gathered parameters/gradients
+  double communication = 0;    ///< staging buffers of collectives and point-to-point
+  double headroom = 0;         ///< allocator fragmentation and library workspaces (a fraction of the rest)
+  /// Sum of all categories.
+  double total() const {
+    return parameters + gradients + optimizer_state + activations + temporary + communication + headroom;
+  }
+};
+
+/// Tokens of one microbatch on one rank (the sequence splits over cp).
+inline double rank_tokens(const ModelSpec& m, const MeshSpec& s) {
+  return double(m.micro_batch) * double(m.seq) / double(s.cp);
+}
+
+/// Microbatches per step: global batch over dp ranks and the micro-batch size.
+inline std::size_t microbatches(const ModelSpec& m, const MeshSpec& s) {
+  const std::size_t per = s.dp * m.micro_batch;
+  return per ? std::max<std::size_t>(1, m.global_batch / per) : 1;
+}
+
+/// Activation elements saved per block for one microbatch (what nn::Block,
+/// nn::Attention and nn::MLP keep; see docs/model.md), on one rank.
+inline double block_saved_elements(const ModelSpec& m, const MeshSpec& s) {
+  const double n = rank_tokens(m, s), D = double(m.d_model), tp = double(s.tp);
+  const double heads = double(m.heads) / tp, T = double(m.seq), Tq = T / double(s.cp), B = double(m.micro_batch);
+  const double routed = m.experts ? double(m.top_k) : 1.0;
+  double e = 2 * 2 * n;                                      // two norms' mean and 1/std
+  e += 3 * n * D;                                            // h1, mid, h2
+  e += n * double(m.qkv_cols()) / tp;                        // fused Q, K, V
+  if (!m.flash_attention) e += B * heads * Tq * T;           // probabilities
+  e += B * heads * Tq;                                       // log-sum-exp
+  e += n * D / tp;                                           // heads before Wo
+  e += routed * n * double(m.up_cols() + m.hidden()) / tp;   // MLP up output and activation
+  if (m.experts) e += n * double(m.experts);                 // router logits
+  return e;
+}
+
+/// Backward scratch elements shared by all blocks for one microbatch
+/// (nn::Block::Workspace plus the GPT's residual-stream gradients).
+inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
+  const double n = rank_tokens(m, s), D = double(m.d_model), tp = double(s.tp);
+  const double heads = double(m.heads) / tp, T = double(m.seq), Tq = T / double(s.cp), B = double(m.micro_batch);
+  const double routed = m.experts ? double(m.top_k) : 1.0;
+  double e = n * double(m.qkv_cols()) / tp + n * D / tp;    // dqkv, dheads
+  if (!m.flash_attention) e += B * heads * Tq * T;           // dprobs
+  e += routed * n * double(m.up_cols() + m.hidden()) / tp;   // dup, dact
+  e += 2 * n * D;                                            // dh, dmid
+  if (m.recompute) e += n * D;                               // recomputed block output
+  e += 3 * n * D;                                            // two residual gradients and the final norm's
+  return e;
+}
+
+/// The per-rank training peak of model m on layout s. headroom_fraction is the
+/// allocator and library allowance on top of everything weft allocates.
+inline TrainingBudget training_memory(const ModelSpec& m, const MeshSpec& s, double headroom_fraction = 0.10) {
+  m.validate();
+  const StageParams sp = stage_params(m, s);
+  const double S = sp.total(), dp = double(s.dp), pb = double(m.param_bytes), gb = double(m.grad_bytes);
+  TrainingBudget b;
+  // Persistent state by mode (parallel::DataParallel's buffers).
+  const double shard = S / dp;
+  // zero2 and fsdp build a group's full gradient while its backward runs and
+  // free it when its reduce-scatter completes. The root's lives through all of
+  // backward (its head runs first, its embedding last); the block before the
+  // current one is usually still in flight. fsdp's waits on all-gathers drive
+  // MPI's progress, so no more than that stays alive; zero2 waits on nothing
+  // during backward and, with MPI progressing only inside calls, keeps every
+  // group's gradient until the step's end (measured: docs/plan.md).
+  const double two_groups = sp.root + std::min(2.0, sp.blocks) * sp.block;
+  const double zero2_grads = s.dp > 1 ? S : two_groups;
+  // fsdp gathers the root for the whole microbatch and a block plus the
+  // prefetched next one.
+  const double gathered = two_groups;
+  switch (s.mode) {
+    case DPMode::replicate:
+      b.parameters = S * pb;
+      b.gradients = S * gb;
+      break;
+    case DPMode::zero1:
+      b.parameters = S * pb;
+      b.gradients = (S + shard) * gb;
+      b.communication += shard * pb;  // send buffer of the updated shard's all-gather
+      break;
+    case DPMode::zero2:
+      b.parameters = S * pb;
+      b.gradients = shard * gb;
+      b.temporary += zero2_grads * gb;
+      b.communication += shard * pb + shard * gb;  // all-gather send, reduce-scatter receive
+      break;
+    case DPMode::fsdp:
+      b.parameters = shard * pb;
+      b.gradients = shard * gb;
+      b.temporary += gathered * pb + two_groups * gb;
+      b.communication += shard * gb;  // reduce-scatter receive
+      break;
+  }
+  const double opt_elems = s.mode == DPMode::replicate ? S : shard;
+  b.optimizer_state = opt_elems * double(m.optimizer_bytes_per_param());
+
+  // Activations: one microbatch's saved tensors per block (one set under
+  // recompute), the residual stream, the final norm and the logits. 1F1B keeps
+  // up to pp microbatches in flight on the first stage.
+  const double n = rank_tokens(m, s), D = double(m.d_model), a = double(m.act_bytes);
+  const double in_flight = double(std::min<std::size_t>(s.pp, microbatches(m, s)));
+  const double sets = m.recompute ? 1.0 : sp.blocks;
+  const double per_mb = sets * block_saved_elements(m, s) + (sp.blocks + 1) * n * D;
+  const double head = n * D + 2 * n + n * double(m.vocab) / double(s.tp);
+  b.activations = (in_flight * per_mb + head) * a;
+  b.temporary += backward_scratch_elements(m, s) * a;
+
+  // Other strategies' staging: pipeline send/receive both ways, expert
+  // dispatch and combine, the ring's K/V double buffer.
+  if (s.pp > 1) b.communication += 4 * n * D * a;
+  if (m.experts && s.ep > 1) b.communication += 2 * n * double(m.top_k) * D * a;
+  if (s.cp > 1) b.communication += 2 * n * 2 * double(m.kv()) * double(m.head_dim()) / double(s.tp) * a;
+
+  b.headroom = headroom_fraction * (b.total());
+  return b;
+}
+
+/// What a serving replica must hold.
+struct ServeSpec {
+  std::size_t batch = 1;        ///< concurrent sequences
+  std::size_t context = 4096;   ///< tokens of context per sequence (prompt + generated)
+  std::size_t kv_bytes = 2;     ///< bytes per cached key/value element
+  std::size_t prefill_chunk = 2048;  ///< prompt tokens processed per forward (sizes the workspace)
+};
+
+/// Per-rank inference memory by category.
+struct InferenceBudget {
+  double weights = 0;    ///< resident parameters
+  double kv_cache = 0;   ///< keys and values of every layer for batch x context
+  double workspace = 0;  ///< one prefill chunk's activations and the logits of a decode step
+  double buffers = 0;    ///< tensor-parallel all-reduce staging
+  double headroom = 0;   ///< allocator and library allowance
+  /// Sum of all categories.
+  double total() const { return weights + kv_cache + workspace + buffers + headroom; }
+};
+
+/// Inference memory of one rank of a replica sharded tp x pp (dp and cp are
+/// replicas, not shards, here). Key/value heads fewer than tp are replicated.
+inline InferenceBudget inference_memory(const ModelSpec& m, std::size_t tp, std::size_t pp, const ServeSpec& q,
+                                        double headroom_fraction = 0.10) {
+  m.validate();
+  MeshSpec s;
+  s.tp = tp;
+  s.pp = pp;
+  const StageParams sp = stage_params(m, s);
+  InferenceBudget b;
+  b.weights = sp.total() * double(m.param_bytes);
+  const double kv_here = std::max(1.0, double(m.kv()) / double(tp));
+  b.kv_cache = 2.0 * sp.blocks * kv_here * double(m.head_dim()) * double(q.context) * double(q.batch) * double(q.kv_bytes);
+  const double c = double(std::min(q.prefill_chunk, q.context)), D = double(m.d_model), a = double(m.act_bytes);
+  const double routed = m.experts ? double(m.top_k) : 1.0;
+  b.workspace = c * (3 * D + double(m.qkv_cols()) / double(tp) + routed * double(m.up_cols() + m.hidden()) / double(tp)) * a +
+                double(q.batch) * double(m.vocab) / double(tp) * 4.0;
+  b.buffers = tp > 1 ? 2 * c * D * a : 0.0;
+  b.headroom = headroom_fraction * b.total();
+  return b;
+}
+
+}  // namespace weft::plan

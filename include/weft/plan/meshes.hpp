@@ -1,0 +1,244 @@
+// Valid meshes and their ranking: every factorisation world = dp*tp*pp*cp
+// (ep folded into dp) with each data-parallel mode, rejected with a reason when
+// a size does not divide, then costed on a topology. Formulas: docs/plan.md.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <weft/plan/memory.hpp>
+
+namespace weft::plan {
+
+/// A cluster as the cost model sees it. Defaults: an 8-GPU node of 80 GB
+/// devices with NVLink-class links inside and 400 Gb/s-class links between.
+struct Topology {
+  std::string name = "default";
+  std::size_t gpus_per_node = 8;
+  double memory_gb = 80;            ///< per device, 1e9 bytes
+  double peak_tflops = 989;         ///< dense peak of the training precision
+  double compute_efficiency = 0.5;  ///< fraction of the peak matrix products reach (model FLOPs)
+  double intra_bw_gbs = 450;        ///< per-direction bandwidth per device inside a node, GB/s
+  double intra_latency_us = 3;
+  double inter_bw_gbs = 50;         ///< per device between nodes, GB/s
+  double inter_latency_us = 10;
+  double headroom_fraction = 0.10;  ///< allocator allowance added to every budget
+};
+
+/// One factorisation with the verdict and, when valid, its cost.
+struct Candidate {
+  MeshSpec mesh;
+  std::vector<std::string> reasons;  ///< why it is rejected (empty: valid)
+  TrainingBudget memory;
+  bool fits = false;                 ///< memory.total() <= device memory
+  double compute_s = 0;              ///< FLOPs / (peak * efficiency), bubble excluded
+  double bubble = 0;                 ///< (p-1)/(m+p-1)
+  double tp_s = 0, cp_s = 0, ep_s = 0, pp_s = 0;  ///< exposed communication per step by strategy
+  double dp_s = 0;                   ///< data-parallel collectives per step (partly hidden by backward)
+  double step_s = 0;                 ///< predicted step time
+  double tokens_per_s = 0;           ///< global tokens per predicted step time
+  /// Whether no divisibility rule rejects it.
+  bool valid() const { return reasons.empty(); }
+};
+
+namespace detail {
+inline std::vector<std::size_t> divisors(std::size_t n) {
+  std::vector<std::size_t> d;
+  for (std::size_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+inline std::string str(std::size_t v) { return std::to_string(v); }
+}  // namespace detail
+
+/// Why mesh s cannot run model m (empty: it can). TP must divide heads,
+/// kv-heads (or be a multiple of them: replicated K/V), MLP hidden and
+/// vocabulary, and fit in a node; PP must divide layers and not exceed the
+/// microbatches; CP must split the sequence into 2*cp chunks (load-balanced
+/// causal ring); EP must divide experts and dp; dp*micro_batch must divide
+/// the global batch.
+inline std::vector<std::string> rejection_reasons(const ModelSpec& m, const MeshSpec& s, const Topology& t) {
+  using detail::str;
+  std::vector<std::string> r;
+  if (m.heads % s.tp) r.push_back("tp " + str(s.tp) + " does not divide heads " + str(m.heads));
+  if (m.kv() % s.tp && s.tp % m.kv()) r.push_back("tp " + str(s.tp) + " and kv_heads " + str(m.kv()) + " do not divide one another");
+  if (m.hidden() % s.tp) r.push_back("tp " + str(s.tp) + " does not divide the MLP hidden size " + str(m.hidden()));
+  if (m.vocab % s.tp) r.push_back("tp " + str(s.tp) + " does not divide vocab " + str(m.vocab));
+  if (s.tp > t.gpus_per_node) r.push_back("tp " + str(s.tp) + " exceeds the " + str(t.gpus_per_node) + " devices of a node");
+  if (m.layers % s.pp) r.push_back("pp " + str(s.pp) + " does not divide layers " + str(m.layers));
+  if (m.global_batch % (s.dp * m.micro_batch))
+    r.push_back("dp " + str(s.dp) + " x micro_batch " + str(m.micro_batch) + " does not divide global_batch " + str(m.global_batch));
+  else if (s.pp > 1 && m.global_batch / (s.dp * m.micro_batch) < s.pp)
+    r.push_back("pp " + str(s.pp) + " exceeds the " + str(m.global_batch / (s.dp * m.micro_batch)) + " microbatches per step");
+  if (s.cp > 1 && m.seq % (2 * s.cp)) r.push_back("cp " + str(s.cp) + ": seq " + str(m.seq) + " does not split into 2 x cp chunks");
+  if (s.ep > 1 && (!m.experts || m.experts % s.ep)) r.push_back("ep " + str(s.ep) + " does not divide experts " + str(m.experts));
+  if (s.dp % s.ep) r.push_back("ep " + str(s.ep) + " does not divide dp " + str(s.dp));
+  if (s.dp == 1 && s.mode != DPMode::replicate) r.push_back("dp 1: nothing to shard with " + std::string(to_string(s.mode)));
+  return r;
+}
+
+/// Every layout of `world` ranks: all ordered factorisations dp*tp*pp*cp, the
+/// four dp modes when dp > 1 (replicate only at dp = 1) and, for MoE models,
+/// every ep that divides dp; each with its rejection reasons. dp=1 with a
+/// sharding mode is not listed at all (it is the same layout as replicate).
+inline std::vector<Candidate> enumerate_meshes(const ModelSpec& m, std::size_t world, const Topology& t) {
+  std::vector<Candidate> out;
+  for (std::size_t tp : detail::divisors(world))
+    for (std::size_t pp : detail::divisors(world / tp))
+      for (std::size_t cp : detail::divisors(world / tp / pp)) {
+        const std::size_t dp = world / tp / pp / cp;
+        const std::vector<std::size_t> eps = m.experts ? detail::divisors(dp) : std::vector<std::size_t>{1};
+        for (std::size_t ep : eps)
+          for (DPMode mode : {DPMode::replicate, DPMode::zero1, DPMode::zero2, DPMode::fsdp}) {
+            if (dp == 1 && mode != DPMode::replicate) continue;
+            Candidate c;
+            c.mesh = MeshSpec{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .mode = mode};
+            c.reasons = rejection_reasons(m, c.mesh, t);
+            out.push_back(std::move(c));
+          }
+      }
+  return out;
+}
+
+/// Seconds of a ring collective over `ranks` ranks moving a buffer of `bytes`:
+/// all-reduce moves 2(r-1)/r of it, all-gather and reduce-scatter (r-1)/r,
+/// all-to-all (r-1)/r, each step paying the link latency.
+inline double collective_seconds(const char* kind, double bytes, std::size_t ranks, double bw_gbs, double lat_us) {
+  if (ranks <= 1) return 0;
+  const double r = double(ranks), f = (r - 1) / r;
+  const bool all_reduce = std::string(kind) == "all_reduce";
+  const double vol = (all_reduce ? 2 * f : f) * bytes;
+  const double steps = all_reduce ? 2 * (r - 1) : (r - 1);
+  return vol / (bw_gbs * 1e9) + steps * lat_us * 1e-6;
+}
+
+/// Whether a group of `size` ranks spaced `stride` apart (axes outermost to
+/// innermost: dp, pp, cp, tp) crosses a node boundary.
+inline bool crosses_nodes(std::size_t stride, std::size_t size, const Topology& t) {
+  return size > 1 && stride * size > t.gpus_per_node;
+}
+
+/// Fills c's memory and cost on topology t (c must be valid).
+inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
+  const MeshSpec& s = c.mesh;
+  c.memory = training_memory(m, s, t.headroom_fraction);
+  c.fits = c.memory.total() <= t.memory_gb * 1e9;
+  const double mb = double(microbatches(m, s)), world = double(s.world());
+  const double tokens = double(m.global_batch) * double(m.seq);
+  c.compute_s = m.train_flops_per_token() * tokens / world / (t.peak_tflops * 1e12 * t.compute_efficiency);
+  c.bubble = s.pp > 1 ? double(s.pp - 1) / (mb + double(s.pp) - 1) : 0.0;
+  auto link = [&](std::size_t stride, std::size_t size, const char* kind, double bytes) {
+    const bool inter = crosses_nodes(stride, size, t);
+    return collective_seconds(kind, bytes, size, inter ? t.inter_bw_gbs : t.intra_bw_gbs,
+                              inter ? t.inter_latency_us : t.intra_latency_us);
+  };
+  const double n = rank_tokens(m, s), D = double(m.d_model), a = double(m.act_bytes);
+  const double layers_here = double(m.layers) / double(s.pp);
+  const double passes = m.recompute ? 3.0 : 2.0;  // all-reduces run again in a recomputed forward
+  // Megatron TP: two all-reduces of [n, D] per layer in forward, two in backward.
+  c.tp_s = mb * layers_here * 2 * passes * link(1, s.tp, "all_reduce", n * D * a);
+  // Ring CP: each rank passes its K,V block around cp-1 times, forward and
+  // twice in backward (K,V and their gradients).
+  const double kv_block = n * 2 * double(m.kv()) * double(m.head_dim()) / double(s.tp) * a;
+  c.cp_s = s.cp > 1 ? mb * layers_here * 3 * link(s.tp, s.cp, "all_to_all", kv_block * double(s.cp)) : 0.0;
+  // EP: dispatch and combine all-to-alls of top_k copies of each token, forward and backward.
+  c.ep_s = m.experts && s.ep > 1
+               ? mb * layers_here * 4 * link(s.tp * s.cp * s.pp, s.ep, "all_to_all", n * double(m.top_k) * D * a)
+               : 0.0;
+  // PP: one activation forward and one gradient back per microbatch per boundary.
+  if (s.pp > 1) {
+    const bool inter = crosses_nodes(s.tp * s.cp, s.pp, t);
+    const double bw = inter ? t.inter_bw_gbs : t.intra_bw_gbs, lat = inter ? t.inter_latency_us : t.intra_latency_us;
+    c.pp_s = mb * 2 * (n * D * a / (bw * 1e9) + lat * 1e-6);
+  }
+  // DP: gradients reduced once per step (replicate, zero1) or per microbatch
+  // (zero2), plus the parameter all-gather (zero1/2 once; fsdp twice per microbatch).
+  const double S = stage_params(m, s).total(), pb = double(m.param_bytes), gb = double(m.grad_bytes);
+  const std::size_t stride = s.tp * s.cp * s.pp;
+  switch (s.mode) {
+    case DPMode::replicate: c.dp_s = link(stride, s.dp, "all_reduce", S * gb); break;
+    case DPMode::zero1:
+      c.dp_s = link(stride, s.dp, "reduce_scatter", S * gb) + link(stride, s.dp, "all_gather", S * pb);
+      break;
+    case DPMode::zero2:
+      c.dp_s = mb * link(stride, s.dp, "reduce_scatter", S * gb) + link(stride, s.dp, "all_gather", S * pb);
+      break;
+    case DPMode::fsdp:
+      c.dp_s = mb * (link(stride, s.dp, "reduce_scatter", S * gb) + 2 * link(stride, s.dp, "all_gather", S * pb));
+      break;
+  }
+  // Data-parallel traffic overlaps backward (two thirds of compute); only the
+  // excess is exposed. The other strategies sit on the critical path.
+  const double dp_exposed = std::max(0.0, c.dp_s - c.compute_s * 2.0 / 3.0);
+  const double busy = c.compute_s + c.tp_s + c.cp_s + c.ep_s + c.pp_s;
+  c.step_s = busy / (1.0 - c.bubble) + dp_exposed;
+  c.tokens_per_s = tokens / c.step_s;
+}
+
+/// Valid candidates costed and ranked: fitting ones first, then by predicted
+/// step time, then by memory left. Rejected ones follow in enumeration order.
+inline std::vector<Candidate> rank_meshes(const ModelSpec& m, std::size_t world, const Topology& t) {
+  m.validate();
+  WEFT_REQUIRE(world > 0, ConfigError, "--gpus ", world, ": expected a positive number of devices");
+  auto all = enumerate_meshes(m, world, t);
+  std::vector<Candidate> ok, bad;
+  for (auto& c : all) {
+    if (c.valid()) {
+      cost(m, c, t);
+      ok.push_back(std::move(c));
+    } else {
+      bad.push_back(std::move(c));
+    }
+  }
+  std::stable_sort(ok.begin(), ok.end(), [](const Candidate& x, const Candidate& y) {
+    if (x.fits != y.fits) return x.fits;
+    if (x.step_s != y.step_s) return x.step_s < y.step_s;
+    return x.memory.total() < y.memory.total();
+  });
+  ok.insert(ok.end(), bad.begin(), bad.end());
+  return ok;
+}
+
+/// One serving layout: replicas of tp x pp devices.
+struct ServeCandidate {
+  std::size_t tp = 1, pp = 1, replicas = 1;
+  std::vector<std::string> reasons;  ///< why it cannot be used (empty: usable)
+  InferenceBudget memory;
+  bool fits = false;
+  double tp_us_per_token = 0;  ///< two all-reduces per layer of one decode step's [batch, D]
+};
+
+/// Serving layouts for `gpus` devices: every tp (inside a node) and pp with
+/// tp*pp dividing gpus; replicas = gpus / (tp*pp). Fitting ones first, then
+/// most replicas, then least TP communication per token.
+inline std::vector<ServeCandidate> plan_serving(const ModelSpec& m, std::size_t gpus, const Topology& t, const ServeSpec& q) {
+  m.validate();
+  std::vector<ServeCandidate> out;
+  for (std::size_t tp : detail::divisors(gpus))
+    for (std::size_t pp : detail::divisors(gpus / tp)) {
+      ServeCandidate c;
+      c.tp = tp, c.pp = pp, c.replicas = gpus / tp / pp;
+      MeshSpec s{.tp = tp, .pp = pp};
+      for (auto& r : rejection_reasons(m, s, t))
+        if (r.rfind("dp ", 0) != 0 && r.find("microbatches") == std::string::npos) c.reasons.push_back(r);
+      if (c.reasons.empty()) {
+        c.memory = inference_memory(m, tp, pp, q, t.headroom_fraction);
+        c.fits = c.memory.total() <= t.memory_gb * 1e9;
+        const double bytes = double(q.batch) * double(m.d_model) * double(m.act_bytes);
+        const double per = collective_seconds("all_reduce", bytes, tp, t.intra_bw_gbs, t.intra_latency_us);
+        c.tp_us_per_token = double(m.layers) * 2 * per * 1e6;
+      }
+      out.push_back(std::move(c));
+    }
+  std::stable_sort(out.begin(), out.end(), [](const ServeCandidate& x, const ServeCandidate& y) {
+    const bool xo = x.reasons.empty() && x.fits, yo = y.reasons.empty() && y.fits;
+    if (xo != yo) return xo;
+    if (x.replicas != y.replicas) return x.replicas > y.replicas;
+    return x.tp_us_per_token < y.tp_us_per_token;
+  });
+  return out;
+}
+
+}  // namespace weft::plan
