@@ -27,3 +27,8 @@
 #include <weft/parallel/data_parallel.hpp>
 #include <weft/parallel/train_step.hpp>
 #include <weft/parallel/pipeline/simulator.hpp>
+#include <weft/plan/model.hpp>
+#include <weft/plan/memory.hpp>
+#include <weft/plan/meshes.hpp>
+#include <weft/plan/json_read.hpp>
+#include <weft/plan/presets.hpp>

@@ -170,3 +170,128 @@ TEST_CASE("the model matches DataParallel's ledger in every mode at this world s
     gpt.set_hooks(nullptr);
   }
 }
+
+TEST_CASE("enumeration: every ordered factorisation of the world, four dp modes where dp > 1") {
+  const weft::plan::Topology t;
+  const ModelSpec l7 = weft::plan::preset("llama2-7b");
+  // 8 = 2^3 over (tp, pp, cp, dp): C(6,3) = 20 factorisations, 10 of them with dp = 1.
+  CHECK(weft::plan::enumerate_meshes(l7, 8, t).size() == 10 + 10 * 4);
+  // 64 = 2^6: C(9,3) = 84, 28 with dp = 1.
+  CHECK(weft::plan::enumerate_meshes(l7, 64, t).size() == 28 + 56 * 4);
+  // A prime world: dp, tp, pp or cp takes all 7.
+  CHECK(weft::plan::enumerate_meshes(l7, 7, t).size() == 3 + 4);
+  for (const auto& c : weft::plan::enumerate_meshes(l7, 64, t)) CHECK(c.mesh.world() == 64);
+  // MoE: ep over the divisors of dp. 8 ranks: dp=8 -> 4 eps, dp=4 -> 3, dp=2 -> 2, dp=1 -> 1.
+  const ModelSpec mx = weft::plan::preset("mixtral-8x7b");
+  // dp=8: 1 factorisation; dp=4: 3; dp=2: 6; dp=1: 10.
+  CHECK(weft::plan::enumerate_meshes(mx, 8, t).size() == 1 * 4 * 4 + 3 * 3 * 4 + 6 * 2 * 4 + 10);
+}
+
+TEST_CASE("enumeration: each rejection names its reason") {
+  const weft::plan::Topology t{.gpus_per_node = 4};
+  const ModelSpec g = weft::plan::preset("gpt2-small");  // 12 layers, 12 heads, vocab 50257 (odd), seq 1024, batch 512
+  auto reasons = [&](MeshSpec s) {
+    std::string all;
+    for (const auto& r : weft::plan::rejection_reasons(g, s, t)) all += r + ";";
+    return all;
+  };
+  CHECK(reasons({}) == "");
+  CHECK(reasons({.tp = 2}) == "tp 2 does not divide vocab 50257;");
+  CHECK(reasons({.tp = 8}).find("tp 8 does not divide heads 12") != std::string::npos);
+  CHECK(reasons({.tp = 8}).find("tp 8 exceeds the 4 devices of a node") != std::string::npos);
+  CHECK(reasons({.pp = 8}) == "pp 8 does not divide layers 12;");
+  CHECK(reasons({.dp = 3}) == "dp 3 x micro_batch 1 does not divide global_batch 512;");
+  CHECK(reasons({.cp = 3}) == "cp 3: seq 1024 does not split into 2 x cp chunks;");
+  CHECK(reasons({.dp = 2, .mode = DPMode::fsdp}) == "");
+  CHECK(reasons({.mode = DPMode::zero1}) == "dp 1: nothing to shard with zero1;");
+  CHECK(reasons({.dp = 2, .ep = 2}) == "ep 2 does not divide experts 0;");
+  ModelSpec few = g;
+  few.global_batch = 4;
+  CHECK(weft::plan::rejection_reasons(few, {.pp = 6}, t).front() == "pp 6 exceeds the 4 microbatches per step");
+  ModelSpec gqa = weft::plan::preset("llama2-70b");
+  CHECK(weft::plan::rejection_reasons(gqa, {.tp = 16}, t).size() == 1);  // only "exceeds the node": 16 is a multiple of 8 kv heads
+  CHECK(weft::plan::rejection_reasons(gqa, {.tp = 3}, t).size() >= 3);
+  // GPT-2 small on 8 ranks: tp must be 1 (odd vocabulary), pp in {1, 2, 4}; 27 valid layouts.
+  std::size_t valid = 0;
+  for (const auto& c : weft::plan::enumerate_meshes(g, 8, weft::plan::Topology{})) valid += c.valid();
+  CHECK(valid == 27);
+}
+
+TEST_CASE("ranking: fitting layouts first, by step time; TP inside a node; stable on presets") {
+  const weft::plan::Topology t;  // 8 x 80 GB per node
+  const auto r = weft::plan::rank_meshes(weft::plan::preset("llama2-70b"), 64, t);
+  REQUIRE(r.front().valid());
+  CHECK(r.front().fits);
+  bool seen_nofit = false, seen_invalid = false;
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    if (!r[i].valid()) { seen_invalid = true; continue; }
+    CHECK(!seen_invalid);  // rejected ones come last
+    CHECK(r[i].mesh.tp <= t.gpus_per_node);
+    if (!r[i].fits) seen_nofit = true;
+    else CHECK(!seen_nofit);
+    if (i > 0 && r[i - 1].valid() && r[i - 1].fits == r[i].fits) CHECK(r[i - 1].step_s <= r[i].step_s);
+  }
+  CHECK(seen_invalid);
+  // 70B replicated on a single device's worth of sharding does not fit 80 GB.
+  for (const auto& c : r)
+    if (c.valid() && c.mesh.tp == 1 && c.mesh.pp == 1 && c.mesh.mode == DPMode::replicate) CHECK(!c.fits);
+  // Stable: same inputs, same order; and the pinned winners of this cost model.
+  const auto again = weft::plan::rank_meshes(weft::plan::preset("llama2-70b"), 64, t);
+  REQUIRE(again.size() == r.size());
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    CHECK(again[i].mesh.dp == r[i].mesh.dp);
+    CHECK(again[i].mesh.tp == r[i].mesh.tp);
+    CHECK(again[i].mesh.pp == r[i].mesh.pp);
+    CHECK(again[i].mesh.mode == r[i].mesh.mode);
+  }
+  const auto w7 = weft::plan::rank_meshes(weft::plan::preset("llama2-7b"), 8, t).front().mesh;
+  CHECK(w7.dp == 8);
+  CHECK(w7.mode == DPMode::fsdp);
+  // The bubble is (p-1)/(m+p-1).
+  for (const auto& c : r)
+    if (c.valid() && c.mesh.pp > 1) {
+      const double m = double(weft::plan::microbatches(weft::plan::preset("llama2-70b"), c.mesh));
+      CHECK(c.bubble == doctest::Approx(double(c.mesh.pp - 1) / (m + double(c.mesh.pp) - 1)));
+    }
+}
+
+TEST_CASE("serving: one 70B replica in BF16 needs more than one 80 GB device") {
+  const auto s = weft::plan::plan_serving(weft::plan::preset("llama2-70b"), 8, weft::plan::Topology{},
+                                          {.batch = 16, .context = 4096});
+  for (const auto& c : s)
+    if (c.tp * c.pp == 1) CHECK(!c.fits);
+  CHECK(s.front().fits);
+  CHECK(s.front().replicas == 2);  // most replicas that fit: 4 devices each
+  for (const auto& c : s)
+    if (c.reasons.empty() && c.tp > 1) CHECK(c.tp_us_per_token > 0);
+}
+
+TEST_CASE("input files: a tiny JSON reader whose errors name the field or position") {
+  using weft::plan::parse_json;
+  const auto v = parse_json(R"({"layers": 2, "d_model": 64, "heads": 4, "mlp": "swiglu", "bias": false, "x": [1, {"y": null}]})");
+  CHECK(v.find("x")->array.size() == 2);
+  auto err = [](auto f) {
+    try {
+      f();
+    } catch (const weft::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(err([] { parse_json("{\"a\": 1,}", "m.json"); }).find("m.json:1:9") != std::string::npos);
+  CHECK(err([] { parse_json("{\"a\": tru}", "m.json"); }).find("unexpected character") != std::string::npos);
+  CHECK(err([] { parse_json("[1, 2", "m.json"); }).find("expected ']'") != std::string::npos);
+  CHECK(err([] { weft::plan::model_from_json(parse_json(R"({"layers": -2})"), "m.json"); })
+            .find("field \"layers\" must be a non-negative integer") != std::string::npos);
+  CHECK(err([] { weft::plan::model_from_json(parse_json(R"({"layer": 2})"), "m.json"); })
+            .find("unknown field \"layer\"") != std::string::npos);
+  CHECK(err([] { weft::plan::model_from_json(parse_json(R"({"mlp": "relu"})"), "m.json"); })
+            .find("field \"mlp\" is \"relu\"; expected one of gelu|swiglu") != std::string::npos);
+  CHECK(err([] { weft::plan::model_from_json(parse_json(R"({"heads": 5, "d_model": 64})"), "m.json"); })
+            .find("\"heads\" is 5") != std::string::npos);
+  CHECK(err([] { weft::plan::topology_from_json(parse_json(R"({"memory_gb": "80"})"), "t.json"); })
+            .find("t.json: field \"memory_gb\" must be a positive number") != std::string::npos);
+  const auto m = weft::plan::model_from_json(parse_json(R"({"preset": "llama2-7b", "layers": 2})"), "m.json");
+  CHECK(m.layers == 2);
+  CHECK(m.ffn_hidden == 11008);
+}
