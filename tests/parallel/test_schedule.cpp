@@ -116,6 +116,9 @@ TEST_CASE("schedule: zero-bubble ZB-H1 fills the bubble with weight gradients") 
   CHECK(plan[1] == PipeAction{PipeOp::forward, 0, 0, -1});
   CHECK(plan[2] == PipeAction{PipeOp::backward_input, 0, 0, -1});
   CHECK(plan.back() == PipeAction{PipeOp::backward_weight, 7, 0, -1});
+  // The formula needs W <= min(F, B): a longer W no longer fits its gap.
+  for (const PipeCosts c : {PipeCosts{1, 1, 1.5, 0}, PipeCosts{1, 0.5, 1, 0}})
+    CHECK(simulate_pipeline(zb, c).idle_fraction() > zb.bubble_fraction(c) + 1e-3);
 }
 
 TEST_CASE("schedule: plans are pure functions with matched sends and receives") {

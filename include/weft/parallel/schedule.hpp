@@ -265,7 +265,8 @@ struct Interleaved1F1B {
 /// which nobody waits for. Rank r runs 1F1B with B in place of the backward and
 /// defers each W by r steps, so the W work fills what would be the 1F1B bubble
 /// while every rank holds at most p microbatches (1F1B's peak, on rank 0).
-/// Bubble (p-1)(F+B-W) per rank, see docs/pipeline.md. Needs m >= p.
+/// Idle time (p-1)(F+B-W) per rank when W <= min(F, B) (derived in
+/// docs/pipeline.md; a longer W does not fit its gap). Needs m >= p.
 struct ZeroBubble {
   static constexpr std::string_view name = "ZeroBubble";
   static constexpr int chunks = 1;               ///< model chunks per rank
@@ -303,7 +304,8 @@ struct ZeroBubble {
   }
   /// Most microbatch activations `rank` holds at once (kept until W ran).
   static constexpr int peak_in_flight(int p, int m, int /*rank*/) { return detail::min_int(p, m); }
-  /// Fraction of rank-time spent idle, with zero transfer latency.
+  /// Fraction of rank-time spent idle, with zero transfer latency; the
+  /// schedule reaches it when W <= min(F, B).
   static constexpr double bubble_fraction(int p, int m, const PipeCosts& c = {}) {
     const double bubble = (p - 1) * (c.forward + c.backward_input - c.backward_weight);
     return bubble / (m * (c.forward + c.backward_input + c.backward_weight) + bubble);
