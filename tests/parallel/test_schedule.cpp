@@ -247,6 +247,11 @@ TEST_CASE("schedule: timeline text and Chrome trace") {
   std::remove(path.c_str());
   CHECK_THROWS_AS(write_pipeline_chrome_trace(sim, "/nonexistent-dir/x.json"), ConfigError);
 
+  // Long timelines keep every digit of their timestamps.
+  const std::string long_json = pipeline_chrome_trace(simulate_pipeline(Pipeline<GPipe>(8, 32)), 1e6);
+  CHECK(long_json.find("e+") == std::string::npos);
+  CHECK(long_json.find("\"ts\": 115000000") != std::string::npos);  // rank 0 starts its last backward (2 units) at 117 - 2
+
   // Interleaved labels carry the chunk.
   const auto inter = simulate_pipeline(Pipeline<Interleaved1F1B<2>>(2, 2));
   CHECK(pipeline_timeline_text(inter, 5).find("|F0.1|") != std::string::npos);

@@ -273,6 +273,7 @@ inline std::string pipeline_timeline_text(const PipeSimulation& sim, int width =
 /// `us_per_unit` microseconds per cost unit.
 inline std::string pipeline_chrome_trace(const PipeSimulation& sim, double us_per_unit = 1000.0) {
   std::ostringstream os;
+  os.precision(12);  // long runs in microseconds must not turn into 1.2e+08, which loses the order of events
   os << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
   bool first = true;
   for (int r = 0; r < sim.stages; ++r) {
