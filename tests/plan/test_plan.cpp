@@ -119,6 +119,9 @@ TEST_CASE("the model matches weft's own single-process GPT ledger within 15 % pe
         within(b.optimizer_state, double(opt.memory().bytes(C::optimizer_state)), "optimizer state");
         within(b.activations, double(led.bytes(C::activations)), "activations");
         within(b.temporary, double(led.bytes(C::buffers)), "temporary buffers");
+        std::printf("validation single swiglu=%d recompute=%d kv=%zu parameters %zu/%.0f activations %zu/%.0f "
+                    "temporary %zu/%.0f\n", int(swiglu), int(recompute), kv, led.bytes(C::parameters), b.parameters,
+                    led.bytes(C::activations), b.activations, led.bytes(C::buffers), b.temporary);
       }
 }
 
@@ -158,15 +161,27 @@ TEST_CASE("the model matches DataParallel's ledger in every mode at this world s
     within(b.gradients, double(m.bytes(C::gradients)), tag + "gradients");
     within(b.optimizer_state, double(opt.memory().bytes(C::optimizer_state)), tag + "optimizer state");
     within(b.activations, double(g.bytes(C::activations)), tag + "activations");
-    within(b.temporary, double(g.bytes(C::buffers) + label_bytes(m, "dp.gathered_groups_peak")), tag + "temporary");
+    const double temp = double(g.bytes(C::buffers) + label_bytes(m, "dp.gathered_groups_peak"));
+    if (mode == DPMode::zero2 && dp > 1) {
+      // zero2 frees a group's full gradient when its reduce-scatter completes,
+      // which depends on when MPI progresses it: the model predicts the upper
+      // bound (every group's gradient alive); the measured peak lies between
+      // the root plus two blocks and that bound.
+      auto one = weft::plan::training_memory(spec, MeshSpec{.dp = 1, .mode = DPMode::zero2}, 0.0);
+      CHECK(temp <= b.temporary * 1.0001);
+      CHECK(temp >= 0.85 * one.temporary);
+    } else {
+      within(b.temporary, temp, tag + "temporary");
+    }
     within(b.communication, double(label_bytes(m, "dp.communication_buffers")), tag + "communication");
+    // The figures docs/plan.md quotes: measured / predicted bytes per category.
     if (world.rank() == 0)
-      MESSAGE("dp=", dp, " ", weft::plan::to_string(mode), " measured/predicted bytes: parameters ",
-              m.bytes(C::parameters), "/", b.parameters, " gradients ", m.bytes(C::gradients), "/", b.gradients,
-              " optimizer ", opt.memory().bytes(C::optimizer_state), "/", b.optimizer_state, " activations ",
-              g.bytes(C::activations), "/", b.activations, " temporary ",
-              g.bytes(C::buffers) + label_bytes(m, "dp.gathered_groups_peak"), "/", b.temporary, " communication ",
-              label_bytes(m, "dp.communication_buffers"), "/", b.communication);
+      std::printf("validation dp=%zu %-9s parameters %zu/%.0f gradients %zu/%.0f optimizer %zu/%.0f activations %zu/%.0f "
+                  "temporary %zu/%.0f communication %zu/%.0f\n",
+                  dp, weft::plan::to_string(mode), m.bytes(C::parameters), b.parameters, m.bytes(C::gradients), b.gradients,
+                  opt.memory().bytes(C::optimizer_state), b.optimizer_state, g.bytes(C::activations), b.activations,
+                  g.bytes(C::buffers) + label_bytes(m, "dp.gathered_groups_peak"), b.temporary,
+                  label_bytes(m, "dp.communication_buffers"), b.communication);
     gpt.set_hooks(nullptr);
   }
 }

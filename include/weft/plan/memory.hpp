@@ -110,8 +110,9 @@ inline TrainingBudget training_memory(const ModelSpec& m, const MeshSpec& s, dou
   // backward (its head runs first, its embedding last); the block before the
   // current one is usually still in flight. fsdp's waits on all-gathers drive
   // MPI's progress, so no more than that stays alive; zero2 waits on nothing
-  // during backward and, with MPI progressing only inside calls, keeps every
-  // group's gradient until the step's end (measured: docs/plan.md).
+  // during backward, so how many stay alive depends on when MPI progresses
+  // them: between two groups and all of them. The budget takes the upper
+  // bound (measured: docs/plan.md).
   const double two_groups = sp.root + std::min(2.0, sp.blocks) * sp.block;
   const double zero2_grads = s.dp > 1 ? S : two_groups;
   // fsdp gathers the root for the whole microbatch and a block plus the
