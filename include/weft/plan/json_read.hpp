@@ -25,15 +25,21 @@ struct JsonValue {
   double number = 0;
   std::string string;
   std::vector<JsonValue> array;
-  std::vector<std::pair<std::string, JsonValue>> object;  ///< in file order
+  // Object members as two parallel vectors (in file order): a vector of
+  // std::pair<std::string, JsonValue> inside JsonValue itself does not
+  // compile with clang 14 and libstdc++ 12 (the pair is still incomplete).
+  std::vector<std::string> keys;     ///< object member names
+  std::vector<JsonValue> members;    ///< object member values, members[i] named keys[i]
 
   /// The member named key, or null when absent (objects only).
-  const JsonValue* find(const std::string& key) const {
-    for (const auto& [k, v] : object)
-      if (k == key) return &v;
-    return nullptr;
-  }
+  const JsonValue* find(const std::string& key) const;
 };
+
+inline const JsonValue* JsonValue::find(const std::string& key) const {
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (keys[i] == key) return &members[i];
+  return nullptr;
+}
 
 namespace detail {
 class JsonParser {
@@ -82,7 +88,8 @@ class JsonParser {
         if (i_ >= s_.size() || s_[i_] != '"') fail("expected a quoted member name");
         std::string k = str();
         expect(':');
-        v.object.emplace_back(std::move(k), value(depth + 1));
+        v.keys.push_back(std::move(k));
+        v.members.push_back(value(depth + 1));
       } while (eat(','));
       expect('}');
     } else if (c == '[') {
@@ -205,7 +212,7 @@ class JsonFields {
   }
   /// Throws for members no accessor asked about.
   void no_unknown() const {
-    for (const auto& [k, v] : v_.object)
+    for (const auto& k : v_.keys)
       WEFT_REQUIRE(seen_.count(k), ConfigError, what_, ": unknown field \"", k, "\"");
   }
 
