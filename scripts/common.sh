@@ -28,8 +28,8 @@ weft_configure() {
   local variant="$1" cxx type extra=()
   case "$variant" in
     gcc)   cxx=g++;                 type=RelWithDebInfo ;;
-    clang) cxx=clang++;             type=Release ;;
-    asan)  cxx="$WEFT_CI_ASAN_CXX"; type=RelWithDebInfo; extra=(-DWEFT_SANITIZE=address,undefined) ;;
+    clang) cxx=clang++;             type=Release; extra=(-DWEFT_BUILD_BENCHMARKS=OFF) ;;
+    asan)  cxx="$WEFT_CI_ASAN_CXX"; type=RelWithDebInfo; extra=(-DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_BENCHMARKS=OFF) ;;
     *) echo "unknown variant '$variant' (expected gcc, clang or asan)" >&2; return 2 ;;
   esac
   local generator=()

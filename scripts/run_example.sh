@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Quick start, part 1: installs what is missing (scripts/install_deps.sh),
-# builds the main example and runs it.
-#   scripts/run_example.sh            mesh_demo on 8 ranks
-#   WEFT_RANKS=4 scripts/run_example.sh
+# builds the main example -- examples/train_gpt, the reference GPT's training
+# job -- and runs it on 2 data-parallel ranks (fully sharded), 300 steps of a
+# small GPT on the synthetic language, writing a run record.
+#   scripts/run_example.sh
+#   WEFT_RANKS=4 WEFT_DP_MODE=replicate scripts/run_example.sh
+#   WEFT_EXAMPLE=mesh_demo scripts/run_example.sh     the Mesh and Comm demo on 8 ranks
 # The build tree is build-ci-gcc, shared with the g++ variant of scripts/run_tests.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -11,6 +14,15 @@ cd "$WEFT_ROOT"
 scripts/install_deps.sh
 weft_configure gcc
 dir="$(weft_build_dir gcc)"
-cmake --build "$dir" --target mesh_demo -j "$WEFT_CI_JOBS"
-echo "+ mpirun -n ${WEFT_RANKS:-8} ${WEFT_MPIRUN_FLAGS[*]} $dir/examples/mesh_demo"
-OPENBLAS_NUM_THREADS=1 mpirun -n "${WEFT_RANKS:-8}" "${WEFT_MPIRUN_FLAGS[@]}" "$dir/examples/mesh_demo"
+example="${WEFT_EXAMPLE:-train_gpt}"
+cmake --build "$dir" --target "$example" -j "$WEFT_CI_JOBS"
+if [[ "$example" == mesh_demo ]]; then
+  echo "+ mpirun -n ${WEFT_RANKS:-8} ${WEFT_MPIRUN_FLAGS[*]} $dir/examples/mesh_demo"
+  OPENBLAS_NUM_THREADS=1 mpirun -n "${WEFT_RANKS:-8}" "${WEFT_MPIRUN_FLAGS[@]}" "$dir/examples/mesh_demo"
+  exit 0
+fi
+ranks="${WEFT_RANKS:-2}"
+args=(--layers 4 --d-model 128 --heads 4 --seq 64 --batch 16 --steps 300 --lr 2e-3 --warmup 20
+      --mesh "dp=$ranks" --dp "${WEFT_DP_MODE:-fsdp}" --record "$dir/train_gpt_run.json")
+echo "+ mpirun -n $ranks ${WEFT_MPIRUN_FLAGS[*]} $dir/examples/train_gpt ${args[*]}"
+mpirun -n "$ranks" "${WEFT_MPIRUN_FLAGS[@]}" "$dir/examples/train_gpt" "${args[@]}"
