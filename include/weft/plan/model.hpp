@@ -7,6 +7,7 @@
 #include <string>
 
 #include <weft/core/error.hpp>
+#include <weft/parallel/dp_mode.hpp>
 
 namespace weft::plan {
 
@@ -14,20 +15,9 @@ namespace weft::plan {
 enum class Optimizer { adamw, sgd };
 /// The MLP form: GELU (two matrices) or a gated one (SwiGLU, three matrices).
 enum class Mlp { gelu, swiglu };
-/// How the data-parallel axis holds parameters, gradients and optimizer state
-/// (the same four modes as parallel::DPMode; repeated so plans need no Kokkos).
-enum class DPMode { replicate, zero1, zero2, fsdp };
-
-/// The name of a data-parallel mode.
-inline const char* to_string(DPMode m) {
-  switch (m) {
-    case DPMode::replicate: return "replicate";
-    case DPMode::zero1: return "zero1";
-    case DPMode::zero2: return "zero2";
-    case DPMode::fsdp: return "fsdp";
-  }
-  return "?";
-}
+/// How the data-parallel axis holds parameters, gradients and optimizer state.
+using DPMode = parallel::DPMode;
+using parallel::to_string;
 
 /// A model's shape and training precision. Defaults describe weft's own GPT
 /// in fp32 (biases, LayerNorm, learned positions, untied head, AdamW).
