@@ -9,7 +9,7 @@
 // (2 x tok/s(dp=1)), printed against both dp=1 divisors. Exposed
 // communication = time ranks were blocked in DP collectives / step time.
 //
-//   mpirun -n 2 bench_data_parallel [--steps 4] [--warmup 1] [--layers 8 --d-model 512 --seq 256 --micro 4 --vocab 8192]
+//   mpirun -n 2 bench_data_parallel [--profile] [--bucket-mb 25] [--steps 4] [--warmup 1] [--layers 8 --d-model 512 --seq 256 --micro 4 --vocab 8192]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +25,8 @@ using Space = Kokkos::DefaultExecutionSpace;
 using weft::parallel::DPMode;
 
 struct Args {
+  bool profile = false;  // print where each phase's time goes
+  double bucket_mb = weft::parallel::DPOptions{}.bucket_mb;
   std::size_t steps = 4, warmup = 1, layers = 8, d_model = 512, heads = 8, seq = 256, micro = 4, vocab = 8192;
 };
 
@@ -33,6 +35,12 @@ struct Result {
   double step_seconds = 0;       // median step time
   double exposed_fraction = 0;   // exposed DP communication / step time (rank 0)
 };
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -52,18 +60,24 @@ Result run(weft::Comm& comm, DPMode mode, bool overlap, const Args& a, const wef
   weft::parallel::DPOptions o;
   o.mode = mode;
   o.overlap = overlap;
+  o.bucket_mb = a.bucket_mb;
   weft::parallel::DataParallel<float, Space> dp(comm, gpt.parameter_groups(), o);
   gpt.set_hooks(&dp);
   weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("tg", c.tokens());
+  weft::metrics::Profiler prof;
+  if (a.profile) gpt.set_profiler(&prof);
   const std::size_t global = a.micro * std::size_t(comm.size());
   std::vector<double> times;
   double exposed = 0, total = 0;
   for (std::size_t s = 0; s < a.warmup + a.steps; ++s) {
-    if (s == a.warmup) comm.reset_stats();
+    if (s == a.warmup) {
+      comm.reset_stats();
+      prof.reset();
+    }
     comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    weft::parallel::train_step(gpt, dp, opt, data, s, global, 1, ids, tg, 1e-4, 1.0);
+    weft::parallel::train_step(gpt, dp, opt, data, s, global, 1, ids, tg, 1e-4, 1.0, a.profile ? &prof : nullptr);
     Kokkos::fence();
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= a.warmup) {
@@ -74,6 +88,11 @@ Result run(weft::Comm& comm, DPMode mode, bool overlap, const Args& a, const wef
   // All DP traffic counts (the loss all-reduce of train_step is a scalar),
   // except the barrier that lines the ranks up before each timed step.
   exposed = comm.stats().total().exposed_seconds - comm.stats()[weft::CommKind::barrier].exposed_seconds;
+  if (a.profile && world_rank() == 0) {
+    std::printf("  profile of %s (dp=%d), seconds per step:", weft::parallel::to_string(mode), comm.size());
+    for (const auto& [name, e] : prof.entries()) std::printf(" %s %.3f", name.c_str(), e.seconds / double(a.steps));
+    std::printf("\n");
+  }
   Result r;
   r.step_seconds = median(times);
   r.tokens_per_second = double(global * c.seq) / r.step_seconds;
@@ -87,8 +106,19 @@ int main(int argc, char** argv) {
   weft::Environment env(argc, argv);
   auto& world = env.world();
   Args a;
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--profile") == 0) {
+      a.profile = true;
+      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+      --argc;
+      break;
+    }
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
+    if (f == "--bucket-mb") {
+      a.bucket_mb = std::stod(argv[i + 1]);
+      continue;
+    }
     const std::size_t v = std::stoul(argv[i + 1]);
     if (f == "--steps") a.steps = v;
     else if (f == "--warmup") a.warmup = v;
@@ -111,8 +141,8 @@ int main(int argc, char** argv) {
   const bool root = world.rank() == 0;
   weft::data::TokenStream data(weft::data::synthetic_corpus(1 << 20, 0), a.seq, 1);
   if (root)
-    std::printf("bench_data_parallel: L=%zu D=%zu H=%zu T=%zu micro-batch %zu per rank V=%zu; %zu steps after %zu warm-up; BLAS threads %d\n",
-                a.layers, a.d_model, a.heads, a.seq, a.micro, a.vocab, a.steps, a.warmup, bt.threads);
+    std::printf("bench_data_parallel: L=%zu D=%zu H=%zu T=%zu micro-batch %zu per rank V=%zu; %zu steps after %zu warm-up; BLAS threads %d; buckets %.3g MiB\n",
+                a.layers, a.d_model, a.heads, a.seq, a.micro, a.vocab, a.steps, a.warmup, bt.threads, a.bucket_mb);
 
   weft::Comm self = world.split(world.rank(), 0, "self");
   Result alone;

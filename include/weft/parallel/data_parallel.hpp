@@ -186,6 +186,9 @@ class DataParallel final : public nn::GroupHooks {
     m.add(C::parameters, "dp.flat_parameters", bytes(flat_value_) + bytes(shard_value_));
     m.add(C::gradients, "dp.flat_gradients", bytes(flat_grad_) + bytes(shard_grad_));
     m.add(C::buffers, "dp.gathered_groups_peak", peak_transient_);
+    // What the pool keeps beyond that peak (buffers of different sizes whose
+    // peaks did not coincide); zero for the GPT's equal-sized blocks.
+    m.add(C::buffers, "dp.group_buffer_pool_excess", retained_ > peak_transient_ ? retained_ - peak_transient_ : 0);
     std::size_t tmp = 0;
     for (const auto& b : buckets_) tmp += bytes(b.send_tmp) + bytes(b.rs_tmp);
     m.add(C::buffers, "dp.communication_buffers", tmp);
@@ -366,6 +369,26 @@ class DataParallel final : public nn::GroupHooks {
     }
   }
 
+  // Gathered parameters and group gradients come and go every microbatch.
+  // Freed buffers wait in a pool for the next group of the same size: fresh
+  // allocations of tens of MiB each time cost page faults and unmapping on
+  // every use. The pool never holds more than the peak of live buffers.
+  Flat take(std::size_t n, bool zero) {
+    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+      if (it->extent(0) != n) continue;
+      Flat v = *it;
+      pool_.erase(it);
+      if (zero) Kokkos::deep_copy(v, T(0));
+      return v;
+    }
+    retained_ += n * sizeof(T);
+    return zero ? Flat("weft::dp.group_buffer", n)
+                : Flat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::dp.group_buffer"), n);
+  }
+  void give_back(const Flat& v) {
+    if (v.extent(0)) pool_.push_back(v);
+  }
+
   void track(std::ptrdiff_t delta) {
     transient_ = std::size_t(std::ptrdiff_t(transient_) + delta);
     peak_transient_ = std::max(peak_transient_, transient_);
@@ -376,7 +399,7 @@ class DataParallel final : public nn::GroupHooks {
     auto& s = group_state_[g];
     if (s.gathered || s.gather_req.active()) return;
     const auto& b = buckets_[group_buckets_[g].front()];
-    s.full_value = Flat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::dp.gathered"), b.padded);
+    s.full_value = take(b.padded, false);
     track(std::ptrdiff_t(bytes(s.full_value)));
     s.gather_req = dp_.iall_gather(slice(shard_value_, b.shard_off, b.chunk), s.full_value);
   }
@@ -395,7 +418,8 @@ class DataParallel final : public nn::GroupHooks {
     if (s.gather_req.active()) s.gather_req.wait();
     if (!s.full_value.extent(0)) return;
     track(-std::ptrdiff_t(bytes(s.full_value)));
-    s.full_value = Flat();
+    give_back(s.full_value);
+    s.full_value = Flat();  // a moved-from Kokkos 3.4 view may still point at its data
     s.gathered = false;
     for (auto* p : groups_[g]) p->value = Flat();
   }
@@ -410,7 +434,7 @@ class DataParallel final : public nn::GroupHooks {
       pending_.pop_front();
     }
     const auto& b = buckets_[group_buckets_[g].front()];
-    s.full_grad = Flat("weft::dp.group_gradient", b.padded);
+    s.full_grad = take(b.padded, true);
     track(std::ptrdiff_t(bytes(s.full_grad)));
     for (std::size_t i = 0; i < b.params.size(); ++i)
       b.params[i]->grad = Flat(slice(s.full_grad, b.param_off[i], b.params[i]->size()));
@@ -442,6 +466,7 @@ class DataParallel final : public nn::GroupHooks {
                          KOKKOS_LAMBDA(std::size_t i) { dst(i) += src(i); });
     auto& s = group_state_[q.group];
     track(-std::ptrdiff_t(bytes(s.full_grad)));
+    give_back(s.full_grad);
     s.full_grad = Flat();
     for (auto* p : groups_[q.group]) p->grad = Flat();
   }
@@ -470,6 +495,8 @@ class DataParallel final : public nn::GroupHooks {
   std::vector<std::unique_ptr<Param>> pieces_;
   std::vector<PieceOrigin> origins_;
   std::vector<GroupState> group_state_;
+  std::vector<Flat> pool_;
+  std::size_t retained_ = 0;  // bytes of group buffers allocated (live or pooled)
   std::deque<Pending> pending_;
   std::size_t next_post_ = 0;
   bool last_microbatch_ = true;
