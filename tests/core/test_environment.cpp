@@ -52,3 +52,46 @@ TEST_CASE("weft's error types and WEFT_REQUIRE") {
   CHECK(std::string(weft::version_string) == WEFT_VERSION_STRING);
   CHECK(weft::kokkos_version >= 30400);
 }
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+
+#include <cstdlib>
+#include <cstring>
+
+// The harness' Environment applied keep_large_host_allocations(): a large
+// block must come from the heap (no mmap'ed bytes added) and its memory must
+// stay with the process after free, so the next large block reuses it. With
+// WEFT_HOST_MALLOC=system (the second CTest entry of this file) glibc's own
+// behaviour must remain: the same block is mmap'ed.
+TEST_CASE("large host buffers stay in the heap unless WEFT_HOST_MALLOC=system") {
+  const char* env = std::getenv("WEFT_HOST_MALLOC");
+  const bool system = env != nullptr && std::string(env) == "system";
+  const auto& policy = weft::host_allocator_policy();
+  INFO("policy: " << policy.mode << " (" << policy.reason << ")");
+  if (weft::detail::sanitized_allocator()) {
+    CHECK(policy.mode == "system");
+    return;
+  }
+  CHECK(policy.keeps_large() == !system);
+  CHECK(weft::keep_large_host_allocations().mode == policy.mode);  // idempotent
+  const std::size_t bytes = std::size_t(48) << 20;
+  const auto mapped_before = mallinfo2().hblkhd;
+  auto* block = static_cast<char*>(std::malloc(bytes));
+  REQUIRE(block != nullptr);
+  std::memset(block, 1, bytes);
+  const auto mapped_during = mallinfo2().hblkhd;
+  std::free(block);
+  if (system) {
+    CHECK(mapped_during >= mapped_before + bytes);
+  } else {
+    CHECK(mapped_during == mapped_before);
+    const auto heap_after_free = mallinfo2().arena;
+    CHECK(heap_after_free >= bytes);  // not returned to the system
+    auto* again = static_cast<char*>(std::malloc(bytes));
+    REQUIRE(again != nullptr);
+    CHECK(mallinfo2().arena == heap_after_free);  // reused, the heap did not grow
+    std::free(again);
+  }
+}
+#endif

@@ -15,6 +15,7 @@
 
 #include <weft/comm/comm.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/host_allocator.hpp>
 #include <weft/core/kokkos_compat.hpp>
 
 namespace weft {
@@ -57,7 +58,9 @@ inline const char* thread_level_name(int level) {
 
 /// Starts MPI (at thread level `required_thread_level`, default
 /// MPI_THREAD_FUNNELED: only the main thread calls MPI) and Kokkos unless the
-/// application already did, and stops what it started. Construct it first in
+/// application already did, and stops what it started. Before that it applies
+/// keep_large_host_allocations() (weft/core/host_allocator.hpp: large host
+/// buffers stay in the heap; WEFT_HOST_MALLOC=system opts out). Construct it first in
 /// main and let every weft object die before it.
 class Environment {
  public:
@@ -98,11 +101,14 @@ class Environment {
   int thread_level() const noexcept { return provided_; }
   /// Whether this Environment initialised MPI (and will finalise it).
   bool owns_mpi() const noexcept { return owns_mpi_; }
+  /// How large host buffers are allocated in this process (weft/core/host_allocator.hpp).
+  const HostAllocatorPolicy& host_allocator() const noexcept { return host_allocator_policy(); }
   /// Whether this Environment initialised Kokkos (and will finalise it).
   bool owns_kokkos() const noexcept { return owns_kokkos_; }
 
  private:
   void start(int* argc, char*** argv, int required) {
+    keep_large_host_allocations();
     int init = 0, fin = 0;
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
