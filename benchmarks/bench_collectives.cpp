@@ -1,11 +1,12 @@
 // bench_collectives: what weft::Comm costs on top of MPI. Each collective runs
 // on Kokkos views through weft and as the raw MPI call on the same buffers and
-// communicator, in the same run, in batches ordered weft, raw, raw, weft (so a
+// communicator, in the same run, in batches ordered weft, raw, raw, weft, each
+// after a memcpy batch that resets the cache to the same state (so a
 // noisy, shared machine and cache effects of the order hit both alike); a memcpy of the same size, also interleaved, is the
 // physical limit of one node. Reports the median over repetitions.
 //
 //   mpirun -n 2 ./bench_collectives [--min-bytes 4096] [--max-bytes 67108864] [--step 2]
-//                                   [--reps 7] [--batch-ms 10] [--check]
+//                                   [--reps 11] [--batch-ms 10] [--check]
 //
 // Bytes follow nccl-tests' "size" (the full buffer a rank holds; see
 // weft/comm/stats.hpp) and bandwidth is size / time. weft/raw is the median
@@ -32,7 +33,7 @@ struct Options {
   std::size_t min_bytes = 4096;
   std::size_t max_bytes = std::size_t(64) << 20;
   std::size_t step = 2;
-  int reps = 7;
+  int reps = 11;
   double batch_s = 0.010;
   int overhead_reps = 9;
   int overhead_iters = 5000;
@@ -236,14 +237,23 @@ int main(int argc, char** argv) {
       const int copy_iters = std::clamp(static_cast<int>(o.batch_s / std::max(batch(copy, 1), 1e-9)), 1, 100000);
       std::vector<double> tw, tr, tc, ratios;
       for (int r = 0; r < o.reps; ++r) {
-        // weft, raw, raw, weft: whatever favours a position in the sequence
-        // (first after the memcpy, second, ...) favours both paths alike.
-        const double w1 = batch(cs.weft, iters), r1 = batch(cs.raw, iters);
-        const double r2 = batch(cs.raw, iters), w2 = batch(cs.weft, iters);
+        // weft, raw, raw, weft, each batch preceded by a memcpy batch: every
+        // batch starts from the same cache state (the copy's buffers, not the
+        // collective's), and whatever favours a position in the sequence
+        // favours both paths alike.
+        double c[4];
+        c[0] = batch(copy, copy_iters);
+        const double w1 = batch(cs.weft, iters);
+        c[1] = batch(copy, copy_iters);
+        const double r1 = batch(cs.raw, iters);
+        c[2] = batch(copy, copy_iters);
+        const double r2 = batch(cs.raw, iters);
+        c[3] = batch(copy, copy_iters);
+        const double w2 = batch(cs.weft, iters);
         tw.push_back(0.5 * (w1 + w2));
         tr.push_back(0.5 * (r1 + r2));
         ratios.push_back((r1 + r2) / (w1 + w2));
-        tc.push_back(batch(copy, copy_iters));
+        tc.push_back(median({c[0], c[1], c[2], c[3]}));
       }
       const double w = median(tw), raw = median(tr), cp = median(tc);
       const double bw_w = bytes / w / 1e9, bw_r = bytes / raw / 1e9, bw_c = bytes / cp / 1e9;
