@@ -414,3 +414,78 @@ TEST_CASE("a strided but contiguous view is accepted") {
   CHECK(h(2, 1) == doctest::Approx(double(c.size())));
   CHECK(h(1, 1) == 0.0);
 }
+
+// Blocked layouts (derived datatypes): rank r's block of count runs of run
+// elements sits at r * run + o * stride; every element lands where the layout
+// says, the gaps between runs stay untouched, blocking and non-blocking.
+TEST_CASE("all_gather and all_to_all with blocked layouts place every element") {
+  Comm& c = weft::test::world();
+  const int p = c.size(), me = c.rank();
+  const std::size_t P = static_cast<std::size_t>(p), count = 3, run = 2, stride = P * run + 1;  // one-element gap
+  const std::size_t block = count * run, size = (count - 1) * stride + P * run + 1;
+  auto code = [](std::size_t from, std::size_t to, std::size_t i) { return double(1000 * from + 100 * to + i); };
+  const weft::BlockLayout layout{count, run, stride};
+  for (bool nonblocking : {false, true}) {
+    CAPTURE(nonblocking);
+    // all_gather: contiguous send of `block` elements, blocked receive.
+    Kokkos::View<double*, Kokkos::HostSpace> send("send", block), recv("recv", size);
+    for (std::size_t i = 0; i < block; ++i) send(i) = code(std::size_t(me), 0, i);
+    Kokkos::deep_copy(recv, -1.0);
+    if (nonblocking) {
+      auto rq = c.iall_gather(send, recv, layout);
+      rq.wait();
+    } else {
+      c.all_gather(send, recv, layout);
+    }
+    std::vector<bool> covered(size, false);
+    for (std::size_t r = 0; r < P; ++r)
+      for (std::size_t o = 0; o < count; ++o)
+        for (std::size_t j = 0; j < run; ++j) {
+          const std::size_t at = r * run + o * stride + j;
+          covered[at] = true;
+          CHECK(recv(at) == code(r, 0, o * run + j));
+        }
+    for (std::size_t i = 0; i < size; ++i)
+      if (!covered[i]) CHECK(recv(i) == -1.0);
+
+    // all_to_all: blocked on both sides (all_to_all blocks fill the buffer:
+    // no gaps); block j of send goes to rank j.
+    const weft::BlockLayout tight{count, run, P * run};
+    Kokkos::View<double*, Kokkos::HostSpace> s2("s2", P * block), r2("r2", P * block), r3("r3", P * block);
+    for (std::size_t to = 0; to < P; ++to)
+      for (std::size_t o = 0; o < count; ++o)
+        for (std::size_t j = 0; j < run; ++j) s2(to * run + o * P * run + j) = code(std::size_t(me), to, o * run + j);
+    Kokkos::deep_copy(r2, -1.0);
+    if (nonblocking) {
+      auto rq = c.iall_to_all(s2, tight, r2, tight);
+      rq.wait();
+    } else {
+      c.all_to_all(s2, tight, r2, tight);
+    }
+    for (std::size_t from = 0; from < P; ++from)
+      for (std::size_t o = 0; o < count; ++o)
+        for (std::size_t j = 0; j < run; ++j)
+          CHECK(r2(from * run + o * P * run + j) == code(from, std::size_t(me), o * run + j));
+    // Mixed: blocked send, contiguous receive (each rank's block arrives whole).
+    c.all_to_all(s2, tight, r3, weft::BlockLayout{});
+    for (std::size_t from = 0; from < P; ++from)
+      for (std::size_t i = 0; i < block; ++i) CHECK(r3(from * block + i) == code(from, std::size_t(me), i));
+  }
+}
+
+TEST_CASE("a blocked layout that does not fit its buffer is a CommError naming it") {
+  Comm& c = weft::test::world();
+  const std::size_t P = static_cast<std::size_t>(c.size());
+  Kokkos::View<float*, Kokkos::HostSpace> send("send", 6), recv("recv", 6 * P);
+  auto message = [&](const weft::BlockLayout& l) {
+    try {
+      c.all_gather(send, recv, l);
+    } catch (const CommError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message({3, 3, 3 * P}).find("does not describe blocks of 6 elements") != std::string::npos);
+  CHECK(message({3, 2, 2 * P - 1}).find("overlaps itself") != std::string::npos);
+  CHECK(message({3, 2, 2 * P + 5}).find("reaches element") != std::string::npos);
+}

@@ -9,7 +9,9 @@
 #include <Kokkos_Core.hpp>
 #include <climits>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <numeric>
 #include <span>
 #include <string>
@@ -101,6 +103,42 @@ struct Staged {
   }
 };
 
+}  // namespace detail
+
+/// Where the p blocks of an all_gather or all_to_all buffer sit, for blocks
+/// that are not contiguous: rank r's block is `count` runs of `run` elements,
+/// run o starting at element r * run + o * stride. This is the layout of a
+/// tensor split along a dimension that is not the leading one (a matrix split
+/// by columns: count = rows, run = columns per rank, stride = all columns), so
+/// a redistribution can hand it to MPI as a derived datatype instead of
+/// packing it first. The default-constructed layout means contiguous blocks.
+struct BlockLayout {
+  std::size_t count = 0;   ///< runs per block (0: contiguous blocks)
+  std::size_t run = 0;     ///< elements per run
+  std::size_t stride = 0;  ///< elements from the start of one run to the next of the same block
+  /// Whether this describes contiguous blocks (no derived datatype needed).
+  bool contiguous() const noexcept { return count <= 1; }
+};
+
+namespace detail {
+// A committed MPI datatype for one block of a BlockLayout (a vector resized to
+// one run, so block r starts r runs in); freed on destruction, which MPI
+// allows while operations that use it are pending.
+struct BlockType {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  BlockType(const BlockLayout& l, MPI_Datatype element, std::size_t element_bytes) {
+    MPI_Datatype vec = MPI_DATATYPE_NULL;
+    MPI_Type_vector(static_cast<int>(l.count), static_cast<int>(l.run), static_cast<int>(l.stride), element, &vec);
+    MPI_Type_create_resized(vec, 0, static_cast<MPI_Aint>(l.run * element_bytes), &type);
+    MPI_Type_commit(&type);
+    MPI_Type_free(&vec);
+  }
+  BlockType(const BlockType&) = delete;
+  BlockType& operator=(const BlockType&) = delete;
+  ~BlockType() {
+    if (type != MPI_DATATYPE_NULL) MPI_Type_free(&type);
+  }
+};
 }  // namespace detail
 
 /// A communicator of weft: one mesh axis, an axis group, or the world.
@@ -215,6 +253,20 @@ class Comm {
   [[nodiscard]] Request iall_gather(const S& send, const R& recv) {
     return iall_gather_impl(send, recv, true);
   }
+  /// all_gather whose received blocks are laid out as `recv_layout` says
+  /// (rank r's block: recv_layout.count runs of recv_layout.run elements at
+  /// r * run + o * stride); send is contiguous. MPI writes the strided blocks
+  /// itself (a derived datatype): no pack or unpack pass.
+  template <KokkosView S, KokkosView R>
+  void all_gather(const S& send, const R& recv, const BlockLayout& recv_layout) {
+    auto r = iall_gather_impl(send, recv, false, recv_layout);
+    r.wait();
+  }
+  /// Non-blocking all_gather into a blocked layout.
+  template <KokkosView S, KokkosView R>
+  [[nodiscard]] Request iall_gather(const S& send, const R& recv, const BlockLayout& recv_layout) {
+    return iall_gather_impl(send, recv, true, recv_layout);
+  }
 
   // ------------------------------------------------------------ reduce_scatter
   /// send holds size() equal blocks; rank i receives op over ranks of block i.
@@ -241,6 +293,20 @@ class Comm {
   template <KokkosView S, KokkosView R>
   [[nodiscard]] Request iall_to_all(const S& send, const R& recv) {
     return iall_to_all_impl(send, recv, true);
+  }
+  /// all_to_all whose blocks (block j of send goes to rank j; block r of recv
+  /// comes from rank r) are laid out as the two layouts say; a contiguous
+  /// BlockLayout{} on either side means plain blocks there.
+  template <KokkosView S, KokkosView R>
+  void all_to_all(const S& send, const BlockLayout& send_layout, const R& recv, const BlockLayout& recv_layout) {
+    auto r = iall_to_all_impl(send, recv, false, send_layout, recv_layout);
+    r.wait();
+  }
+  /// Non-blocking all_to_all over blocked layouts.
+  template <KokkosView S, KokkosView R>
+  [[nodiscard]] Request iall_to_all(const S& send, const BlockLayout& send_layout, const R& recv,
+                                    const BlockLayout& recv_layout) {
+    return iall_to_all_impl(send, recv, true, send_layout, recv_layout);
   }
 
   /// Variable all_to_all: send_counts[j] elements (packed in rank order) go to
@@ -518,18 +584,40 @@ class Comm {
                   [&] { return MPI_Allreduce(sp, rp, n, dt, mop, c); });
   }
 
+  // Checks that a blocked layout of p blocks of `block` elements each fits a
+  // buffer of `size` elements without overlapping itself.
+  void check_layout(const BlockLayout& l, std::size_t block, std::size_t size, const char* op, const char* which) {
+    if (l.contiguous()) return;
+    const auto p = static_cast<std::size_t>(core_->size);
+    auto fail = [&](const std::string& why) {
+      core_->fail(op, std::string("the ") + which + " layout (count " + std::to_string(l.count) + ", run " +
+                          std::to_string(l.run) + ", stride " + std::to_string(l.stride) + ") " + why);
+    };
+    if (l.run == 0 || l.count * l.run != block)
+      fail("does not describe blocks of " + std::to_string(block) + " elements (count x run must equal it)");
+    if (l.stride < p * l.run)
+      fail("overlaps itself: the stride must be at least " + std::to_string(p) + " ranks x run = " +
+           std::to_string(p * l.run));
+    if ((l.count - 1) * l.stride + p * l.run > size)
+      fail("reaches element " + std::to_string((l.count - 1) * l.stride + p * l.run) + " of a buffer of " +
+           std::to_string(size));
+    if (l.count > std::size_t(std::numeric_limits<int>::max()) || l.stride > std::size_t(std::numeric_limits<int>::max()))
+      fail("has a count or stride beyond MPI's int range");
+  }
+
   template <class S, class R>
-  Request iall_gather_impl(const S& send, const R& recv, bool nonblocking) {
+  Request iall_gather_impl(const S& send, const R& recv, bool nonblocking, const BlockLayout& recv_layout = {}) {
     using T = checked_element_t<S>;
     static_assert(std::is_same_v<T, checked_element_t<R>>, "weft::Comm::all_gather: send and receive views must have the same element type");
     const char* name = nonblocking ? "iall_gather" : "all_gather";
     check_view(send, name, "send");
     check_view(recv, name, "receive");
-    if (recv.size() != send.size() * static_cast<std::size_t>(core_->size))
+    if (recv_layout.contiguous() && recv.size() != send.size() * static_cast<std::size_t>(core_->size))
       core_->fail(name, "the receive view has " + std::to_string(recv.size()) + " elements; expected " +
                             std::to_string(core_->size) + " ranks x " + std::to_string(send.size()) + " = " +
                             std::to_string(send.size() * static_cast<std::size_t>(core_->size)));
     const int n = count_of(send.size(), name);
+    check_layout(recv_layout, send.size(), recv.size(), name, "receive");
     agree(CommKind::all_gather, mpi_datatype<T>::id, n, 0, name);
     auto s = std::make_shared<detail::Staged<S>>(send, true);
     auto r = std::make_shared<detail::Staged<R>>(recv, false);
@@ -537,8 +625,16 @@ class Comm {
                     [r] { r->unstage(); });
     const auto dt = mpi_datatype<T>::get();
     MPI_Comm c = core_->comm;
-    return launch(std::move(st), nonblocking, [&](MPI_Request* q) { return MPI_Iallgather(s->ptr, n, dt, r->ptr, n, dt, c, q); },
-                  [&] { return MPI_Allgather(s->ptr, n, dt, r->ptr, n, dt, c); });
+    std::optional<detail::BlockType> blocked;
+    int rn = n;
+    MPI_Datatype rdt = dt;
+    if (!recv_layout.contiguous()) {
+      blocked.emplace(recv_layout, dt, sizeof(T));
+      rn = 1;
+      rdt = blocked->type;
+    }
+    return launch(std::move(st), nonblocking, [&](MPI_Request* q) { return MPI_Iallgather(s->ptr, n, dt, r->ptr, rn, rdt, c, q); },
+                  [&] { return MPI_Allgather(s->ptr, n, dt, r->ptr, rn, rdt, c); });
   }
 
   template <class S, class R>
@@ -571,7 +667,8 @@ class Comm {
   }
 
   template <class S, class R>
-  Request iall_to_all_impl(const S& send, const R& recv, bool nonblocking) {
+  Request iall_to_all_impl(const S& send, const R& recv, bool nonblocking, const BlockLayout& send_layout = {},
+                           const BlockLayout& recv_layout = {}) {
     using T = checked_element_t<S>;
     static_assert(std::is_same_v<T, checked_element_t<R>>, "weft::Comm::all_to_all: send and receive views must have the same element type");
     const char* name = nonblocking ? "iall_to_all" : "all_to_all";
@@ -583,6 +680,8 @@ class Comm {
                             " elements; all_to_all needs equal sizes divisible by the " + std::to_string(p) +
                             " ranks (use all_to_allv for uneven blocks)");
     const int n = count_of(send.size() / p, name);
+    check_layout(send_layout, send.size() / p, send.size(), name, "send");
+    check_layout(recv_layout, recv.size() / p, recv.size(), name, "receive");
     agree(CommKind::all_to_all, mpi_datatype<T>::id, n, 0, name);
     auto s = std::make_shared<detail::Staged<S>>(send, true);
     auto r = std::make_shared<detail::Staged<R>>(recv, false);
@@ -590,8 +689,21 @@ class Comm {
                     [r] { r->unstage(); });
     const auto dt = mpi_datatype<T>::get();
     MPI_Comm c = core_->comm;
-    return launch(std::move(st), nonblocking, [&](MPI_Request* q) { return MPI_Ialltoall(s->ptr, n, dt, r->ptr, n, dt, c, q); },
-                  [&] { return MPI_Alltoall(s->ptr, n, dt, r->ptr, n, dt, c); });
+    std::optional<detail::BlockType> sblocked, rblocked;
+    int sn = n, rn = n;
+    MPI_Datatype sdt = dt, rdt = dt;
+    if (!send_layout.contiguous()) {
+      sblocked.emplace(send_layout, dt, sizeof(T));
+      sn = 1;
+      sdt = sblocked->type;
+    }
+    if (!recv_layout.contiguous()) {
+      rblocked.emplace(recv_layout, dt, sizeof(T));
+      rn = 1;
+      rdt = rblocked->type;
+    }
+    return launch(std::move(st), nonblocking, [&](MPI_Request* q) { return MPI_Ialltoall(s->ptr, sn, sdt, r->ptr, rn, rdt, c, q); },
+                  [&] { return MPI_Alltoall(s->ptr, sn, sdt, r->ptr, rn, rdt, c); });
   }
 
   template <class S, class R>

@@ -12,6 +12,7 @@
 #include <exception>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -142,6 +143,38 @@ using RunPolicy = Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType
 // devices keep a thread per element.
 template <class Exec>
 inline constexpr bool host_runs = Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible;
+
+// Host memory: blocks split along a non-leading dimension go to MPI as a
+// derived datatype (Comm's BlockLayout), which MPI copies in one pass, when
+// the tensor has at least blocked_layout_min_bytes; smaller ones, and device
+// memory (MPI's datatype engines are slow there, the kernels are not), keep
+// the pack kernels below. Measured on 2 ranks of one node (docs/placement.md):
+// the datatype path wins from 16 MiB on and loses at 1-4 MiB.
+template <class Space>
+inline constexpr bool blocked_layouts = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible;
+// 8 MiB by default; the environment variable WEFT_BLOCKED_LAYOUT_MIN_BYTES
+// overrides it (0: always; the tests run both paths that way). Read once.
+inline std::size_t blocked_layout_min_bytes() {
+  static const std::size_t v = [] {
+    if (const char* e = std::getenv("WEFT_BLOCKED_LAYOUT_MIN_BYTES")) {
+      char* end = nullptr;
+      const unsigned long long n = std::strtoull(e, &end, 10);
+      WEFT_REQUIRE(end != e && *end == '\0', ConfigError,
+                   "WEFT_BLOCKED_LAYOUT_MIN_BYTES must be a byte count such as 8388608, got '", e, "'");
+      return static_cast<std::size_t>(n);
+    }
+    return std::size_t(8) << 20;
+  }();
+  return v;
+}
+
+// The layout of the p blocks of a (outer, p*m, inner) buffer split along its
+// middle dimension: block r is outer runs of m*inner elements.
+inline BlockLayout block_layout(Split3 whole, std::size_t p) {
+  if (whole.outer == 1) return {};
+  const std::size_t run = whole.mid / p * whole.inner;
+  return {whole.outer, run, p * run};
+}
 
 // dst holds p blocks, block r being src(:, r*m : (r+1)*m, :), so that
 // rank-ordered collectives see each rank's block contiguously.
@@ -283,6 +316,15 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
         cm->all_gather(src, dst);
         return Request();
       };
+    } else if (blocked_layouts<Space> && dst.size() * sizeof(T) >= blocked_layout_min_bytes()) {
+      Split3 whole = sp;
+      whole.mid *= p;
+      const BlockLayout layout = block_layout(whole, p);
+      s.start = [cm, src, dst, layout](bool nb) {
+        if (nb) return cm->iall_gather(flat(src), flat(dst), layout);
+        cm->all_gather(flat(src), flat(dst), layout);
+        return Request();
+      };
     } else {
       auto buf = scratch<Exec, T, Space>(dst.size(), "weft::redistribute::gathered");
       s.start = [cm, src, buf](bool nb) {
@@ -325,6 +367,17 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
     chunk[To::dim] /= p;
     const Split3 recv_split = split3(chunk, From::dim);
     using Buf = Kokkos::View<T*, Space>;
+    if (blocked_layouts<Space> && src.size() * sizeof(T) >= blocked_layout_min_bytes()) {
+      Split3 whole_recv = recv_split;
+      whole_recv.mid *= p;
+      const BlockLayout send_layout = block_layout(send_split, p), recv_layout = block_layout(whole_recv, p);
+      s.start = [cm, src, dst, send_layout, recv_layout](bool nb) {
+        if (nb) return cm->iall_to_all(flat(src), send_layout, flat(dst), recv_layout);
+        cm->all_to_all(flat(src), send_layout, flat(dst), recv_layout);
+        return Request();
+      };
+      return s;
+    }
     Buf send_buf = send_split.outer == 1 ? Buf() : scratch<Exec, T, Space>(src.size(), "weft::redistribute::packed");
     Buf recv_buf = recv_split.outer == 1 ? Buf() : scratch<Exec, T, Space>(dst.size(), "weft::redistribute::received");
     s.start = [cm, src, dst, send_buf, recv_buf, send_split, p](bool nb) {
