@@ -1,7 +1,10 @@
 // train_gpt: trains the reference GPT on byte-level text -- by default a
 // synthetic language generated here, or any text file with --data -- and
 // prints one line per step; with --record FILE it writes a JSON run record
-// (config, mesh, per-step losses, tokens/s, model FLOPs, MFU, memory).
+// (config, mesh, per-step losses, tokens/s, model FLOPs, MFU, memory, the
+// build and runtime, exposed communication, input stalls, stragglers and loss
+// parity against --baseline; fields in docs/records.md, schema in
+// docs/schema/run_record.schema.json).
 //
 //   mpirun -n 1 train_gpt --layers 4 --d-model 128 --heads 4 --seq 64 --batch 8 --steps 300 --record run.json
 //
@@ -23,10 +26,12 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include <weft/metrics/metrics.hpp>
+#include <weft/plan/json_read.hpp>
 #include <weft/weft.hpp>
 
 namespace {
@@ -41,7 +46,8 @@ struct Options {
   std::size_t warmup = 0;
   std::string data, record, optimizer = "adamw";
   int dp = 0;  // 0: the world size
-  std::string compare;  // a run record whose loss curve this run must follow
+  std::string compare;  // a run record whose loss curve this run must follow (--baseline, alias --compare)
+  bool check_only = false;  // --check: validate the flags and exit without training
   double tolerance = 1e-5;
   weft::parallel::DPOptions dp_options;
 };
@@ -69,8 +75,10 @@ const char* kUsage =
     "  --dp replicate|zero1|zero2|fsdp  data-parallel mode (replicate)\n"
     "  --bucket-mb X     gradient bucket size of replicate and zero1 in MiB (25)\n"
     "  --no-overlap      reduce gradients after backward instead of during it\n"
-    "  --compare FILE    fail unless the loss curve follows FILE's (a --record of another run) to --tolerance\n"
-    "  --tolerance X     relative difference allowed per step by --compare (1e-5)\n";
+    "  --baseline FILE   loss parity: fail unless the loss curve follows FILE's (a --record of another run)\n"
+    "                    to --tolerance; the record gets the comparison (--compare FILE: the same)\n"
+    "  --tolerance X     relative difference allowed per step by --baseline (1e-5)\n"
+    "  --check           validate the flags (mesh, modes, batch split) and exit without training\n";
 
 std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false) {
   std::size_t pos = 0;
@@ -161,6 +169,7 @@ Options parse(int argc, char** argv) {
       {"--threads", [&](const std::string& v) { o.threads = parse_count("--threads", v); }},
       {"--mesh", [&](const std::string& v) { o.dp = parse_mesh(v); }},
       {"--compare", [&](const std::string& v) { o.compare = v; }},
+      {"--baseline", [&](const std::string& v) { o.compare = v; }},
       {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v, true); }},
       {"--dp", [&](const std::string& v) { o.dp_options.mode = weft::parallel::parse_dp_mode(v); }},
       {"--bucket-mb", [&](const std::string& v) { o.dp_options.bucket_mb = parse_real("--bucket-mb", v, true); }},
@@ -194,6 +203,10 @@ Options parse(int argc, char** argv) {
       o.dp_options.overlap = false;
       continue;
     }
+    if (a == "--check") {
+      o.check_only = true;
+      continue;
+    }
     if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
       v = a.substr(eq + 1);
       a = a.substr(0, eq);
@@ -212,30 +225,22 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// The "loss" array of a run record written by --record.
+// The "loss" array of a run record written by --record (the --baseline file).
 std::vector<double> read_losses(const std::string& path) {
   std::ifstream f(path);
-  WEFT_REQUIRE(f.good(), ConfigError, "--compare ", path, ": cannot open the file (", std::strerror(errno), ")");
+  WEFT_REQUIRE(f.good(), ConfigError, "--baseline ", path, ": cannot open the file (", std::strerror(errno), ")");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const std::size_t key = text.find("\"loss\":");
-  const std::size_t open = key == std::string::npos ? key : text.find('[', key);
-  const std::size_t close = open == std::string::npos ? open : text.find(']', open);
-  WEFT_REQUIRE(close != std::string::npos, ConfigError, "--compare ", path,
+  const weft::plan::JsonValue doc = weft::plan::parse_json(text, "--baseline " + path);
+  const weft::plan::JsonValue* loss = doc.kind == weft::plan::JsonValue::Kind::object ? doc.find("loss") : nullptr;
+  WEFT_REQUIRE(loss && loss->kind == weft::plan::JsonValue::Kind::array, ConfigError, "--baseline ", path,
                ": no \"loss\" array found; expected a run record written by train_gpt --record");
   std::vector<double> out;
-  const char* p = text.c_str() + open + 1;
-  const char* end = text.c_str() + close;
-  while (p < end) {
-    char* next = nullptr;
-    const double x = std::strtod(p, &next);
-    if (next == p) {
-      ++p;  // separators and spaces
-      continue;
-    }
-    out.push_back(x);
-    p = next;
+  for (std::size_t i = 0; i < loss->array.size(); ++i) {
+    WEFT_REQUIRE(loss->array[i].kind == weft::plan::JsonValue::Kind::number, ConfigError, "--baseline ", path,
+                 ": loss[", i, "] is not a number");
+    out.push_back(loss->array[i].number);
   }
-  WEFT_REQUIRE(!out.empty(), ConfigError, "--compare ", path, ": the \"loss\" array is empty");
+  WEFT_REQUIRE(!out.empty(), ConfigError, "--baseline ", path, ": the \"loss\" array is empty");
   return out;
 }
 
@@ -277,12 +282,13 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   comm.reset_stats();
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("targets", c.tokens());
   std::vector<double> losses, norms, walls, cpus;
+  weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
   for (std::size_t s = 0; s < o.steps; ++s) {
     const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
     Kokkos::fence();
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = weft::metrics::process_cpu_seconds();
-    const auto r = weft::parallel::train_step(gpt, dp, opt, stream, s, o.batch, o.microbatches, ids, tg, lr, o.clip);
+    const auto r = weft::parallel::train_step(gpt, dp, opt, stream, s, o.batch, o.microbatches, ids, tg, lr, o.clip, &prof);
     Kokkos::fence();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     cpus.push_back(weft::metrics::process_cpu_seconds() - c0);
@@ -318,13 +324,70 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     if (item.category != C::parameters && item.category != C::gradients) ledger.add(item.category, item.label, item.bytes);
   ledger.merge(dp.memory());
   ledger.merge(opt.memory());
-  Kokkos::View<double*, Kokkos::HostSpace> mine("mine", 5), all("all", 5 * std::size_t(ndp));
+  // The planner splits buffers into communication (the data-parallel engine's
+  // collective staging) and temporary (everything else: scratch, gathered groups).
+  std::size_t comm_buffers = 0;
+  for (const auto& item : ledger.items())
+    if (item.label == "dp.communication_buffers") comm_buffers += item.bytes;
+  // Exposed communication by the kinds (summed over all steps, this rank).
+  const weft::CommStats stats = comm.stats();  // read before the gathers below add their own calls
+  auto exposed = [&](std::initializer_list<weft::CommKind> kinds) {
+    double t = 0;
+    for (auto k : kinds) t += stats[k].exposed_seconds;
+    return t;
+  };
+  using K = weft::CommKind;
+  const double exposed_kinds[6] = {exposed({K::all_reduce}), exposed({K::all_gather}), exposed({K::reduce_scatter}),
+                                   exposed({K::all_to_all, K::all_to_allv}), exposed({K::send, K::recv, K::sendrecv}),
+                                   exposed({K::broadcast, K::barrier})};
+  const char* exposed_names[6] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "point_to_point", "other"};
+  const auto data_it = prof.entries().find("data");
+  const double input_stall = data_it == prof.entries().end() ? 0.0 : data_it->second.seconds;
+  // Per rank: 5 categories, temporary, communication, total, median step, mean step, input stall, 6 exposed kinds.
+  constexpr std::size_t nfield = 17;
+  Kokkos::View<double*, Kokkos::HostSpace> mine("mine", nfield), all("all", nfield * std::size_t(ndp));
   for (int k = 0; k < 5; ++k) mine(std::size_t(k)) = double(ledger.bytes(cats[k]));
+  mine(5) = double(ledger.bytes(C::buffers) - comm_buffers);
+  mine(6) = double(comm_buffers);
+  mine(7) = double(ledger.total());
+  mine(8) = median(steady);
+  mine(9) = std::accumulate(steady.begin(), steady.end(), 0.0) / double(std::max<std::size_t>(1, steady.size()));
+  mine(10) = input_stall;
+  for (int k = 0; k < 6; ++k) mine(std::size_t(11 + k)) = exposed_kinds[k];
   comm.all_gather(mine, all);
-  const weft::CommStats stats = comm.stats();
+  // The hosts of the ranks (topology identity): processor names, fixed width.
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int host_len = 0;
+  MPI_Get_processor_name(host, &host_len);
+  std::vector<char> hosts(std::size_t(MPI_MAX_PROCESSOR_NAME) * std::size_t(ndp));
+  MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, hosts.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
+  auto field = [&](int r, std::size_t k) { return all(nfield * std::size_t(r) + k); };
   if (!root) return 0;
   std::printf("train_gpt: final loss %.4f (unigram entropy of the data %.4f); %.0f tok/s, %.2f GFLOP/s of model FLOPs, MFU %.3f\n",
               losses.back(), unigram, tps, flops_per_token * tps * 1e-9, mfu);
+
+  // Loss parity against a baseline record: every step of this run against the same step there.
+  struct Parity {
+    std::size_t steps = 0, worst_step = 0;
+    double worst = 0, ref_at_worst = 0;
+    bool pass = true;
+  } parity;
+  if (!o.compare.empty()) {
+    const auto ref = read_losses(o.compare);
+    WEFT_REQUIRE(ref.size() >= losses.size(), ConfigError, "--baseline ", o.compare, " has ", ref.size(),
+                 " steps, fewer than the ", losses.size(), " of this run");
+    parity.steps = losses.size();
+    for (std::size_t s = 0; s < losses.size(); ++s) {
+      double rel = std::abs(losses[s] - ref[s]) / std::max(std::abs(ref[s]), 1e-30);
+      if (std::isnan(rel)) rel = INFINITY;  // a NaN loss is the worst difference there is
+      if (s == 0 || rel > parity.worst) {
+        parity.worst = rel;
+        parity.worst_step = s;
+        parity.ref_at_worst = ref[s];
+      }
+      if (!(rel <= o.tolerance)) parity.pass = false;
+    }
+  }
 
   if (!o.record.empty()) {
     using weft::metrics::Json;
@@ -332,12 +395,48 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     for (int k = 0; k < 5; ++k) memory.set(weft::metrics::category_name(cats[k]), Json(std::size_t(mine(std::size_t(k)))));
     memory.set("total", Json(ledger.total()));
     memory.set("note", "rank 0: bytes weft allocates, all at start-up and kept for the run, except fsdp/zero2 gathered groups counted at their peak under buffers; BLAS and MPI buffers not included");
-    Json::Array per_rank;
+    const char* per_rank_names[8] = {"parameters", "gradients", "optimizer_state", "activations", "buffers",
+                                     "temporary", "communication", "total"};
+    Json::Array per_rank, step_per_rank, exposed_per_rank;
+    int slow = 0, fast = 0;
+    double stall_max = 0;
+    double exposed_max[6] = {0, 0, 0, 0, 0, 0};
     for (int r = 0; r < ndp; ++r) {
       Json m = Json::object();
-      for (int k = 0; k < 5; ++k) m.set(weft::metrics::category_name(cats[k]), Json(std::size_t(all(std::size_t(5 * r + k)))));
+      for (std::size_t k = 0; k < 8; ++k) m.set(per_rank_names[k], Json(std::size_t(field(r, k))));
       per_rank.push_back(m);
+      step_per_rank.push_back(Json::object().set("median", field(r, 8)).set("mean", field(r, 9)));
+      if (field(r, 8) > field(slow, 8)) slow = r;
+      if (field(r, 8) < field(fast, 8)) fast = r;
+      stall_max = std::max(stall_max, field(r, 10));
+      Json e = Json::object();
+      for (std::size_t k = 0; k < 6; ++k) {
+        e.set(exposed_names[k], field(r, 11 + k));
+        exposed_max[k] = std::max(exposed_max[k], field(r, 11 + k));
+      }
+      exposed_per_rank.push_back(e);
     }
+    Json exposed_comm = Json::object();
+    for (std::size_t k = 0; k < 6; ++k) exposed_comm.set(exposed_names[k], exposed_max[k]);
+    std::vector<std::string> rank_hosts, distinct;
+    for (int r = 0; r < ndp; ++r) {
+      const char* h = hosts.data() + std::size_t(MPI_MAX_PROCESSOR_NAME) * std::size_t(r);
+      rank_hosts.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
+      if (std::find(distinct.begin(), distinct.end(), rank_hosts.back()) == distinct.end()) distinct.push_back(rank_hosts.back());
+    }
+    Json::Array host_list, rank_host_list;
+    for (const auto& h : distinct) host_list.push_back(h);
+    for (const auto& h : rank_hosts) rank_host_list.push_back(h);
+    char mpi_lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int mpi_lib_len = 0;
+    MPI_Get_library_version(mpi_lib, &mpi_lib_len);
+    std::string mpi_library(mpi_lib, std::size_t(std::max(0, mpi_lib_len)));
+    while (!mpi_library.empty() && (mpi_library.back() == '\n' || mpi_library.back() == ' ' || mpi_library.back() == '\0'))
+      mpi_library.pop_back();
+    int mpi_major = 0, mpi_minor = 0;
+    MPI_Get_version(&mpi_major, &mpi_minor);
+    const std::string kokkos_version = std::to_string(KOKKOS_VERSION / 10000) + "." +
+                                       std::to_string(KOKKOS_VERSION / 100 % 100) + "." + std::to_string(KOKKOS_VERSION % 100);
     Json collectives = Json::object();
     for (int k = 0; k < weft::comm_kind_count; ++k) {
       const auto& ks = stats[static_cast<weft::CommKind>(k)];
@@ -347,7 +446,15 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
                           .set("seconds", ks.seconds).set("exposed_seconds", ks.exposed_seconds));
     }
     Json rec = Json::object();
-    rec.set("program", "train_gpt").set("weft_version", WEFT_VERSION_STRING);
+    rec.set("record_version", 1);
+    rec.set("program", "train_gpt").set("weft_version", WEFT_VERSION_STRING).set("git_commit", weft::git_commit);
+    rec.set("model", Json::object()
+                         .set("name", "weft GPT (nn::GPT)").set("parameters", Json(nparams))
+                         .set("matmul_parameters", c.matmul_params()).set("layers", Json(c.layers))
+                         .set("d_model", Json(c.d_model)).set("heads", Json(c.heads)).set("kv_heads", Json(c.kv()))
+                         .set("ffn_hidden", Json(c.hidden())).set("vocab", Json(c.vocab)).set("seq", Json(c.seq))
+                         .set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp)).set("position", name_of(c.position))
+                         .set("recompute", c.recompute).set("dtype", "float32"));
     rec.set("config", Json::object()
                           .set("layers", Json(c.layers)).set("d_model", Json(c.d_model)).set("heads", Json(c.heads))
                           .set("kv_heads", Json(c.kv())).set("seq", Json(c.seq)).set("batch", Json(o.batch))
@@ -362,14 +469,29 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
                         .set("overlap", o.dp_options.overlap));
     rec.set("runtime", Json::object()
                            .set("execution_space", Space::name()).set("kokkos_version", Json(KOKKOS_VERSION))
+                           .set("kokkos_version_string", kokkos_version).set("kokkos_backend", Space::name())
+                           .set("mpi_library", mpi_library)
+                           .set("mpi_standard", std::to_string(mpi_major) + "." + std::to_string(mpi_minor))
                            .set("blas_threads", bt.threads).set("blas_threads_reason", bt.reason)
                            .set("ranks_per_node", ranks_per_node));
+    rec.set("topology", Json::object()
+                            .set("world_size", ndp).set("hosts", Json(host_list)).set("host_count", Json(distinct.size()))
+                            .set("ranks_per_node", ranks_per_node).set("rank_hosts", Json(rank_host_list)));
+    rec.set("batch", Json::object()
+                         .set("global_sequences", Json(o.batch)).set("local_sequences", Json(o.batch / std::size_t(ndp)))
+                         .set("microbatches", Json(o.microbatches)).set("microbatch_sequences", Json(c.batch))
+                         .set("seq", Json(c.seq)).set("global_tokens", Json(tokens_per_step))
+                         .set("local_tokens", Json(tokens_per_step / std::size_t(ndp)))
+                         .set("steps", Json(o.steps)).set("total_tokens", Json(tokens_per_step * o.steps)));
     rec.set("tokens_per_step", Json(tokens_per_step));
     rec.set("loss", Json(losses));
     rec.set("grad_norm", Json(norms));
     rec.set("step_seconds", Json(walls));
     rec.set("warmup_steps_excluded", Json(skip));
     rec.set("tokens_per_second", tps);
+    rec.set("useful_tokens_per_second", tps);
+    rec.set("tokens_per_second_method",
+            "global tokens per step / median wall time of rank 0's steps after warmup_steps_excluded; every token is useful (no padding)");
     rec.set("tokens_per_second_cpu_time", tps_cpu);
     rec.set("parameters", Json(nparams));
     rec.set("matmul_parameters", c.matmul_params());
@@ -380,9 +502,34 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     rec.set("peak_flops_cpu_time", peak.cpu);
     rec.set("peak_method", "best float gemm through Kokkos Kernels at start-up: [tokens x D] x [D x 4D] and 512^3, 3 runs each, same BLAS threads");
     rec.set("mfu", mfu);
+    rec.set("mfu_formula", "model_flops_per_token * tokens_per_second / (world_size * peak_flops): model FLOPs (no recompute counted) over the measured per-rank sgemm peak times the ranks");
     rec.set("mfu_cpu_time", flops_per_token * tps_cpu / peak.cpu);
     rec.set("memory_bytes", memory);
     rec.set("memory_bytes_per_rank", Json(per_rank));
+    rec.set("memory_note", "per rank: the five ledger categories; buffers = temporary + communication (dp.communication_buffers), the planner's split; total = all five");
+    rec.set("exposed_comm_seconds", exposed_comm);
+    rec.set("exposed_comm_seconds_per_rank", Json(exposed_per_rank));
+    rec.set("exposed_comm_note", "seconds a rank was blocked in communication, summed over all steps; the top-level figure is the maximum over ranks; all_to_all includes all_to_allv, point_to_point is send + recv + sendrecv, other is broadcast + barrier");
+    rec.set("input_stall_seconds", stall_max);
+    rec.set("input_stall_note", "time filling token batches from the data stream, summed over all steps, maximum over ranks (batches are prepared synchronously, so all of it stalls the step)");
+    rec.set("checkpoint_seconds", Json(nullptr));
+    rec.set("checkpoint_note", "train_gpt writes no checkpoints");
+    rec.set("step_time_seconds",
+            Json::object()
+                .set("statistic", "median and mean of each rank's step wall times after warmup_steps_excluded")
+                .set("per_rank", Json(step_per_rank))
+                .set("slowest", Json::object().set("rank", slow).set("seconds", field(slow, 8)))
+                .set("fastest", Json::object().set("rank", fast).set("seconds", field(fast, 8)))
+                .set("slowest_over_fastest", field(fast, 8) > 0 ? field(slow, 8) / field(fast, 8) : 1.0));
+    if (o.compare.empty()) {
+      rec.set("loss_parity", Json(nullptr));
+    } else {
+      rec.set("loss_parity", Json::object()
+                                 .set("baseline", o.compare).set("steps_compared", Json(parity.steps))
+                                 .set("max_relative_difference", parity.worst).set("worst_step", Json(parity.worst_step))
+                                 .set("tolerance", o.tolerance).set("pass", parity.pass)
+                                 .set("definition", "per step |loss - baseline| / |baseline|, steps 0..steps_compared-1"));
+    }
     rec.set("collectives", collectives);
     rec.set("collectives_note", "dp axis, rank 0, all steps: bytes as nccl-tests' size; exposed = time the rank was blocked");
     rec.set("unigram_entropy", unigram);
@@ -393,21 +540,14 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     std::printf("train_gpt: run record written to %s\n", o.record.c_str());
   }
   if (!o.compare.empty()) {
-    const auto ref = read_losses(o.compare);
-    WEFT_REQUIRE(ref.size() >= losses.size(), ConfigError, "--compare ", o.compare, " has ", ref.size(),
-                 " steps, fewer than the ", losses.size(), " of this run");
-    double worst = 0;
-    for (std::size_t s = 0; s < losses.size(); ++s) {
-      const double rel = std::abs(losses[s] - ref[s]) / std::max(std::abs(ref[s]), 1e-30);
-      worst = std::max(worst, rel);
-      if (!(rel <= o.tolerance)) {
-        std::fprintf(stderr, "train_gpt: error: step %zu loss %.9g differs from %s's %.9g by %.3g relative, more than --tolerance %.3g\n",
-                     s, losses[s], o.compare.c_str(), ref[s], rel, o.tolerance);
-        return 3;
-      }
+    if (!parity.pass) {
+      std::fprintf(stderr, "train_gpt: error: step %zu loss %.9g differs from %s's %.9g by %.3g relative, more than --tolerance %.3g\n",
+                   parity.worst_step, losses[parity.worst_step], o.compare.c_str(), parity.ref_at_worst, parity.worst,
+                   o.tolerance);
+      return 3;
     }
     std::printf("train_gpt: the loss curve follows %s: max relative difference %.3g over %zu steps (tolerance %.3g)\n",
-                o.compare.c_str(), worst, losses.size(), o.tolerance);
+                o.compare.c_str(), parity.worst, parity.steps, o.tolerance);
   }
   return 0;
 }
@@ -420,6 +560,18 @@ int run(int argc, char** argv, weft::Environment& env) {
     }
   const Options o = parse(argc, argv);
   const int world = env.world().size();
+  if (o.check_only) {
+    // What weft-plan --run-top asks before launching a candidate: does this
+    // build accept the mesh, the modes and the batch split (on any world size)?
+    const int n = o.dp == 0 ? world : o.dp;
+    weft::nn::GPTConfig m = o.model;
+    m.batch = weft::parallel::local_microbatch(o.batch, std::size_t(n), o.microbatches);
+    m.validate();
+    if (env.world().rank() == 0)
+      std::printf("train_gpt: flags accepted: mesh dp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks\n", n,
+                  weft::parallel::to_string(o.dp_options.mode), m.batch, n);
+    return 0;
+  }
   const int ndp = o.dp == 0 ? world : o.dp;
   WEFT_REQUIRE(ndp == world, ConfigError, "--mesh dp=", ndp, " needs ", ndp, " ranks, but train_gpt was started on ",
                world, "; launch it with mpirun -n ", ndp, " or change --mesh");
