@@ -283,6 +283,8 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("targets", c.tokens());
   std::vector<double> losses, norms, walls, cpus;
   weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
+  weft::CommStats warm_stats;    // communication during the warm-up steps (excluded from the steady figures)
+  const std::size_t skip = o.steps > 1 ? std::min<std::size_t>(5, std::max<std::size_t>(1, o.steps / 10)) : 0;
   for (std::size_t s = 0; s < o.steps; ++s) {
     const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
     Kokkos::fence();
@@ -293,6 +295,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     cpus.push_back(weft::metrics::process_cpu_seconds() - c0);
     walls.push_back(wall);
+    if (s + 1 == skip) warm_stats = comm.stats();
     losses.push_back(r.loss);
     norms.push_back(r.grad_norm);
     if (!root) continue;
@@ -308,7 +311,6 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   }
   if (tty) std::printf("\r\033[K");
   // Tokens/s: median over the steps after warm-up (the first steps pay for first-touch and BLAS buffers).
-  const std::size_t skip = o.steps > 1 ? std::min<std::size_t>(5, std::max<std::size_t>(1, o.steps / 10)) : 0;
   const std::vector<double> steady(walls.begin() + long(skip), walls.end()),
       steady_cpu(cpus.begin() + long(skip), cpus.end());
   const double tps = double(tokens_per_step) / median(steady);
@@ -331,20 +333,27 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     if (item.label == "dp.communication_buffers") comm_buffers += item.bytes;
   // Exposed communication by the kinds (summed over all steps, this rank).
   const weft::CommStats stats = comm.stats();  // read before the gathers below add their own calls
-  auto exposed = [&](std::initializer_list<weft::CommKind> kinds) {
+  auto exposed = [&](std::initializer_list<weft::CommKind> kinds, bool steady_only) {
     double t = 0;
-    for (auto k : kinds) t += stats[k].exposed_seconds;
+    for (auto k : kinds) t += stats[k].exposed_seconds - (steady_only ? warm_stats[k].exposed_seconds : 0.0);
     return t;
   };
   using K = weft::CommKind;
-  const double exposed_kinds[6] = {exposed({K::all_reduce}), exposed({K::all_gather}), exposed({K::reduce_scatter}),
-                                   exposed({K::all_to_all, K::all_to_allv}), exposed({K::send, K::recv, K::sendrecv}),
-                                   exposed({K::broadcast, K::barrier})};
+  double exposed_kinds[12];
+  for (int w = 0; w < 2; ++w) {
+    exposed_kinds[6 * w + 0] = exposed({K::all_reduce}, w);
+    exposed_kinds[6 * w + 1] = exposed({K::all_gather}, w);
+    exposed_kinds[6 * w + 2] = exposed({K::reduce_scatter}, w);
+    exposed_kinds[6 * w + 3] = exposed({K::all_to_all, K::all_to_allv}, w);
+    exposed_kinds[6 * w + 4] = exposed({K::send, K::recv, K::sendrecv}, w);
+    exposed_kinds[6 * w + 5] = exposed({K::broadcast, K::barrier}, w);
+  }
   const char* exposed_names[6] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "point_to_point", "other"};
   const auto data_it = prof.entries().find("data");
   const double input_stall = data_it == prof.entries().end() ? 0.0 : data_it->second.seconds;
-  // Per rank: 5 categories, temporary, communication, total, median step, mean step, input stall, 6 exposed kinds.
-  constexpr std::size_t nfield = 17;
+  // Per rank: 5 categories, temporary, communication, total, median step, mean step, input stall,
+  // 6 exposed kinds over all steps, the same 6 after the warm-up steps.
+  constexpr std::size_t nfield = 23;
   Kokkos::View<double*, Kokkos::HostSpace> mine("mine", nfield), all("all", nfield * std::size_t(ndp));
   for (int k = 0; k < 5; ++k) mine(std::size_t(k)) = double(ledger.bytes(cats[k]));
   mine(5) = double(ledger.bytes(C::buffers) - comm_buffers);
@@ -353,7 +362,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   mine(8) = median(steady);
   mine(9) = std::accumulate(steady.begin(), steady.end(), 0.0) / double(std::max<std::size_t>(1, steady.size()));
   mine(10) = input_stall;
-  for (int k = 0; k < 6; ++k) mine(std::size_t(11 + k)) = exposed_kinds[k];
+  for (int k = 0; k < 12; ++k) mine(std::size_t(11 + k)) = exposed_kinds[k];
   comm.all_gather(mine, all);
   // The hosts of the ranks (topology identity): processor names, fixed width.
   char host[MPI_MAX_PROCESSOR_NAME] = {};
@@ -400,7 +409,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     Json::Array per_rank, step_per_rank, exposed_per_rank;
     int slow = 0, fast = 0;
     double stall_max = 0;
-    double exposed_max[6] = {0, 0, 0, 0, 0, 0};
+    double exposed_max[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int r = 0; r < ndp; ++r) {
       Json m = Json::object();
       for (std::size_t k = 0; k < 8; ++k) m.set(per_rank_names[k], Json(std::size_t(field(r, k))));
@@ -410,14 +419,15 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
       if (field(r, 8) < field(fast, 8)) fast = r;
       stall_max = std::max(stall_max, field(r, 10));
       Json e = Json::object();
-      for (std::size_t k = 0; k < 6; ++k) {
-        e.set(exposed_names[k], field(r, 11 + k));
+      for (std::size_t k = 0; k < 12; ++k) {
+        if (k < 6) e.set(exposed_names[k], field(r, 11 + k));
         exposed_max[k] = std::max(exposed_max[k], field(r, 11 + k));
       }
       exposed_per_rank.push_back(e);
     }
-    Json exposed_comm = Json::object();
+    Json exposed_comm = Json::object(), exposed_steady = Json::object();
     for (std::size_t k = 0; k < 6; ++k) exposed_comm.set(exposed_names[k], exposed_max[k]);
+    for (std::size_t k = 0; k < 6; ++k) exposed_steady.set(exposed_names[k], exposed_max[6 + k]);
     std::vector<std::string> rank_hosts, distinct;
     for (int r = 0; r < ndp; ++r) {
       const char* h = hosts.data() + std::size_t(MPI_MAX_PROCESSOR_NAME) * std::size_t(r);
@@ -508,8 +518,9 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     rec.set("memory_bytes_per_rank", Json(per_rank));
     rec.set("memory_note", "per rank: the five ledger categories; buffers = temporary + communication (dp.communication_buffers), the planner's split; total = all five");
     rec.set("exposed_comm_seconds", exposed_comm);
+    rec.set("exposed_comm_seconds_after_warmup", exposed_steady);
     rec.set("exposed_comm_seconds_per_rank", Json(exposed_per_rank));
-    rec.set("exposed_comm_note", "seconds a rank was blocked in communication, summed over all steps; the top-level figure is the maximum over ranks; all_to_all includes all_to_allv, point_to_point is send + recv + sendrecv, other is broadcast + barrier");
+    rec.set("exposed_comm_note", "seconds a rank was blocked in communication, summed over all steps; the top-level figure is the maximum over ranks; all_to_all includes all_to_allv, point_to_point is send + recv + sendrecv, other is broadcast + barrier; _after_warmup: the same over the steps after warmup_steps_excluded (those behind tokens_per_second)");
     rec.set("input_stall_seconds", stall_max);
     rec.set("input_stall_note", "time filling token batches from the data stream, summed over all steps, maximum over ranks (batches are prepared synchronously, so all of it stalls the step)");
     rec.set("checkpoint_seconds", Json(nullptr));
