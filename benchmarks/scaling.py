@@ -136,6 +136,8 @@ def report(a, points):
         print("reference: 1 rank, replicate, %.0f tokens/s (%s)" % (r["tokens_per_second"], r["record"]))
         print("%-9s %5s %6s %10s %9s %12s %6s %8s %11s  %s" % ("mode", "ranks", "batch", "tokens/s", "step ms",
                                                               "exposed ms", "mfu", "slow/fast", "efficiency", "divisor"))
+        print("(step ms: median after warm-up, rank 0; exposed ms: time blocked in communication per step after\n"
+              " warm-up, mean over steps, worst rank; slow/fast: slowest rank's median step over the fastest's)")
         for p in ps:
             print("%-9s %5d %6d %10.0f %9.3f %12.3f %6.3f %8.2f %11.3f  %s" % (
                 p["mode"], p["ranks"], p["global_batch"], p["tokens_per_second"], 1e3 * p["step_seconds"],
