@@ -2,13 +2,29 @@
 // the serving layouts of a replica (serving), as a table or as JSON.
 //   weft-plan --preset NAME|--model FILE.json --gpus N [--topology FILE.json]
 //             [--train|--serve] [--json] [--top K] [--batch B --context C]
+//             [--run-top K [--train-gpt PATH] [--launcher "mpirun -n {n}"] [--steps N] [--workdir DIR]]
+// --run-top: "heuristics pick candidates, benchmarks pick the winner" -- the
+// top K fitting layouts that this build of train_gpt accepts (it is asked with
+// train_gpt --check, so the filter grows with train_gpt) are trained for a few
+// steps, and their measured step time and memory are printed beside the
+// predicted ones.
+#include <stdlib.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <weft/metrics/json.hpp>
 #include <weft/plan/presets.hpp>
+
+#ifndef WEFT_TRAIN_GPT_PATH
+#define WEFT_TRAIN_GPT_PATH "train_gpt"
+#endif
 
 namespace {
 
@@ -18,12 +34,17 @@ struct Args {
   std::string preset, model_file, topology_file;
   std::size_t gpus = 0, top = 10, batch = 8, context = 4096;
   bool serve = false, json = false, rejected = false;
+  std::size_t run_top = 0, steps = 6;        // --run-top K: train the top K candidates for --steps steps
+  std::string train_gpt = WEFT_TRAIN_GPT_PATH;  // the train_gpt executable
+  std::string launcher = "mpirun -n {n}";    // {n}: the ranks; split at spaces
+  std::string workdir;                        // records and logs (default: a new /tmp directory)
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "weft-plan: " << why << "\n"
             << "usage: weft-plan --preset NAME|--model FILE.json --gpus N [--topology FILE.json] [--train|--serve]\n"
                "                 [--json] [--top K] [--rejected] [--batch B] [--context C]\n"
+               "                 [--run-top K [--train-gpt PATH] [--launcher 'mpirun -n {n}'] [--steps N] [--workdir DIR]]\n"
                "presets:";
   for (const auto& n : preset_names()) std::cerr << ' ' << n;
   std::cerr << "\n";
@@ -52,6 +73,11 @@ Args parse(int argc, char** argv) {
     else if (f == "--top") a.top = count(f, next());
     else if (f == "--batch") a.batch = count(f, next());
     else if (f == "--context") a.context = count(f, next());
+    else if (f == "--run-top") a.run_top = count(f, next());
+    else if (f == "--steps") a.steps = count(f, next());
+    else if (f == "--train-gpt") a.train_gpt = next();
+    else if (f == "--launcher") a.launcher = next();
+    else if (f == "--workdir") a.workdir = next();
     else if (f == "--train") a.serve = false;
     else if (f == "--serve") a.serve = true;
     else if (f == "--json") a.json = true;
@@ -61,6 +87,9 @@ Args parse(int argc, char** argv) {
   }
   if (a.preset.empty() == a.model_file.empty()) usage("give exactly one of --preset and --model");
   if (!a.gpus) usage("--gpus is required");
+  if (a.run_top && a.json) usage("--run-top prints a table; it does not combine with --json");
+  if (a.run_top && a.serve) usage("--run-top measures training layouts; it does not combine with --serve");
+  if (a.run_top && a.launcher.find("{n}") == std::string::npos) usage("--launcher must contain {n} (the rank count)");
   return a;
 }
 
@@ -72,6 +101,179 @@ std::string mesh_name(const MeshSpec& s) {
 }
 
 double gb(double bytes) { return bytes / 1e9; }
+
+// ---- --run-top: measured against predicted ----------------------------------
+
+// train_gpt's flags for the model, or throws naming the field train_gpt cannot express.
+std::vector<std::string> train_gpt_model_flags(const ModelSpec& m) {
+  auto need = [&](bool ok, const char* field, const std::string& why) {
+    WEFT_REQUIRE(ok, weft::ConfigError, "--run-top: model field \"", field, "\" ", why,
+                 "; train_gpt cannot run this model (it trains weft's fp32 GPT)");
+  };
+  need(m.experts == 0, "experts", "is " + std::to_string(m.experts));
+  need(m.bias, "bias", "is false");
+  need(!m.flash_attention, "flash_attention", "is true");
+  need(m.param_bytes == 4 && m.grad_bytes == 4 && m.optim_bytes == 4 && m.act_bytes == 4, "param_bytes",
+       "(or grad/optim/act bytes) is not 4");
+  need(m.master_bytes == 0, "master_bytes", "is not 0");
+  need(m.vocab >= 256, "vocab", "is below the 256 byte values of train_gpt's data");
+  need(m.optimizer == Optimizer::adamw || m.sgd_momentum, "sgd_momentum", "is false");
+  ModelSpec plain = m;
+  plain.ffn_hidden = 0;
+  need(m.ffn_hidden == 0 || m.ffn_hidden == plain.hidden(), "ffn_hidden", "differs from train_gpt's fixed rule");
+  std::vector<std::string> f = {"--layers", std::to_string(m.layers), "--d-model", std::to_string(m.d_model),
+                                "--heads", std::to_string(m.heads), "--kv-heads", std::to_string(m.kv()),
+                                "--seq", std::to_string(m.seq), "--vocab", std::to_string(m.vocab),
+                                "--batch", std::to_string(m.global_batch),
+                                "--norm", m.layernorm ? "layernorm" : "rmsnorm",
+                                "--mlp", m.mlp == Mlp::gelu ? "gelu" : "swiglu",
+                                "--pos", m.learned_positions ? "learned" : "rotary",
+                                "--optimizer", m.optimizer == Optimizer::adamw ? "adamw" : "sgd"};
+  if (m.recompute) f.push_back("--recompute");
+  return f;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `launcher(n) train_gpt args`, output into log; returns the exit status.
+int launch(const Args& a, std::size_t n, const std::vector<std::string>& args, const std::string& log) {
+  std::string cmd, l = a.launcher;
+  for (std::size_t p; (p = l.find("{n}")) != std::string::npos;) l.replace(p, 3, std::to_string(n));
+  std::istringstream words(l);
+  for (std::string w; words >> w;) cmd += shell_quote(w) + " ";
+  cmd += shell_quote(a.train_gpt);
+  for (const auto& x : args) cmd += " " + shell_quote(x);
+  cmd += " > " + shell_quote(log) + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+// The first "train_gpt: error:" line of a log (why train_gpt refused), else its last line.
+std::string refusal(const std::string& log) {
+  std::ifstream in(log);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    const auto p = line.find("train_gpt: error: ");
+    if (p != std::string::npos) return line.substr(p + 18);
+    if (!line.empty() && line[0] != '-') last = line;
+  }
+  return last.empty() ? "no output" : last;
+}
+
+double number_at(const JsonValue& v, std::initializer_list<const char*> path, const std::string& what) {
+  const JsonValue* x = &v;
+  for (const char* k : path) {
+    x = x->kind == JsonValue::Kind::object ? x->find(k) : nullptr;
+    WEFT_REQUIRE(x, weft::ConfigError, what, ": field \"", k, "\" missing");
+  }
+  WEFT_REQUIRE(x->kind == JsonValue::Kind::number, weft::ConfigError, what, ": field is not a number");
+  return x->number;
+}
+
+std::string mesh_flag(const MeshSpec& s) {
+  std::string r = "dp=" + std::to_string(s.dp) + ",tp=" + std::to_string(s.tp) + ",pp=" + std::to_string(s.pp) +
+                  ",cp=" + std::to_string(s.cp);
+  if (s.ep > 1) r += ",ep=" + std::to_string(s.ep);
+  return r;
+}
+
+int run_top(const Args& a, const ModelSpec& m, const Topology& t, const std::vector<Candidate>& ranked) {
+  const auto model_flags = train_gpt_model_flags(m);
+  std::string dir = a.workdir;
+  if (dir.empty()) {
+    char tmpl[] = "/tmp/weft-plan-XXXXXX";
+    WEFT_REQUIRE(mkdtemp(tmpl), weft::ConfigError, "--run-top: cannot create a directory under /tmp");
+    dir = tmpl;
+  } else {
+    WEFT_REQUIRE(std::system(("mkdir -p " + shell_quote(dir)).c_str()) == 0, weft::ConfigError, "--workdir ", dir,
+                 ": cannot create it");
+  }
+  struct Run {
+    const Candidate* c;
+    std::string record;
+  };
+  std::vector<Run> runs;
+  std::printf("\n--run-top %zu: asking %s which layouts it accepts (train_gpt --check); records in %s\n", a.run_top,
+              a.train_gpt.c_str(), dir.c_str());
+  std::size_t rank = 0;
+  for (const auto& c : ranked) {
+    if (!c.valid()) continue;
+    ++rank;
+    if (runs.size() >= a.run_top) break;
+    if (!c.fits) {
+      std::printf("  skip #%zu %s %s: does not fit in %.0f GB\n", rank, mesh_name(c.mesh).c_str(), to_string(c.mesh.mode),
+                  t.memory_gb);
+      continue;
+    }
+    const std::size_t mbs = microbatches(m, c.mesh);
+    std::vector<std::string> args = model_flags;
+    for (const auto& x : {std::string("--microbatches"), std::to_string(mbs), std::string("--mesh"), mesh_flag(c.mesh),
+                          std::string("--dp"), std::string(to_string(c.mesh.mode))})
+      args.push_back(x);
+    const std::string tag = dir + "/candidate" + std::to_string(rank);
+    std::vector<std::string> check = args;
+    check.push_back("--check");
+    if (launch(a, 1, check, tag + ".check.log") != 0) {
+      std::printf("  skip #%zu %s %s: train_gpt refuses: %s\n", rank, mesh_name(c.mesh).c_str(), to_string(c.mesh.mode),
+                  refusal(tag + ".check.log").c_str());
+      continue;
+    }
+    args.insert(args.end(), {"--steps", std::to_string(a.steps), "--record", tag + ".json"});
+    std::printf("  run  #%zu %s %s on %zu ranks, %zu steps ...\n", rank, mesh_name(c.mesh).c_str(),
+                to_string(c.mesh.mode), c.mesh.world(), a.steps);
+    std::fflush(stdout);
+    const int rc = launch(a, c.mesh.world(), args, tag + ".log");
+    WEFT_REQUIRE(rc == 0, weft::ConfigError, "--run-top: train_gpt failed (exit ", rc, ") for ", mesh_name(c.mesh), " ",
+                 to_string(c.mesh.mode), ": ", refusal(tag + ".log"), " (log ", tag, ".log)");
+    runs.push_back({&c, tag + ".json"});
+  }
+  if (runs.empty()) {
+    std::printf("no candidate could be run\n");
+    return 1;
+  }
+  // Measured: median step time after warm-up (global tokens / tokens per second) and
+  // each category's largest value over the ranks; predicted: the planner's budget.
+  std::printf("\nmeasured against predicted (%zu steps each; step time: median after warm-up; memory: largest rank, kB = 1e3 B;\n"
+              "temporary and communication are train_gpt's buffers split as the planner splits them; headroom is not measured)\n",
+              a.steps);
+  std::printf("%-4s %-22s %-9s %10s %10s %6s | %-15s %-15s %-15s %-15s %-15s %-15s\n", "rank", "mesh", "dp-mode",
+              "pred s", "meas s", "ratio", "params kB", "grads kB", "optim kB", "activ kB", "temp kB", "comm kB");
+  std::printf("%-4s %-22s %-9s %10s %10s %6s | %-15s %-15s %-15s %-15s %-15s %-15s\n", "", "", "", "", "", "m/p",
+              "pred/meas", "pred/meas", "pred/meas", "pred/meas", "pred/meas", "pred/meas");
+  const Run* best = nullptr;
+  double best_s = 0;
+  std::size_t shown = 0;
+  for (const auto& r : runs) {
+    const JsonValue rec = parse_json(read_text_file(r.record), r.record);
+    const double step = number_at(rec, {"tokens_per_step"}, r.record) / number_at(rec, {"tokens_per_second"}, r.record);
+    const JsonValue* per_rank = rec.find("memory_bytes_per_rank");
+    WEFT_REQUIRE(per_rank && per_rank->kind == JsonValue::Kind::array, weft::ConfigError, r.record,
+                 ": no memory_bytes_per_rank");
+    const char* keys[6] = {"parameters", "gradients", "optimizer_state", "activations", "temporary", "communication"};
+    const auto& b = r.c->memory;
+    const double pred[6] = {b.parameters, b.gradients, b.optimizer_state, b.activations, b.temporary, b.communication};
+    double meas[6] = {0, 0, 0, 0, 0, 0};
+    for (const auto& one : per_rank->array)
+      for (int k = 0; k < 6; ++k) meas[k] = std::max(meas[k], number_at(one, {keys[k]}, r.record));
+    std::printf("%-4zu %-22s %-9s %10.3g %10.3g %6.2f |", ++shown, mesh_name(r.c->mesh).c_str(), to_string(r.c->mesh.mode),
+                r.c->step_s, step, step / r.c->step_s);
+    for (int k = 0; k < 6; ++k) {
+      char cell[40];
+      std::snprintf(cell, sizeof cell, "%.1f/%.1f", pred[k] / 1e3, meas[k] / 1e3);
+      std::printf(" %-15s", cell);
+    }
+    std::printf("\n");
+    if (!best || step < best_s) best = &r, best_s = step;
+  }
+  std::printf("fastest measured: %s %s, %.3g s per step (planner's choice among these: %s %s)\n",
+              mesh_name(best->c->mesh).c_str(), to_string(best->c->mesh.mode), best_s, mesh_name(runs[0].c->mesh).c_str(),
+              to_string(runs[0].c->mesh.mode));
+  return 0;
+}
 
 int train(const Args& a, const ModelSpec& m, const Topology& t) {
   const auto ranked = rank_meshes(m, a.gpus, t);
@@ -120,6 +322,10 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
                 mesh_name(c.mesh).c_str(), to_string(c.mesh.mode), c.fits ? "yes" : "NO", gb(b.total()), gb(b.parameters),
                 gb(b.gradients), gb(b.optimizer_state), gb(b.activations), gb(b.temporary), gb(b.communication),
                 gb(b.headroom), c.bubble, c.step_s, c.tokens_per_s);
+  }
+  if (a.run_top) {
+    const int rc = run_top(a, m, t, ranked);
+    if (rc) return rc;
   }
   if (a.rejected) {
     std::printf("\nrejected:\n");

@@ -22,6 +22,8 @@
 namespace weft {
 /// weft's version, "major.minor.patch".
 inline constexpr const char* version_string = WEFT_VERSION_STRING;
+/// The git commit weft was configured from (e.g. "fa5accd...", "...-dirty", or "unknown").
+inline constexpr const char* git_commit = WEFT_GIT_COMMIT;
 /// Kokkos' version as Kokkos encodes it (major*10000 + minor*100 + patch).
 inline constexpr int kokkos_version = KOKKOS_VERSION;
 }  // namespace weft

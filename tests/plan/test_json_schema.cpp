@@ -1,0 +1,150 @@
+// The run-record schema validator (weft/plan/json_schema.hpp): each keyword
+// of its subset accepts what it should and rejects what it should, with the
+// JSON path in the message; a record written by train_gpt passes the shipped
+// schema, and the same record missing a field or with a wrong type fails it.
+#include <string>
+
+#include <weft/plan/json_schema.hpp>
+#include <weft/plan/presets.hpp>
+
+#include "weft_test.hpp"
+
+namespace {
+
+using weft::plan::JsonValue;
+using weft::plan::parse_json;
+using weft::plan::schema_errors;
+
+JsonValue shipped_schema() {
+  const std::string path = std::string(WEFT_SOURCE_DIR) + "/docs/schema/run_record.schema.json";
+  return parse_json(weft::plan::read_text_file(path), path);
+}
+
+JsonValue sample_record() {
+  const std::string path = std::string(WEFT_SOURCE_DIR) + "/tests/plan/data/sample_run_record.json";
+  return parse_json(weft::plan::read_text_file(path), path);
+}
+
+// The member `key` of an object (which must have it).
+JsonValue& member(JsonValue& v, const std::string& key) {
+  for (std::size_t i = 0; i < v.keys.size(); ++i)
+    if (v.keys[i] == key) return v.members[i];
+  FAIL("no member " << key);
+  return v;
+}
+
+void erase(JsonValue& v, const std::string& key) {
+  for (std::size_t i = 0; i < v.keys.size(); ++i)
+    if (v.keys[i] == key) {
+      v.keys.erase(v.keys.begin() + long(i));
+      v.members.erase(v.members.begin() + long(i));
+      return;
+    }
+  FAIL("no member " << key);
+}
+
+bool has(const std::vector<std::string>& errors, const std::string& text) {
+  for (const auto& e : errors)
+    if (e.find(text) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("schema: type, including integer and type lists") {
+  const auto s = parse_json(R"({"type": "integer"})");
+  CHECK(schema_errors(s, parse_json("3")).empty());
+  CHECK(schema_errors(s, parse_json("-3")).empty());
+  const auto e = schema_errors(s, parse_json("3.5"));
+  REQUIRE(e.size() == 1);
+  CHECK(e[0] == "$: expected integer, got number");
+  CHECK(has(schema_errors(s, parse_json(R"("3")")), "expected integer, got string"));
+  const auto n = parse_json(R"({"type": "number"})");
+  CHECK(schema_errors(n, parse_json("3")).empty());
+  CHECK(schema_errors(n, parse_json("3.25")).empty());
+  CHECK(has(schema_errors(n, parse_json("null")), "expected number, got null"));
+  const auto either = parse_json(R"({"type": ["number", "null"]})");
+  CHECK(schema_errors(either, parse_json("null")).empty());
+  CHECK(schema_errors(either, parse_json("1e-9")).empty());
+  CHECK(has(schema_errors(either, parse_json("true")), "expected number or null, got boolean"));
+  CHECK_THROWS_WITH_AS(schema_errors(parse_json(R"({"type": "float"})"), parse_json("1")),
+                       doctest::Contains("unknown type \"float\""), weft::ConfigError);
+}
+
+TEST_CASE("schema: required, properties and items name the path") {
+  const auto s = parse_json(R"({"type": "object", "required": ["a", "b"],
+    "properties": {"a": {"type": "array", "items": {"type": "object", "required": ["x"],
+                                                     "properties": {"x": {"type": "string"}}}},
+                   "b": {"type": "boolean"}}})");
+  CHECK(schema_errors(s, parse_json(R"({"a": [{"x": "1"}, {"x": "2", "y": 0}], "b": false, "extra": 1})")).empty());
+  const auto e = schema_errors(s, parse_json(R"({"a": [{"x": "1"}, {"x": 2}, {}]})"));
+  REQUIRE(e.size() == 3);
+  CHECK(has(e, "$: required field \"b\" is missing"));
+  CHECK(has(e, "$.a[1].x: expected string, got number"));
+  CHECK(has(e, "$.a[2]: required field \"x\" is missing"));
+  CHECK(has(schema_errors(s, parse_json("[]")), "$: expected object, got array"));
+}
+
+TEST_CASE("schema: enum and minimum") {
+  const auto s = parse_json(R"({"type": "object", "properties": {
+    "mode": {"type": "string", "enum": ["replicate", "fsdp"]},
+    "n": {"type": "integer", "minimum": 1}, "t": {"type": ["number", "null"], "minimum": 0}}})");
+  CHECK(schema_errors(s, parse_json(R"({"mode": "fsdp", "n": 1, "t": 0})")).empty());
+  CHECK(schema_errors(s, parse_json(R"({"t": null})")).empty());
+  CHECK(has(schema_errors(s, parse_json(R"({"mode": "zero3"})")), "$.mode: \"zero3\" is not one of \"replicate\", \"fsdp\""));
+  CHECK(has(schema_errors(s, parse_json(R"({"n": 0})")), "$.n: 0 is less than the minimum 1"));
+  CHECK(has(schema_errors(s, parse_json(R"({"t": -0.5})")), "$.t: -0.5 is less than the minimum 0"));
+}
+
+TEST_CASE("schema: keywords outside the subset are refused, not ignored") {
+  CHECK_THROWS_WITH_AS(schema_errors(parse_json(R"({"type": "string", "pattern": "^a"})"), parse_json(R"("b")")),
+                       doctest::Contains("keyword \"pattern\" is not supported"), weft::ConfigError);
+  CHECK_THROWS_WITH_AS(
+      schema_errors(parse_json(R"({"properties": {"a": {"additionalProperties": false}}})"), parse_json(R"({"a": {}})")),
+      doctest::Contains("schema $.properties.a: keyword \"additionalProperties\""), weft::ConfigError);
+}
+
+TEST_CASE("schema: a train_gpt record passes the shipped schema") {
+  const auto schema = shipped_schema();
+  const auto errors = schema_errors(schema, sample_record());
+  for (const auto& e : errors) INFO(e);
+  CHECK(errors.empty());
+}
+
+TEST_CASE("schema: the record missing a field fails, naming it") {
+  const auto schema = shipped_schema();
+  for (const char* key : {"git_commit", "mfu", "exposed_comm_seconds", "loss_parity", "checkpoint_seconds"}) {
+    auto rec = sample_record();
+    erase(rec, key);
+    const auto e = schema_errors(schema, rec);
+    CHECK(e.size() == 1);
+    CHECK(has(e, std::string("$: required field \"") + key + "\" is missing"));
+  }
+  auto rec = sample_record();
+  erase(member(rec, "memory_bytes_per_rank").array[1], "activations");
+  erase(member(member(rec, "step_time_seconds"), "slowest"), "rank");
+  const auto e = schema_errors(schema, rec);
+  CHECK(e.size() == 2);
+  CHECK(has(e, "$.memory_bytes_per_rank[1]: required field \"activations\" is missing"));
+  CHECK(has(e, "$.step_time_seconds.slowest: required field \"rank\" is missing"));
+}
+
+TEST_CASE("schema: the record with a wrong type or value fails, naming the path") {
+  const auto schema = shipped_schema();
+  auto rec = sample_record();
+  member(rec, "tokens_per_second") = parse_json(R"("fast")");
+  member(member(rec, "batch"), "global_tokens") = parse_json("128.5");
+  member(member(rec, "mesh"), "dp_mode") = parse_json(R"("zero3")");
+  member(rec, "input_stall_seconds") = parse_json("-1");
+  member(rec, "loss").array[3] = parse_json(R"("5.1")");
+  member(rec, "checkpoint_seconds") = parse_json("false");
+  const auto e = schema_errors(schema, rec);
+  for (const auto& x : e) INFO(x);
+  CHECK(e.size() == 6);
+  CHECK(has(e, "$.tokens_per_second: expected number, got string"));
+  CHECK(has(e, "$.batch.global_tokens: expected integer, got number"));
+  CHECK(has(e, "$.mesh.dp_mode: \"zero3\" is not one of"));
+  CHECK(has(e, "$.input_stall_seconds: -1 is less than the minimum 0"));
+  CHECK(has(e, "$.loss[3]: expected number or null, got string"));
+  CHECK(has(e, "$.checkpoint_seconds: expected number or null, got boolean"));
+}
