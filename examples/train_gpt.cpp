@@ -21,6 +21,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -283,7 +284,11 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
                 peak.wall * 1e-9);
   }
   std::fflush(stdout);
-  const bool tty = root && isatty(STDOUT_FILENO);
+  // The progress line only on a terminal, and not under an MPI launcher: Open
+  // MPI hands every rank a pseudo-terminal even when mpirun's own output goes
+  // to a file, so isatty alone would fill logs with carriage returns.
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+  const bool tty = root && isatty(STDOUT_FILENO) && !launched;
   comm.reset_stats();
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("targets", c.tokens());
   std::vector<double> losses, norms, walls, cpus;

@@ -25,6 +25,14 @@ int main(int argc, char** argv) {
   }
   {
     weft::Environment env(argc, argv);
+    // The test passes "--threads 3 --kokkos-threads=1" after the mode: Kokkos
+    // takes (and removes) its prefixed flag and leaves --threads 3, in a form
+    // Kokkos 3 itself would abort on, to the program.
+    EXPECT(argc == 4);
+    if (argc == 4) {
+      EXPECT(std::strcmp(argv[2], "--threads") == 0);
+      EXPECT(std::strcmp(argv[3], "3") == 0);
+    }
     EXPECT(env.owns_mpi() == !app_mpi);
     EXPECT(env.owns_kokkos());
     MPI_Initialized(&init);

@@ -8,10 +8,12 @@
 
 #include <Kokkos_Core.hpp>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <weft/comm/comm.hpp>
 #include <weft/core/error.hpp>
@@ -64,7 +66,8 @@ inline const char* thread_level_name(int level) {
 /// main and let every weft object die before it.
 class Environment {
  public:
-  /// Initialises from the program's arguments (Kokkos reads its --kokkos-* flags).
+  /// Initialises from the program's arguments: Kokkos gets the --kokkos-*
+  /// flags (removed from argv); every other argument is left to the program.
   Environment(int& argc, char**& argv, int required_thread_level = MPI_THREAD_FUNNELED) {
     start(&argc, &argv, required_thread_level);
   }
@@ -129,7 +132,24 @@ class Environment {
       WEFT_REQUIRE(!detail::kokkos_is_finalized(), ConfigError,
                    "weft::Environment: Kokkos was already finalised and cannot be initialised again in this process");
       if (argc != nullptr) {
-        Kokkos::initialize(*argc, *argv);
+        // Only --kokkos-* flags go to Kokkos: Kokkos 3 also reads the legacy
+        // unprefixed --threads, --numa and --device and aborts when their form
+        // is not its own (--threads 4), and those names belong to the
+        // application. The --kokkos-* flags are removed from argv, as
+        // Kokkos::initialize would remove them.
+        auto is_kokkos = [](const char* a) { return std::strncmp(a, "--kokkos-", 9) == 0; };
+        std::vector<char*> kokkos_args{(*argv)[0]};
+        for (int i = 1; i < *argc; ++i)
+          if (is_kokkos((*argv)[i])) kokkos_args.push_back((*argv)[i]);
+        int kokkos_argc = static_cast<int>(kokkos_args.size());
+        kokkos_args.push_back(nullptr);
+        char** kokkos_argv = kokkos_args.data();
+        Kokkos::initialize(kokkos_argc, kokkos_argv);
+        int kept = 1;
+        for (int i = 1; i < *argc; ++i)
+          if (!is_kokkos((*argv)[i])) (*argv)[kept++] = (*argv)[i];
+        for (int i = kept; i < *argc; ++i) (*argv)[i] = nullptr;
+        *argc = kept;
       } else {
         Kokkos::initialize();
       }
