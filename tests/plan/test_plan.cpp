@@ -270,6 +270,49 @@ TEST_CASE("ranking: fitting layouts first, by step time; TP inside a node; stabl
     }
 }
 
+TEST_CASE("switch levels: a group that outgrows a switch pays the link above it") {
+  using weft::plan::link_for_span;
+  weft::plan::Topology t;  // 8 devices per node, 450 GB/s inside, 50 GB/s between nodes
+  t.switch_levels = {{4, 25, 20}, {32, 10, 40}};  // leaf switches of 4 nodes, pods of 32 nodes
+  CHECK(link_for_span(8, t).level == 0);
+  CHECK(link_for_span(8, t).bw_gbs == 450);
+  CHECK(link_for_span(32, t).level == 1);  // 4 nodes: one leaf switch
+  CHECK(link_for_span(32, t).bw_gbs == 50);
+  CHECK(link_for_span(40, t).level == 2);  // 5 nodes: across leaf switches
+  CHECK(link_for_span(40, t).bw_gbs == 25);
+  CHECK(link_for_span(40, t).latency_us == 20);
+  CHECK(link_for_span(33 * 8, t).level == 3);  // 33 nodes: across pods
+  CHECK(link_for_span(33 * 8, t).bw_gbs == 10);
+  // The cost model uses it: the same 256-device data-parallel layout costs more
+  // DP time when its all-reduce crosses slower switch levels.
+  const auto m = weft::plan::preset("llama2-7b");
+  weft::plan::Candidate flat, tiered;
+  flat.mesh = tiered.mesh = weft::plan::MeshSpec{.dp = 256, .mode = DPMode::zero1};
+  weft::plan::cost(m, flat, weft::plan::Topology{});
+  weft::plan::cost(m, tiered, t);
+  CHECK(tiered.dp_s > flat.dp_s);
+  CHECK(tiered.compute_s == flat.compute_s);
+  // Input: levels go innermost first; every field is checked.
+  auto err = [](const char* text) {
+    try {
+      weft::plan::topology_from_json(weft::plan::parse_json(text), "t.json");
+    } catch (const weft::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(err(R"({"switch_levels": [{"nodes": 32, "bw_gbs": 10}, {"nodes": 4, "bw_gbs": 25}]})")
+            .find("t.json: switch_levels[1]: field \"nodes\" is 4; switch levels go innermost first") != std::string::npos);
+  CHECK(err(R"({"switch_levels": [{"nodes": 4, "bandwidth": 25}]})").find("t.json: switch_levels[0]: unknown field \"bandwidth\"") !=
+        std::string::npos);
+  CHECK(err(R"({"switch_levels": {"nodes": 4}})").find("field \"switch_levels\" must be an array") != std::string::npos);
+  const auto parsed = weft::plan::topology_from_json(
+      weft::plan::parse_json(R"({"switch_levels": [{"nodes": 4, "bw_gbs": 25, "latency_us": 20}]})"), "t.json");
+  REQUIRE(parsed.switch_levels.size() == 1);
+  CHECK(parsed.switch_levels[0].nodes == 4);
+  CHECK(parsed.switch_levels[0].bw_gbs == 25);
+}
+
 TEST_CASE("serving: one 70B replica in BF16 needs more than one 80 GB device") {
   const auto s = weft::plan::plan_serving(weft::plan::preset("llama2-70b"), 8, weft::plan::Topology{},
                                           {.batch = 16, .context = 4096});

@@ -167,7 +167,7 @@ class JsonFields {
  public:
   /// Fields of `v`, which must be an object; `what` names the file.
   JsonFields(const JsonValue& v, std::string what) : v_(v), what_(std::move(what)) {
-    WEFT_REQUIRE(v.kind == JsonValue::Kind::object, ConfigError, what_, ": expected a JSON object at the top level");
+    WEFT_REQUIRE(v.kind == JsonValue::Kind::object, ConfigError, what_, ": expected a JSON object");
   }
   /// A non-negative integer field (absent: def).
   std::size_t size(const std::string& key, std::size_t def) {
@@ -209,6 +209,13 @@ class JsonFields {
     if (!x) return def;
     WEFT_REQUIRE(x->kind == JsonValue::Kind::string, ConfigError, what_, ": field \"", key, "\" must be a string");
     return x->string;
+  }
+  /// An array field (absent: nullptr); its elements are the caller's to read.
+  const JsonValue* array(const std::string& key) {
+    const JsonValue* x = get(key);
+    if (!x) return nullptr;
+    WEFT_REQUIRE(x->kind == JsonValue::Kind::array, ConfigError, what_, ": field \"", key, "\" must be an array");
+    return x;
   }
   /// Throws for members no accessor asked about.
   void no_unknown() const {

@@ -25,7 +25,34 @@ struct Topology {
   double inter_bw_gbs = 50;         ///< per device between nodes, GB/s
   double inter_latency_us = 10;
   double headroom_fraction = 0.10;  ///< allocator allowance added to every budget
+  /// Switch levels above the nodes, innermost first: a level joins `nodes`
+  /// nodes; traffic of a group that spans more nodes than a level joins runs
+  /// at the bandwidth and latency of the level above it. Empty: one flat
+  /// network at inter_bw_gbs / inter_latency_us.
+  struct SwitchLevel {
+    std::size_t nodes = 0;      ///< nodes under one switch of this level
+    double bw_gbs = 0;          ///< per device, for traffic that leaves this level
+    double latency_us = 0;      ///< for traffic that leaves this level
+  };
+  std::vector<SwitchLevel> switch_levels{};  ///< ascending `nodes`
 };
+
+/// Bandwidth (GB/s) and latency (µs) of the slowest link a group of ranks
+/// crosses, given how many devices it spans when its ranks are placed
+/// contiguously: inside a node, between nodes under one switch, or above the
+/// switch levels it outgrows.
+struct Link {
+  double bw_gbs = 0, latency_us = 0;
+  int level = 0;  ///< 0: inside a node; 1: between nodes; 1 + k: above switch level k
+};
+inline Link link_for_span(std::size_t devices, const Topology& t) {
+  if (devices <= t.gpus_per_node) return {t.intra_bw_gbs, t.intra_latency_us, 0};
+  const std::size_t nodes = (devices + t.gpus_per_node - 1) / t.gpus_per_node;
+  Link l{t.inter_bw_gbs, t.inter_latency_us, 1};
+  for (std::size_t k = 0; k < t.switch_levels.size(); ++k)
+    if (nodes > t.switch_levels[k].nodes) l = {t.switch_levels[k].bw_gbs, t.switch_levels[k].latency_us, int(k) + 2};
+  return l;
+}
 
 /// One factorisation with the verdict and, when valid, its cost.
 struct Candidate {
@@ -130,9 +157,8 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
   c.compute_s = m.train_flops_per_token() * tokens / world / (t.peak_tflops * 1e12 * t.compute_efficiency);
   c.bubble = s.pp > 1 ? double(s.pp - 1) / (mb + double(s.pp) - 1) : 0.0;
   auto link = [&](std::size_t stride, std::size_t size, const char* kind, double bytes) {
-    const bool inter = crosses_nodes(stride, size, t);
-    return collective_seconds(kind, bytes, size, inter ? t.inter_bw_gbs : t.intra_bw_gbs,
-                              inter ? t.inter_latency_us : t.intra_latency_us);
+    const Link l = size > 1 ? link_for_span(stride * size, t) : Link{t.intra_bw_gbs, t.intra_latency_us, 0};
+    return collective_seconds(kind, bytes, size, l.bw_gbs, l.latency_us);
   };
   const double n = rank_tokens(m, s), D = double(m.d_model), a = double(m.act_bytes);
   const double layers_here = double(m.layers) / double(s.pp);
@@ -149,9 +175,8 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
                : 0.0;
   // PP: one activation forward and one gradient back per microbatch per boundary.
   if (s.pp > 1) {
-    const bool inter = crosses_nodes(s.tp * s.cp, s.pp, t);
-    const double bw = inter ? t.inter_bw_gbs : t.intra_bw_gbs, lat = inter ? t.inter_latency_us : t.intra_latency_us;
-    c.pp_s = mb * 2 * (n * D * a / (bw * 1e9) + lat * 1e-6);
+    const Link l = link_for_span(s.tp * s.cp * s.pp, t);
+    c.pp_s = mb * 2 * (n * D * a / (l.bw_gbs * 1e9) + l.latency_us * 1e-6);
   }
   // DP: gradients reduced once per step (replicate, zero1) or per microbatch
   // (zero2), plus the parameter all-gather (zero1/2 once; fsdp twice per microbatch).

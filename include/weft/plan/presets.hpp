@@ -113,6 +113,22 @@ inline Topology topology_from_json(const JsonValue& v, const std::string& what) 
   t.inter_bw_gbs = f.positive("inter_bw_gbs", t.inter_bw_gbs);
   t.inter_latency_us = f.positive("inter_latency_us", t.inter_latency_us);
   t.headroom_fraction = f.positive("headroom_fraction", t.headroom_fraction);
+  if (const JsonValue* levels = f.array("switch_levels")) {
+    for (std::size_t k = 0; k < levels->array.size(); ++k) {
+      const std::string where = what + ": switch_levels[" + std::to_string(k) + "]";
+      JsonFields lf(levels->array[k], where);
+      Topology::SwitchLevel l;
+      l.nodes = lf.size("nodes", 0);
+      l.bw_gbs = lf.positive("bw_gbs", t.inter_bw_gbs);
+      l.latency_us = lf.positive("latency_us", t.inter_latency_us);
+      lf.no_unknown();
+      WEFT_REQUIRE(l.nodes >= 1, ConfigError, where, ": field \"nodes\" must be at least 1");
+      WEFT_REQUIRE(t.switch_levels.empty() || l.nodes > t.switch_levels.back().nodes, ConfigError, where,
+                   ": field \"nodes\" is ", l.nodes, "; switch levels go innermost first, each joining more nodes than the one before (",
+                   t.switch_levels.empty() ? 0 : t.switch_levels.back().nodes, ")");
+      t.switch_levels.push_back(l);
+    }
+  }
   f.no_unknown();
   WEFT_REQUIRE(t.compute_efficiency <= 1, ConfigError, what, ": field \"compute_efficiency\" is ", t.compute_efficiency,
                "; expected a fraction in (0, 1]");
