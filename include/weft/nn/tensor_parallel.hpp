@@ -74,7 +74,9 @@ class Linear<T, On<Axis, P>> {
     using Y = matmul_result_t<X, W>;
     Y y(weft::detail::internal_tag{}, x.axis_table(), {x.global_extent(0), out_}, local_name() + ".out");
     local_.forward(x.local(), y.local());
-    if (!column && comm_->rank() == 0) local_.add_bias(y.local());
+    // A split row-parallel layer leaves the bias out of its partial sum (one
+    // TP rank of 1 is the whole layer, which has added it already).
+    if (local_.split().kind == LinearSplit::Kind::row && comm_->rank() == 0) local_.add_bias(y.local());
     return y;
   }
 
