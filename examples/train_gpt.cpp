@@ -285,9 +285,13 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   if (root) {
     std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
                 nparams, flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
-    std::printf("train_gpt: mesh dp=%d (%s) x tp=%d%s, %zu sequences per data-parallel rank per microbatch\n", ndp,
-                weft::parallel::to_string(dp.mode()), ntp, gpt.tensor_parallel().sp() ? " (sequence parallel)" : "",
-                c.batch);
+    if (ntp == 1)
+      std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp,
+                  weft::parallel::to_string(dp.mode()), c.batch);
+    else
+      std::printf("train_gpt: mesh dp=%d (%s) x tp=%d%s, %zu sequences per data-parallel rank per microbatch\n", ndp,
+                  weft::parallel::to_string(dp.mode()), ntp, gpt.tensor_parallel().sp() ? " (sequence parallel)" : "",
+                  c.batch);
     std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s per rank\n", bt.threads, bt.reason.c_str(),
                 peak.wall * 1e-9);
   }
