@@ -259,3 +259,29 @@ TEST_CASE("sizes that tp does not divide are ConfigErrors naming the quantity, t
     CHECK(m.find("6 is not divisible by tp 4") != std::string::npos);
   }
 }
+
+TEST_CASE("the planner's per-rank parameter count is what the split GPT holds, element for element") {
+  auto& w = weft::test::world();
+  for (const GPTConfig& c : {gpt2_tiny(), llama_tiny()}) {
+    if (c.kv() % std::size_t(w.size()) != 0) continue;
+    weft::nn::GPT<float> gpt(c, {&w, false});
+    std::size_t held = 0;
+    for (auto* p : gpt.parameters()) held += p->size();
+    weft::plan::ModelSpec m;
+    m.layers = c.layers;
+    m.d_model = c.d_model;
+    m.heads = c.heads;
+    m.kv_heads = c.kv_heads;
+    m.seq = c.seq;
+    m.micro_batch = c.batch;
+    m.global_batch = c.batch;
+    m.vocab = c.vocab;
+    m.mlp = c.mlp == weft::nn::MlpKind::swiglu ? weft::plan::Mlp::swiglu : weft::plan::Mlp::gelu;
+    m.layernorm = c.norm == weft::nn::NormKind::layernorm;
+    m.learned_positions = c.position == weft::nn::PositionKind::learned;
+    weft::plan::MeshSpec s;
+    s.tp = std::size_t(w.size());
+    INFO("tp ", w.size(), " held ", held);
+    CHECK(weft::plan::stage_params(m, s).total() == double(held));
+  }
+}
