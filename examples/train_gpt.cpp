@@ -14,6 +14,12 @@
 // on any mesh trains the same model on the same data.
 //
 //   mpirun -n 4 train_gpt --mesh dp=4 --dp fsdp --batch 16 --record run.json
+//
+// --mesh dp=A,tp=B adds tensor parallelism (each layer's matrices split over
+// B ranks, --sequence-parallel for the token-sharded variant); it composes
+// with every --dp mode, and the loss curve stays the one-process curve.
+//
+//   mpirun -n 8 train_gpt --mesh dp=2,tp=4 --dp fsdp --sequence-parallel --record run.json
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +35,8 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <weft/metrics/metrics.hpp>
@@ -51,7 +59,9 @@ struct Options {
   double lr = 1e-3, weight_decay = 0.1, clip = 1.0, momentum = 0.9;
   std::size_t warmup = 0;
   std::string data, record, optimizer = "adamw";
-  int dp = 0;  // 0: the world size
+  int dp = 0;  // 0: the world size / tp
+  int tp = 1;
+  bool sequence_parallel = false;
   std::string compare;  // a run record whose loss curve this run must follow (--baseline, alias --compare)
   bool check_only = false;  // --check: validate the flags and exit without training
   double tolerance = 1e-5;
@@ -77,7 +87,8 @@ const char* kUsage =
     "  --data FILE       train on the bytes of FILE (default: synthetic language)\n"
     "  --threads N       BLAS threads per rank (default: cores / ranks on the node)\n"
     "  --record FILE     write a JSON run record\n"
-    "  --mesh dp=N       the mesh; axes left out have size 1 (default dp = number of ranks)\n"
+    "  --mesh dp=A,tp=B  the mesh; axes left out have size 1 (default dp = ranks / tp)\n"
+    "  --sequence-parallel  with tp > 1: norms and residuals on token shards (all-gather/reduce-scatter)\n"
     "  --dp replicate|zero1|zero2|fsdp  data-parallel mode (replicate)\n"
     "  --bucket-mb X     gradient bucket size of replicate and zero1 in MiB (25)\n"
     "  --no-overlap      reduce gradients after backward instead of during it\n"
@@ -125,8 +136,8 @@ E parse_choice(const std::string& flag, const std::string& v, const std::map<std
 
 // --mesh dp=A[,tp=B,pp=C,cp=D,ep=E]: the axes this build of train_gpt runs
 // are named; the others must be 1 until their strategies arrive.
-int parse_mesh(const std::string& v) {
-  int dp = 0;
+std::pair<int, int> parse_mesh(const std::string& v) {
+  int dp = 0, tp = 1;
   std::size_t start = 0;
   while (start <= v.size()) {
     const std::size_t end = std::min(v.find(',', start), v.size());
@@ -137,16 +148,18 @@ int parse_mesh(const std::string& v) {
     const int n = int(parse_count("--mesh " + axis, item.substr(eq + 1)));
     if (axis == "dp") {
       dp = n;
+    } else if (axis == "tp") {
+      tp = n;
     } else {
-      WEFT_REQUIRE(axis == "tp" || axis == "pp" || axis == "cp" || axis == "ep", ConfigError, "--mesh ", v,
+      WEFT_REQUIRE(axis == "pp" || axis == "cp" || axis == "ep", ConfigError, "--mesh ", v,
                    ": unknown axis '", axis, "'; the axes are dp, tp, pp, cp, ep");
       WEFT_REQUIRE(n == 1, ConfigError, "--mesh ", v, ": ", axis, "=", n,
-                   " is not available in train_gpt yet (data parallelism only); use ", axis, "=1 or leave it out");
+                   " is not available in train_gpt yet (data and tensor parallelism only); use ", axis,
+                   "=1 or leave it out");
     }
     start = end + 1;
   }
-  WEFT_REQUIRE(dp > 0, ConfigError, "--mesh ", v, ": name the data-parallel extent, e.g. --mesh dp=4");
-  return dp;
+  return {dp, tp};
 }
 
 Options parse(int argc, char** argv) {
@@ -173,7 +186,7 @@ Options parse(int argc, char** argv) {
       {"--data", [&](const std::string& v) { o.data = v; }},
       {"--record", [&](const std::string& v) { o.record = v; }},
       {"--threads", [&](const std::string& v) { o.threads = parse_count("--threads", v); }},
-      {"--mesh", [&](const std::string& v) { o.dp = parse_mesh(v); }},
+      {"--mesh", [&](const std::string& v) { std::tie(o.dp, o.tp) = parse_mesh(v); }},
       {"--compare", [&](const std::string& v) { o.compare = v; }},
       {"--baseline", [&](const std::string& v) { o.compare = v; }},
       {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v, true); }},
@@ -203,6 +216,10 @@ Options parse(int argc, char** argv) {
     std::string a = argv[i], v;
     if (a == "--recompute") {
       o.model.recompute = true;
+      continue;
+    }
+    if (a == "--sequence-parallel") {
+      o.sequence_parallel = true;
       continue;
     }
     if (a == "--no-overlap") {
@@ -262,12 +279,13 @@ const char* name_of(weft::nn::PositionKind k) { return k == weft::nn::PositionKi
 
 template <class Opt>
 int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::DataParallel<float, Space>& dp, Opt& opt,
+          weft::Comm& tpc,
           const weft::data::TokenStream& stream, const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram,
           const std::string& data_name) {
   const auto& c = gpt.config();
   weft::Comm& comm = dp.comm();
-  const bool root = comm.rank() == 0;
-  const int ndp = comm.size();
+  const bool root = comm.rank() == 0 && tpc.rank() == 0;
+  const int ndp = comm.size(), ntp = tpc.size(), world = ndp * ntp;
   const std::size_t tokens_per_step = o.batch * c.seq;
   // The MFU yardstick: the best float gemm of the model's own MLP shape and a square one, measured now.
   const auto peak = weft::metrics::measure_sgemm_peak<Space>({{c.tokens(), 4 * c.d_model, c.d_model}, {512, 512, 512}}, 3);
@@ -278,8 +296,13 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   if (root) {
     std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
                 nparams, flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
-    std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp,
-                weft::parallel::to_string(dp.mode()), c.batch);
+    if (ntp == 1)
+      std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp,
+                  weft::parallel::to_string(dp.mode()), c.batch);
+    else
+      std::printf("train_gpt: mesh dp=%d (%s) x tp=%d%s, %zu sequences per data-parallel rank per microbatch\n", ndp,
+                  weft::parallel::to_string(dp.mode()), ntp, gpt.tensor_parallel().sp() ? " (sequence parallel)" : "",
+                  c.batch);
     std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s per rank\n", bt.threads, bt.reason.c_str(),
                 peak.wall * 1e-9);
   }
@@ -290,10 +313,12 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
   const bool tty = root && isatty(STDOUT_FILENO) && !launched;
   comm.reset_stats();
+  tpc.reset_stats();
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("targets", c.tokens());
   std::vector<double> losses, norms, walls, cpus;
   weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
   weft::CommStats warm_stats;    // communication during the warm-up steps (excluded from the steady figures)
+  weft::CommStats warm_tp_stats;  // the same on the tensor-parallel axis
   const std::size_t skip = o.steps > 1 ? std::min<std::size_t>(5, std::max<std::size_t>(1, o.steps / 10)) : 0;
   for (std::size_t s = 0; s < o.steps; ++s) {
     const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
@@ -305,7 +330,10 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     cpus.push_back(weft::metrics::process_cpu_seconds() - c0);
     walls.push_back(wall);
-    if (s + 1 == skip) warm_stats = comm.stats();
+    if (s + 1 == skip) {
+      warm_stats = comm.stats();
+      warm_tp_stats = tpc.stats();
+    }
     losses.push_back(r.loss);
     norms.push_back(r.grad_norm);
     if (!root) continue;
@@ -326,7 +354,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   const double tps = double(tokens_per_step) / median(steady);
   const double tps_cpu = double(tokens_per_step) / median(steady_cpu);
   // Each rank's gemm peak is the yardstick of its share of the work.
-  const double mfu = flops_per_token * tps / (peak.wall * ndp);
+  const double mfu = flops_per_token * tps / (peak.wall * world);
   // Memory per category on every rank (sharded modes differ by rank).
   using C = weft::metrics::MemoryCategory;
   const C cats[] = {C::parameters, C::gradients, C::optimizer_state, C::activations, C::buffers};
@@ -343,9 +371,12 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     if (item.label == "dp.communication_buffers") comm_buffers += item.bytes;
   // Exposed communication by the kinds (summed over all steps, this rank).
   const weft::CommStats stats = comm.stats();  // read before the gathers below add their own calls
+  const weft::CommStats tp_now = tpc.stats();
   auto exposed = [&](std::initializer_list<weft::CommKind> kinds, bool steady_only) {
     double t = 0;
-    for (auto k : kinds) t += stats[k].exposed_seconds - (steady_only ? warm_stats[k].exposed_seconds : 0.0);
+    for (auto k : kinds)
+      t += stats[k].exposed_seconds - (steady_only ? warm_stats[k].exposed_seconds : 0.0) +
+           tp_now[k].exposed_seconds - (steady_only ? warm_tp_stats[k].exposed_seconds : 0.0);
     return t;
   };
   using K = weft::CommKind;
@@ -364,7 +395,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   // Per rank: 5 categories, temporary, communication, total, median step, mean step, input stall,
   // 6 exposed kinds over all steps, the same 6 after the warm-up steps.
   constexpr std::size_t nfield = 23;
-  Kokkos::View<double*, Kokkos::HostSpace> mine("mine", nfield), all("all", nfield * std::size_t(ndp));
+  Kokkos::View<double*, Kokkos::HostSpace> mine("mine", nfield), all("all", nfield * std::size_t(world));
   for (int k = 0; k < 5; ++k) mine(std::size_t(k)) = double(ledger.bytes(cats[k]));
   mine(5) = double(ledger.bytes(C::buffers) - comm_buffers);
   mine(6) = double(comm_buffers);
@@ -373,12 +404,14 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   mine(9) = std::accumulate(steady.begin(), steady.end(), 0.0) / double(std::max<std::size_t>(1, steady.size()));
   mine(10) = input_stall;
   for (int k = 0; k < 12; ++k) mine(std::size_t(11 + k)) = exposed_kinds[k];
-  comm.all_gather(mine, all);
+  // Every rank of the world (dp x tp), in world rank order.
+  MPI_Allgather(mine.data(), int(nfield), MPI_DOUBLE, all.data(), int(nfield), MPI_DOUBLE, MPI_COMM_WORLD);
+  const weft::CommStats tp_stats = tpc.stats();
   // The hosts of the ranks (topology identity): processor names, fixed width.
   char host[MPI_MAX_PROCESSOR_NAME] = {};
   int host_len = 0;
   MPI_Get_processor_name(host, &host_len);
-  std::vector<char> hosts(std::size_t(MPI_MAX_PROCESSOR_NAME) * std::size_t(ndp));
+  std::vector<char> hosts(std::size_t(MPI_MAX_PROCESSOR_NAME) * std::size_t(world));
   MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, hosts.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
   auto field = [&](int r, std::size_t k) { return all(nfield * std::size_t(r) + k); };
   if (!root) return 0;
@@ -420,7 +453,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     int slow = 0, fast = 0;
     double stall_max = 0;
     double exposed_max[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    for (int r = 0; r < ndp; ++r) {
+    for (int r = 0; r < world; ++r) {
       Json m = Json::object();
       for (std::size_t k = 0; k < 8; ++k) m.set(per_rank_names[k], Json(std::size_t(field(r, k))));
       per_rank.push_back(m);
@@ -439,7 +472,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     for (std::size_t k = 0; k < 6; ++k) exposed_comm.set(exposed_names[k], exposed_max[k]);
     for (std::size_t k = 0; k < 6; ++k) exposed_steady.set(exposed_names[k], exposed_max[6 + k]);
     std::vector<std::string> rank_hosts, distinct;
-    for (int r = 0; r < ndp; ++r) {
+    for (int r = 0; r < world; ++r) {
       const char* h = hosts.data() + std::size_t(MPI_MAX_PROCESSOR_NAME) * std::size_t(r);
       rank_hosts.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
       if (std::find(distinct.begin(), distinct.end(), rank_hosts.back()) == distinct.end()) distinct.push_back(rank_hosts.back());
@@ -457,14 +490,18 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     MPI_Get_version(&mpi_major, &mpi_minor);
     const std::string kokkos_version = std::to_string(KOKKOS_VERSION / 10000) + "." +
                                        std::to_string(KOKKOS_VERSION / 100 % 100) + "." + std::to_string(KOKKOS_VERSION % 100);
-    Json collectives = Json::object();
-    for (int k = 0; k < weft::comm_kind_count; ++k) {
-      const auto& ks = stats[static_cast<weft::CommKind>(k)];
-      if (ks.calls == 0) continue;
-      collectives.set(std::string(weft::to_string(static_cast<weft::CommKind>(k))),
-                      Json::object().set("calls", Json(std::size_t(ks.calls))).set("bytes", Json(std::size_t(ks.bytes)))
-                          .set("seconds", ks.seconds).set("exposed_seconds", ks.exposed_seconds));
-    }
+    auto collectives_of = [](const weft::CommStats& st) {
+      Json out = Json::object();
+      for (int k = 0; k < weft::comm_kind_count; ++k) {
+        const auto& ks = st[static_cast<weft::CommKind>(k)];
+        if (ks.calls == 0) continue;
+        out.set(std::string(weft::to_string(static_cast<weft::CommKind>(k))),
+                Json::object().set("calls", Json(std::size_t(ks.calls))).set("bytes", Json(std::size_t(ks.bytes)))
+                    .set("seconds", ks.seconds).set("exposed_seconds", ks.exposed_seconds));
+      }
+      return out;
+    };
+    Json collectives = collectives_of(stats);
     Json rec = Json::object();
     rec.set("record_version", 1);
     rec.set("program", "train_gpt").set("weft_version", WEFT_VERSION_STRING).set("git_commit", WEFT_BUILD_COMMIT);
@@ -484,7 +521,8 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
                           .set("weight_decay", o.weight_decay).set("clip", o.clip).set("seed", Json(c.seed))
                           .set("data", data_name).set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp))
                           .set("position", name_of(c.position)).set("recompute", c.recompute).set("dtype", "float32"));
-    rec.set("mesh", Json::object().set("dp", ndp).set("tp", 1).set("pp", 1).set("cp", 1).set("ep", 1).set("world_size", ndp)
+    rec.set("mesh", Json::object().set("dp", ndp).set("tp", ntp).set("pp", 1).set("cp", 1).set("ep", 1).set("world_size", world)
+                        .set("sequence_parallel", gpt.tensor_parallel().sp())
                         .set("dp_mode", weft::parallel::to_string(dp.mode())).set("bucket_mb", o.dp_options.bucket_mb)
                         .set("overlap", o.dp_options.overlap));
     rec.set("runtime", Json::object()
@@ -495,7 +533,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
                            .set("blas_threads", bt.threads).set("blas_threads_reason", bt.reason)
                            .set("ranks_per_node", ranks_per_node));
     rec.set("topology", Json::object()
-                            .set("world_size", ndp).set("hosts", Json(host_list)).set("host_count", Json(distinct.size()))
+                            .set("world_size", world).set("hosts", Json(host_list)).set("host_count", Json(distinct.size()))
                             .set("ranks_per_node", ranks_per_node).set("rank_hosts", Json(rank_host_list)));
     rec.set("batch", Json::object()
                          .set("global_sequences", Json(o.batch)).set("local_sequences", Json(o.batch / std::size_t(ndp)))
@@ -553,6 +591,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     }
     rec.set("collectives", collectives);
     rec.set("collectives_note", "dp axis, rank 0, all steps: bytes as nccl-tests' size; exposed = time the rank was blocked");
+    rec.set("collectives_tp", collectives_of(tp_stats));
     rec.set("unigram_entropy", unigram);
     std::ofstream f(o.record);
     WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot open the file for writing (", std::strerror(errno), ")");
@@ -581,25 +620,35 @@ int run(int argc, char** argv, weft::Environment& env) {
     }
   const Options o = parse(argc, argv);
   const int world = env.world().size();
+  const int ntp = o.tp;
   if (o.check_only) {
     // What weft-plan --run-top asks before launching a candidate: does this
     // build accept the mesh, the modes and the batch split (on any world size)?
-    const int n = o.dp == 0 ? world : o.dp;
+    const int n = o.dp == 0 ? std::max(1, world / ntp) : o.dp;
     weft::nn::GPTConfig m = o.model;
     m.batch = weft::parallel::local_microbatch(o.batch, std::size_t(n), o.microbatches);
     m.validate();
+    m.validate_tensor_parallel(std::size_t(ntp), o.sequence_parallel);
+    WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
+                 "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
     if (env.world().rank() == 0)
-      std::printf("train_gpt: flags accepted: mesh dp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks\n", n,
-                  weft::parallel::to_string(o.dp_options.mode), m.batch, n);
+      std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks\n",
+                  n, ntp, weft::parallel::to_string(o.dp_options.mode), m.batch, n * ntp);
     return 0;
   }
-  const int ndp = o.dp == 0 ? world : o.dp;
-  WEFT_REQUIRE(ndp == world, ConfigError, "--mesh dp=", ndp, " needs ", ndp, " ranks, but train_gpt was started on ",
-               world, "; launch it with mpirun -n ", ndp, " or change --mesh");
+  WEFT_REQUIRE(o.dp != 0 || world % ntp == 0, ConfigError, "--mesh tp=", ntp, " does not divide the ", world,
+               " ranks train_gpt was started on; launch it with a multiple of ", ntp, " ranks");
+  const int ndp = o.dp == 0 ? world / ntp : o.dp;
+  WEFT_REQUIRE(ndp * ntp == world, ConfigError, "--mesh dp=", ndp, (ntp > 1 ? ",tp=" + std::to_string(ntp) : std::string()),
+               " needs ", ndp * ntp, " ranks, but train_gpt was started on ", world, "; launch it with mpirun -n ",
+               ndp * ntp, " or change --mesh");
+  WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
+               "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
   Options opts = o;
   opts.model.batch = weft::parallel::local_microbatch(o.batch, std::size_t(ndp), o.microbatches);
   opts.model.validate();
-  weft::Mesh<weft::DP> mesh(env.world(), ndp);
+  opts.model.validate_tensor_parallel(std::size_t(ntp), o.sequence_parallel);
+  weft::Mesh<weft::DP, weft::TP> mesh(env.world(), ndp, ntp);
   // BLAS threads: ranks sharing this node x threads must not exceed its cores.
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -614,15 +663,15 @@ int run(int argc, char** argv, weft::Environment& env) {
                " bytes, fewer than --seq + 1 = ", o.model.seq + 1, "; use a longer file or a shorter --seq");
   const double unigram = weft::data::unigram_entropy(bytes);
   weft::data::TokenStream stream(bytes, opts.model.seq, opts.model.seed);
-  weft::nn::GPT<float, Space> gpt(opts.model);
+  weft::nn::GPT<float, Space> gpt(opts.model, {&mesh.axis<weft::TP>(), o.sequence_parallel});
   weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), opts.dp_options);
   gpt.set_hooks(&dp);
   if (o.optimizer == "adamw") {
     weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters(), {.weight_decay = o.weight_decay});
-    return train(opts, gpt, dp, opt, stream, bt, ranks_per_node, unigram, data_name);
+    return train(opts, gpt, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
   }
   weft::optim::SGD<float, Space> opt(dp.optimizer_parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
-  return train(opts, gpt, dp, opt, stream, bt, ranks_per_node, unigram, data_name);
+  return train(opts, gpt, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
 }
 
 }  // namespace

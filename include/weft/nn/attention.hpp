@@ -1,13 +1,19 @@
 // nn::Attention: causal multi-head self-attention with a fused QKV projection,
 // optional grouped-query heads and rotary positions. Heads are column ranges
 // of the fused matrix and each (sequence, head) product is one BLAS call, so
-// no head is ever copied or transposed.
+// no head is ever copied or transposed. Over a tensor-parallel axis each rank
+// holds heads / tp query heads and kv_heads / tp key/value heads: QKV is
+// column-parallel (each rank's Q, K and V columns are its heads'), the output
+// projection row-parallel, and one all-reduce (or, with sequence parallelism,
+// an all-gather before QKV and a reduce-scatter after the projection) joins
+// the ranks in each direction.
 #pragma once
 
 #include <cmath>
 
 #include <weft/nn/config.hpp>
 #include <weft/nn/linear.hpp>
+#include <weft/nn/tp_comm.hpp>
 #include <weft/ops/rotary.hpp>
 #include <weft/ops/softmax.hpp>
 
@@ -19,48 +25,77 @@ class Attention {
  public:
   /// Activations the backward pass needs: the projected (and rotated) Q, K, V;
   /// the attention probabilities with each row's log-sum-exp; and the heads'
-  /// outputs before the output projection.
+  /// outputs before the output projection (this rank's heads only); with
+  /// sequence parallelism also the gathered input.
   struct Saved {
-    ops::Matrix<T, Space> qkv;    ///< [tokens, D + 2 kv hd]
-    ops::Tensor3<T, Space> probs; ///< [batch * heads, T, T]
-    ops::Matrix<T, Space> lse;    ///< [batch * heads, T]
-    ops::Matrix<T, Space> heads;  ///< [tokens, D]
+    ops::Matrix<T, Space> qkv;    ///< [tokens, (D + 2 kv hd) / tp]
+    ops::Tensor3<T, Space> probs; ///< [batch * heads / tp, T, T]
+    ops::Matrix<T, Space> lse;    ///< [batch * heads / tp, T]
+    ops::Matrix<T, Space> heads;  ///< [tokens, D / tp]
+    ops::Matrix<T, Space> input;  ///< sequence parallelism: [tokens, D], the all-gathered input; else empty
     Saved() = default;
-    Saved(const std::string& n, const GPTConfig& c)
-        : qkv(n + ".qkv", c.tokens(), c.qkv_cols()),
-          probs(n + ".probs", c.batch * c.heads, c.seq, c.seq),
-          lse(n + ".lse", c.batch * c.heads, c.seq),
-          heads(n + ".heads", c.tokens(), c.d_model) {}
+    /// For the global config c split over tp.
+    Saved(const std::string& n, const GPTConfig& c, const TensorParallel& tp = {})
+        : Saved(n, c.local(tp.size()), c.d_model, tp.sp()) {}
     /// Bytes held.
     std::size_t bytes() const {
-      return detail::bytes_of(qkv) + detail::bytes_of(probs) + detail::bytes_of(lse) + detail::bytes_of(heads);
+      return detail::bytes_of(qkv) + detail::bytes_of(probs) + detail::bytes_of(lse) + detail::bytes_of(heads) +
+             detail::bytes_of(input);
     }
+
+   private:
+    Saved(const std::string& n, const GPTConfig& l, std::size_t d, bool sp)
+        : qkv(n + ".qkv", l.tokens(), l.qkv_cols()),
+          probs(n + ".probs", l.batch * l.heads, l.seq, l.seq),
+          lse(n + ".lse", l.batch * l.heads, l.seq),
+          heads(n + ".heads", l.tokens(), l.d_model),
+          input(sp ? ops::Matrix<T, Space>(n + ".input", l.tokens(), d) : ops::Matrix<T, Space>()) {}
   };
 
   /// Scratch of the backward pass, shared by all blocks.
   struct Workspace {
     ops::Matrix<T, Space> dqkv, dheads;
     ops::Tensor3<T, Space> dprobs;
+    ops::Matrix<T, Space> full;  ///< sequence parallelism: [tokens, D] gathered gradients and partial sums
     Workspace() = default;
-    explicit Workspace(const GPTConfig& c)
-        : dqkv("attn.dqkv", c.tokens(), c.qkv_cols()),
-          dheads("attn.dheads", c.tokens(), c.d_model),
-          dprobs("attn.dprobs", c.batch * c.heads, c.seq, c.seq) {}
+    /// For the global config c split over tp.
+    explicit Workspace(const GPTConfig& c, const TensorParallel& tp = {}) : Workspace(c.local(tp.size()), c.d_model, tp.sp()) {}
     /// Bytes held.
-    std::size_t bytes() const { return detail::bytes_of(dqkv) + detail::bytes_of(dheads) + detail::bytes_of(dprobs); }
+    std::size_t bytes() const {
+      return detail::bytes_of(dqkv) + detail::bytes_of(dheads) + detail::bytes_of(dprobs) + detail::bytes_of(full);
+    }
+
+   private:
+    Workspace(const GPTConfig& l, std::size_t d, bool sp)
+        : dqkv("attn.dqkv", l.tokens(), l.qkv_cols()),
+          dheads("attn.dheads", l.tokens(), l.d_model),
+          dprobs("attn.dprobs", l.batch * l.heads, l.seq, l.seq),
+          full(sp ? ops::Matrix<T, Space>("attn.full", l.tokens(), d) : ops::Matrix<T, Space>()) {}
   };
 
-  /// Parameters "<name>.qkv.{weight,bias}" and "<name>.proj.{weight,bias}".
+  /// Parameters "<name>.qkv.{weight,bias}" and "<name>.proj.{weight,bias}"
+  /// (this rank's part of them over the context's TP axis).
   Attention(ContextPtr ctx, const std::string& name, const GPTConfig& c)
       : ctx_(ctx),
-        cfg_(c),
-        qkv_(ctx, name + ".qkv", c.d_model, c.qkv_cols(), true, c.seed, c.init_std),
-        proj_(ctx, name + ".proj", c.d_model, c.d_model, true, c.seed, c.init_std / std::sqrt(2.0 * double(c.layers))) {}
+        cfg_(c.local(ctx->tp.size())),
+        qkv_(ctx, name + ".qkv", c.d_model, c.qkv_cols(), true, c.seed, c.init_std,
+             LinearSplit::column(ctx->tp.size(), ctx->tp.rank(),
+                                 {c.d_model, c.kv() * c.head_dim(), c.kv() * c.head_dim()})),
+        proj_(ctx, name + ".proj", c.d_model, c.d_model, true, c.seed, c.init_std / std::sqrt(2.0 * double(c.layers)),
+              LinearSplit::row(ctx->tp.size(), ctx->tp.rank())) {}
 
-  /// out = proj(attention(qkv(h))), filling s. h, out: [tokens, D].
+  /// out = proj(attention(qkv(h))), filling s. h, out: [rows, D], where rows
+  /// are the tokens, or this rank's token shard under sequence parallelism
+  /// (w is then needed for the partial sums).
   template <class HV, class OV>
-  void forward(const HV& h, const Saved& s, const OV& out) const {
-    qkv_.forward(h, s.qkv);
+  void forward(const HV& h, const Saved& s, const OV& out, const Workspace* w = nullptr) const {
+    const TensorParallel& tp = ctx_->tp;
+    if (tp.sp()) {
+      detail::tp_all_gather(*ctx_, h, s.input);
+      qkv_.forward(s.input, s.qkv);
+    } else {
+      qkv_.forward(h, s.qkv);
+    }
     if (cfg_.position == PositionKind::rotary) rotate(s.qkv, false);
     const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
     {
@@ -81,13 +116,31 @@ class Attention {
           ops::gemm(ops::Trans::N, ops::Trans::N, T(1), Kokkos::subview(s.probs, b * H + hh, Kokkos::ALL, Kokkos::ALL),
                     v(s.qkv, b, hh), T(0), head(s.heads, b, hh));
     }
-    proj_.forward(s.heads, out);
+    if (!tp.active()) {
+      proj_.forward(s.heads, out);
+    } else if (!tp.sp()) {
+      proj_.forward(s.heads, out);  // partial sums, no bias
+      detail::tp_all_reduce(*ctx_, out);
+      proj_.add_bias(out);
+    } else {
+      WEFT_REQUIRE(w != nullptr, Error, "nn::Attention: sequence parallelism needs the workspace in forward");
+      proj_.forward(s.heads, w->full);
+      detail::tp_reduce_scatter(*ctx_, w->full, out);
+      proj_.add_bias(out);
+    }
   }
 
-  /// dh = d/dh (overwritten) from dout; parameter gradients accumulate.
+  /// dh = d/dh (overwritten) from dout; parameter gradients accumulate. h,
+  /// dout and dh have the rows of forward.
   template <class HV, class DOV, class DHV>
   void backward(const HV& h, const Saved& s, const DOV& dout, const DHV& dh, const Workspace& w) {
-    proj_.backward(s.heads, dout, w.dheads, false);
+    const TensorParallel& tp = ctx_->tp;
+    if (tp.sp()) {
+      detail::tp_all_gather(*ctx_, dout, w.full);
+      proj_.backward(s.heads, w.full, w.dheads, false);
+    } else {
+      proj_.backward(s.heads, dout, w.dheads, false);
+    }
     const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
     Kokkos::deep_copy(w.dqkv, T(0));  // K and V gradients sum over the query heads of a group
     {
@@ -115,7 +168,15 @@ class Attention {
         }
     }
     if (cfg_.position == PositionKind::rotary) rotate(w.dqkv, true);
-    qkv_.backward(h, w.dqkv, dh, false);
+    if (!tp.active()) {
+      qkv_.backward(h, w.dqkv, dh, false);
+    } else if (!tp.sp()) {
+      qkv_.backward(h, w.dqkv, dh, false);  // this rank's heads' part of dh
+      detail::tp_all_reduce(*ctx_, dh);
+    } else {
+      qkv_.backward(s.input, w.dqkv, w.full, false);
+      detail::tp_reduce_scatter(*ctx_, w.full, dh);
+    }
   }
 
   /// Appends pointers to this layer's parameters.

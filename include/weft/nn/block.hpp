@@ -1,7 +1,10 @@
 // nn::Block: the pre-norm transformer block x + attn(norm(x)), then
 // + mlp(norm(.)). Its Saved activations can be private (kept from forward to
 // backward) or shared by all blocks with recomputation from the block input
-// (activation checkpointing): memory of one block instead of L.
+// (activation checkpointing): memory of one block instead of L. Under
+// sequence parallelism the norms and residual adds work on this rank's token
+// shard (rows = tokens / tp), and the norms' parameter gradients, partial over
+// the shards, are summed over the TP axis before the block's hooks see them.
 #pragma once
 
 #include <memory>
@@ -9,6 +12,7 @@
 #include <weft/nn/attention.hpp>
 #include <weft/nn/mlp.hpp>
 #include <weft/nn/norm.hpp>
+#include <weft/nn/tp_comm.hpp>
 #include <weft/ops/elementwise.hpp>
 
 namespace weft::nn {
@@ -26,14 +30,15 @@ class Block {
     typename Attention<T, Space>::Saved attn;
     typename MLP<T, Space>::Saved mlp;
     long holder = -1;  ///< index of the block whose activations these are now (-1: none)
-    Saved(const std::string& n, const GPTConfig& c)
-        : n1(n + ".ln1", c.tokens()),
-          n2(n + ".ln2", c.tokens()),
-          h1(n + ".ln1.out", c.tokens(), c.d_model),
-          mid(n + ".mid", c.tokens(), c.d_model),
-          h2(n + ".ln2.out", c.tokens(), c.d_model),
-          attn(n + ".attn", c),
-          mlp(n + ".mlp", c) {}
+    /// For the global config c split over tp.
+    Saved(const std::string& n, const GPTConfig& c, const TensorParallel& tp = {})
+        : n1(n + ".ln1", rows(c, tp)),
+          n2(n + ".ln2", rows(c, tp)),
+          h1(n + ".ln1.out", rows(c, tp), c.d_model),
+          mid(n + ".mid", rows(c, tp), c.d_model),
+          h2(n + ".ln2.out", rows(c, tp), c.d_model),
+          attn(n + ".attn", c, tp),
+          mlp(n + ".mlp", c, tp) {}
     /// Bytes held.
     std::size_t bytes() const {
       return n1.bytes() + n2.bytes() + detail::bytes_of(h1) + detail::bytes_of(mid) + detail::bytes_of(h2) +
@@ -46,12 +51,13 @@ class Block {
     typename Attention<T, Space>::Workspace attn;
     typename MLP<T, Space>::Workspace mlp;
     ops::Matrix<T, Space> dh, dmid, scratch;
-    explicit Workspace(const GPTConfig& c)
-        : attn(c),
-          mlp(c),
-          dh("block.dh", c.tokens(), c.d_model),
-          dmid("block.dmid", c.tokens(), c.d_model),
-          scratch(c.recompute ? ops::Matrix<T, Space>("block.recompute_out", c.tokens(), c.d_model)
+    /// For the global config c split over tp.
+    explicit Workspace(const GPTConfig& c, const TensorParallel& tp = {})
+        : attn(c, tp),
+          mlp(c, tp),
+          dh("block.dh", rows(c, tp), c.d_model),
+          dmid("block.dmid", rows(c, tp), c.d_model),
+          scratch(c.recompute ? ops::Matrix<T, Space>("block.recompute_out", rows(c, tp), c.d_model)
                               : ops::Matrix<T, Space>()) {}
     /// Bytes held.
     std::size_t bytes() const {
@@ -73,17 +79,23 @@ class Block {
         s_(std::move(saved)),
         w_(std::move(ws)) {}
 
+  /// Token rows a rank's residual stream holds: all tokens, or tokens / tp
+  /// under sequence parallelism.
+  static std::size_t rows(const GPTConfig& c, const TensorParallel& tp) {
+    return tp.sp() ? c.tokens() / tp.size() : c.tokens();
+  }
+
   /// y = block(x); x must stay unchanged until backward (it is the checkpoint).
   template <class XV, class YV>
   void forward(const XV& x, const YV& y) {
     ln1_.forward(x, s_->h1, s_->n1);
-    attn_.forward(s_->h1, s_->attn, s_->mid);
+    attn_.forward(s_->h1, s_->attn, s_->mid, &w_->attn);
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "residual");
       ops::add(s_->mid, s_->mid, x);
     }
     ln2_.forward(s_->mid, s_->h2, s_->n2);
-    mlp_.forward(s_->h2, s_->mlp, y);
+    mlp_.forward(s_->h2, s_->mlp, y, &w_->mlp);
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "residual");
       ops::add(y, y, s_->mid);
@@ -101,6 +113,16 @@ class Block {
       metrics::Profiler::Scope sc(ctx_->profiler, "recompute");
       forward(x, w_->scratch);
     }
+    const bool sp = ctx_->tp.sp();
+    if (sp) {
+      if (!partial_) {
+        std::vector<Parameter<T, Space>*> norms;
+        ln1_.collect(norms);
+        ln2_.collect(norms);
+        partial_ = std::make_unique<detail::PartialGrads<T, Space>>(norms);
+      }
+      partial_->begin();
+    }
     mlp_.backward(s_->h2, s_->mlp, dy, w_->dh, w_->mlp);
     ln2_.backward(w_->dh, s_->mid, s_->n2, w_->dmid, false);
     {
@@ -113,6 +135,7 @@ class Block {
       metrics::Profiler::Scope sc(ctx_->profiler, "residual");
       ops::add(dx, dx, w_->dmid);
     }
+    if (sp) partial_->finish(*ctx_);
   }
 
   /// Appends pointers to this block's parameters.
@@ -135,6 +158,7 @@ class Block {
   MLP<T, Space> mlp_;
   std::shared_ptr<Saved> s_;
   std::shared_ptr<Workspace> w_;
+  std::unique_ptr<detail::PartialGrads<T, Space>> partial_;  // sequence parallelism: the norms' gradients
 };
 
 }  // namespace weft::nn

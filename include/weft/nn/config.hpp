@@ -74,6 +74,51 @@ struct GPTConfig {
                  ") must be positive");
   }
 
+  /// The sizes of one tensor-parallel rank's part of the heads and the MLP:
+  /// heads, key/value heads, the heads' width (d_model / tp) and the MLP
+  /// hidden width divided by tp. The layers size their activations from it;
+  /// d_model here is the width of the local heads, not the residual width.
+  GPTConfig local(std::size_t tp) const {
+    GPTConfig c = *this;
+    c.ffn_hidden = hidden() / tp;
+    c.kv_heads = kv() / tp;
+    c.heads = heads / tp;
+    c.d_model = d_model / tp;
+    return c;
+  }
+
+  /// The tensor-parallel sizes this model can be split into: tp must divide
+  /// the query heads, the key/value heads, d_model, the MLP hidden width and
+  /// the vocabulary (and, with sequence parallelism, the tokens of a
+  /// microbatch).
+  std::string valid_tp_sizes(bool sequence_parallel) const {
+    std::string s;
+    for (std::size_t t = 1; t <= heads; ++t)
+      if (heads % t == 0 && kv() % t == 0 && d_model % t == 0 && hidden() % t == 0 && vocab % t == 0 &&
+          (!sequence_parallel || tokens() % t == 0))
+        s += (s.empty() ? "" : ", ") + std::to_string(t);
+    return s;
+  }
+
+  /// Throws ConfigError unless the model splits evenly over tp ranks. Each
+  /// message names the quantity, its value, tp and the TP sizes that would
+  /// be valid: weft never pads or truncates a split dimension.
+  void validate_tensor_parallel(std::size_t tp, bool sequence_parallel) const {
+    WEFT_REQUIRE(tp > 0, ConfigError, "tensor parallelism: tp is 0; expected a positive integer");
+    if (tp == 1) return;
+    auto check = [&](std::size_t v, const char* what) {
+      WEFT_REQUIRE(v % tp == 0, ConfigError, "tensor parallelism: ", what, " ", v, " is not divisible by tp ", tp,
+                   " (each TP rank takes an equal share; weft does not pad or truncate). TP sizes valid for this "
+                   "model: ", valid_tp_sizes(sequence_parallel));
+    };
+    check(heads, "the query heads (--heads)");
+    check(kv(), "the key/value heads (--kv-heads)");
+    check(d_model, "d_model (--d-model)");
+    check(hidden(), "the MLP hidden size");
+    check(vocab, "the vocabulary (--vocab)");
+    if (sequence_parallel) check(tokens(), "the tokens of a microbatch (sequences x --seq, sequence parallelism)");
+  }
+
   /// N, the parameters that take part in matrix products (QKV, attention
   /// output, MLP and LM head; not embeddings, biases or norms). For the
   /// default GPT-2 shape N = 12 L D^2 + D V.

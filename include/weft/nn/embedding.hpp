@@ -1,8 +1,13 @@
 // nn::Embedding: token table plus (for learned positions) a position table,
-// summed into the first residual stream. It saves only the token ids.
+// summed into the first residual stream. It saves only the token ids. Over a
+// tensor-parallel axis the token table is split by vocabulary rows: each rank
+// looks up the ids it holds (zeros for the others) and the ranks' partial
+// rows are summed -- all-reduced, or reduce-scattered onto the token shards
+// under sequence parallelism.
 #pragma once
 
 #include <weft/nn/config.hpp>
+#include <weft/nn/tp_comm.hpp>
 #include <weft/ops/embedding.hpp>
 #include <weft/ops/random.hpp>
 
@@ -13,29 +18,69 @@ template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class Embedding {
  public:
   /// "tok_emb.weight" [V, D] and, for learned positions, "pos_emb.weight" [T, D], both ~ N(0, init_std^2).
-  Embedding(ContextPtr ctx, const GPTConfig& c) : ctx_(std::move(ctx)), seq_(c.seq), tok_("tok_emb.weight", c.vocab, c.d_model, true) {
-    ops::init_normal(tok_.matrix(), c.seed, tok_.name(), c.init_std);
+  /// Over the context's TP axis this rank holds rows [r V / tp, (r + 1) V / tp) of the token table.
+  Embedding(ContextPtr ctx, const GPTConfig& c)
+      : ctx_(std::move(ctx)),
+        seq_(c.seq),
+        vocab_(c.vocab),
+        first_(ctx_->tp.rank() * (c.vocab / ctx_->tp.size())),
+        tok_("tok_emb.weight", c.vocab / ctx_->tp.size(), c.d_model, true) {
+    ops::init_normal(tok_.matrix(), c.seed, tok_.name(), c.init_std, {.row0 = first_, .col0 = 0, .global_cols = 0});
+    tok_.set_tp_sharded(ctx_->tp.active());
     if (c.position == PositionKind::learned) {
       pos_.emplace_back("pos_emb.weight", c.seq, c.d_model, true);
       ops::init_normal(pos_[0].matrix(), c.seed, pos_[0].name(), c.init_std);
     }
+    if (ctx_->tp.sp()) full_ = ops::Matrix<T, Space>("tok_emb.full", c.tokens(), c.d_model);
   }
 
-  /// x = tok[ids] (+ pos[t]); ids: [tokens] of whole sequences.
+  /// x = tok[ids] (+ pos[t]); ids: [tokens] of whole sequences; x: [rows, D]
+  /// (this rank's token shard under sequence parallelism).
   template <class IV, class XV>
   void forward(const IV& ids, const XV& x) const {
     metrics::Profiler::Scope sc(ctx_->profiler, "embedding");
-    ops::embedding_forward(tok_.matrix(), ids, x);
-    if (!pos_.empty()) ops::position_forward(pos_[0].matrix(), seq_, 0, x, true);
+    const TensorParallel& tp = ctx_->tp;
+    if (!tp.active()) {
+      ops::embedding_forward(tok_.matrix(), ids, x);
+      if (!pos_.empty()) ops::position_forward(pos_[0].matrix(), seq_, 0, x, true);
+    } else if (!tp.sp()) {
+      ops::vocab_embedding_forward(tok_.matrix(), ids, first_, vocab_, x);
+      detail::tp_all_reduce(*ctx_, x);
+      if (!pos_.empty()) ops::position_forward(pos_[0].matrix(), seq_, 0, x, true);
+    } else {
+      ops::vocab_embedding_forward(tok_.matrix(), ids, first_, vocab_, full_);
+      detail::tp_reduce_scatter(*ctx_, full_, x);
+      if (!pos_.empty()) ops::position_forward_rows(pos_[0].matrix(), seq_, tp.rank() * x.extent(0), x);
+    }
   }
 
-  /// Table gradients accumulate from dx.
+  /// Table gradients accumulate from dx ([rows, D] as in forward). Under
+  /// sequence parallelism the position gradient is this shard's part (the
+  /// model sums it over TP).
   template <class IV, class DXV>
   void backward(const IV& ids, const DXV& dx) {
     metrics::Profiler::Scope sc(ctx_->profiler, "embedding");
-    ops::embedding_backward(dx, ids, tok_.grad_matrix());
-    if (!pos_.empty()) ops::position_backward(dx, seq_, 0, pos_[0].grad_matrix());
+    const TensorParallel& tp = ctx_->tp;
+    if (!tp.active()) {
+      ops::embedding_backward(dx, ids, tok_.grad_matrix());
+      if (!pos_.empty()) ops::position_backward(dx, seq_, 0, pos_[0].grad_matrix());
+    } else if (!tp.sp()) {
+      ops::vocab_embedding_backward(dx, ids, first_, tok_.grad_matrix());
+      if (!pos_.empty()) ops::position_backward(dx, seq_, 0, pos_[0].grad_matrix());
+    } else {
+      if (!pos_.empty()) ops::position_backward_rows(dx, seq_, tp.rank() * dx.extent(0), pos_[0].grad_matrix());
+      detail::tp_all_gather(*ctx_, dx, full_);
+      ops::vocab_embedding_backward(full_, ids, first_, tok_.grad_matrix());
+    }
   }
+
+  /// Parameters whose gradients are partial over the TP ranks under sequence
+  /// parallelism (the position table).
+  void collect_sequence_partial(std::vector<Parameter<T, Space>*>& out) {
+    for (auto& p : pos_) out.push_back(&p);
+  }
+  /// Bytes of the sequence-parallel gather buffer.
+  std::size_t buffer_bytes() const { return detail::bytes_of(full_); }
 
   /// Appends pointers to this layer's parameters.
   void collect(std::vector<Parameter<T, Space>*>& out) {
@@ -45,9 +90,10 @@ class Embedding {
 
  private:
   ContextPtr ctx_;
-  std::size_t seq_;
+  std::size_t seq_, vocab_, first_;
   Parameter<T, Space> tok_;
   std::vector<Parameter<T, Space>> pos_;
+  ops::Matrix<T, Space> full_;  // sequence parallelism: [tokens, D] partial lookups and gathered gradients
 };
 
 }  // namespace weft::nn

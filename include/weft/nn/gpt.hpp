@@ -1,7 +1,11 @@
 // nn::GPT: token (+ position) embedding, L pre-norm blocks, final norm, untied
 // LM head without bias, fused softmax cross-entropy. The single-process
 // reference every parallel strategy must reproduce, with explicit
-// forward/backward and memory attributed by category.
+// forward/backward and memory attributed by category. Built with a
+// tensor-parallel axis (nn::TensorParallel) it is the same model split over
+// the TP ranks: heads, MLP hidden units and vocabulary are sharded, the loss
+// is a vocabulary-parallel cross-entropy, and with tp = 1 (or no
+// communicator) every operation is the single-process one.
 #pragma once
 
 #include <memory>
@@ -20,26 +24,43 @@ template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class GPT {
  public:
   /// Builds and initialises the model for config.batch sequences of config.seq
-  /// tokens per forward pass. Throws ConfigError for an invalid config.
-  explicit GPT(const GPTConfig& c) : cfg_((c.validate(), c)), ctx_(std::make_shared<Context>()), emb_(ctx_, cfg_),
+  /// tokens per forward pass, split over `tp` (default: not split). Throws
+  /// ConfigError for an invalid config or one that does not divide over tp.
+  explicit GPT(const GPTConfig& c, TensorParallel tp = {})
+      : cfg_(checked(c, tp)), ctx_(std::make_shared<Context>(Context{nullptr, tp})), emb_(ctx_, cfg_),
         ln_f_(ctx_, "ln_f", cfg_.norm, cfg_.d_model, cfg_.norm_eps),
-        head_(ctx_, "lm_head", cfg_.d_model, cfg_.vocab, false, cfg_.seed, cfg_.init_std),
-        hf_("ln_f.out", cfg_.tokens(), cfg_.d_model),
-        sf_("ln_f", cfg_.tokens()),
-        logits_("lm_head.logits", cfg_.tokens(), cfg_.vocab),
-        dhf_("ln_f.dout", cfg_.tokens(), cfg_.d_model),
-        ws_(std::make_shared<typename Block<T, Space>::Workspace>(cfg_)) {
-    for (std::size_t l = 0; l <= cfg_.layers; ++l)
-      xs_.emplace_back("residual." + std::to_string(l), cfg_.tokens(), cfg_.d_model);
-    for (int i = 0; i < 2; ++i) dxs_.emplace_back("residual.grad." + std::to_string(i), cfg_.tokens(), cfg_.d_model);
+        head_(ctx_, "lm_head", cfg_.d_model, cfg_.vocab, false, cfg_.seed, cfg_.init_std,
+              LinearSplit::column(tp.size(), tp.rank())),
+        rows_(Block<T, Space>::rows(cfg_, tp)),
+        hf_("ln_f.out", rows_, cfg_.d_model),
+        sf_("ln_f", rows_),
+        logits_("lm_head.logits", cfg_.tokens(), cfg_.vocab / tp.size()),
+        dhf_("ln_f.dout", rows_, cfg_.d_model),
+        ws_(std::make_shared<typename Block<T, Space>::Workspace>(cfg_, tp)) {
+    for (std::size_t l = 0; l <= cfg_.layers; ++l) xs_.emplace_back("residual." + std::to_string(l), rows_, cfg_.d_model);
+    for (int i = 0; i < 2; ++i) dxs_.emplace_back("residual.grad." + std::to_string(i), rows_, cfg_.d_model);
+    if (tp.sp()) {
+      hf_full_ = ops::Matrix<T, Space>("ln_f.out.gathered", cfg_.tokens(), cfg_.d_model);
+      dhf_full_ = ops::Matrix<T, Space>("ln_f.dout.partial", cfg_.tokens(), cfg_.d_model);
+    }
+    if (tp.active()) {
+      ce_max_ = ops::Vector<T, Space>("cross_entropy.max", cfg_.tokens());
+      ce_sums_ = ops::Matrix<T, Space>("cross_entropy.sums", cfg_.tokens(), 2);
+    }
     std::shared_ptr<typename Block<T, Space>::Saved> shared;
-    if (cfg_.recompute) shared = std::make_shared<typename Block<T, Space>::Saved>("blocks.shared", cfg_);
+    if (cfg_.recompute) shared = std::make_shared<typename Block<T, Space>::Saved>("blocks.shared", cfg_, tp);
     blocks_.reserve(cfg_.layers);
     for (std::size_t l = 0; l < cfg_.layers; ++l)
       blocks_.emplace_back(ctx_, l, cfg_,
                            shared ? shared
-                                  : std::make_shared<typename Block<T, Space>::Saved>("blocks." + std::to_string(l), cfg_),
+                                  : std::make_shared<typename Block<T, Space>::Saved>("blocks." + std::to_string(l), cfg_, tp),
                            ws_);
+    if (tp.sp()) {
+      std::vector<Parameter<T, Space>*> partial;
+      emb_.collect_sequence_partial(partial);
+      ln_f_.collect(partial);
+      root_partial_ = std::make_unique<detail::PartialGrads<T, Space>>(partial);
+    }
   }
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
@@ -55,11 +76,22 @@ class GPT {
     double sum = 0;
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
-      sum = ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
+      sum = ctx_->tp.active() ? vocab_parallel_loss(targets, T(grad_scale), true)
+                              : ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
     }
     const std::size_t L = cfg_.layers;
+    const TensorParallel& tp = ctx_->tp;
     if (hooks_) hooks_->before_backward(L);
-    head_.backward(hf_, logits_, dhf_, false);
+    if (root_partial_) root_partial_->begin();
+    if (!tp.active()) {
+      head_.backward(hf_, logits_, dhf_, false);
+    } else if (!tp.sp()) {
+      head_.backward(hf_, logits_, dhf_, false);  // this rank's vocabulary columns' part
+      detail::tp_all_reduce(*ctx_, dhf_);
+    } else {
+      head_.backward(hf_full_, logits_, dhf_full_, false);
+      detail::tp_reduce_scatter(*ctx_, dhf_full_, dhf_);
+    }
     ln_f_.backward(dhf_, xs_[L], sf_, dxs_[L % 2], false);
     for (std::size_t l = L; l-- > 0;) {
       if (hooks_) hooks_->before_backward(l);
@@ -67,6 +99,7 @@ class GPT {
       if (hooks_) hooks_->after_backward(l);
     }
     emb_.backward(ids, dxs_[0]);
+    if (root_partial_) root_partial_->finish(*ctx_);
     if (hooks_) hooks_->after_backward(L);
     return sum / double(cfg_.tokens());
   }
@@ -76,6 +109,7 @@ class GPT {
   double loss(const IV& ids, const TV& targets) {
     forward_hidden(ids);
     metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
+    if (ctx_->tp.active()) return vocab_parallel_loss(targets, T(0), false) / double(cfg_.tokens());
     return ops::cross_entropy_forward(logits_, targets) / double(cfg_.tokens());
   }
 
@@ -130,10 +164,14 @@ class GPT {
       m.add(C::activations, cfg_.recompute ? "blocks.shared" : "blocks." + std::to_string(l), s->bytes());
       last = s;
     }
-    m.add(C::activations, "ln_f", detail::bytes_of(hf_) + sf_.bytes());
+    m.add(C::activations, "ln_f", detail::bytes_of(hf_) + sf_.bytes() + detail::bytes_of(hf_full_));
     m.add(C::activations, "lm_head.logits", detail::bytes_of(logits_));
     m.add(C::buffers, "block backward workspace", ws_->bytes());
-    m.add(C::buffers, "residual gradients", detail::bytes_of(dxs_[0]) * 2 + detail::bytes_of(dhf_));
+    m.add(C::buffers, "residual gradients",
+          detail::bytes_of(dxs_[0]) * 2 + detail::bytes_of(dhf_) + detail::bytes_of(dhf_full_));
+    if (ctx_->tp.active())
+      m.add(C::buffers, "tensor-parallel buffers",
+            emb_.buffer_bytes() + detail::bytes_of(ce_max_) + detail::bytes_of(ce_sums_));
     return m;
   }
 
@@ -141,8 +179,11 @@ class GPT {
   void set_profiler(metrics::Profiler* p) { ctx_->profiler = p; }
   /// The configuration.
   const GPTConfig& config() const { return cfg_; }
-  /// Logits of the last forward pass ([tokens, V]); after forward_backward
-  /// they hold the loss gradient instead.
+  /// The tensor-parallel split (inactive: the single-process model).
+  const TensorParallel& tensor_parallel() const { return ctx_->tp; }
+  /// Logits of the last forward pass ([tokens, V], or this rank's [tokens,
+  /// V / tp] vocabulary columns); after forward_backward they hold the loss
+  /// gradient instead.
   const ops::Matrix<T, Space>& logits() const { return logits_; }
 
  private:
@@ -158,8 +199,32 @@ class GPT {
       if (hooks_) hooks_->after_forward(l);
     }
     ln_f_.forward(xs_[L], hf_, sf_);
-    head_.forward(hf_, logits_);
+    if (ctx_->tp.sp()) {
+      detail::tp_all_gather(*ctx_, hf_, hf_full_);
+      head_.forward(hf_full_, logits_);
+    } else {
+      head_.forward(hf_, logits_);
+    }
     if (hooks_) hooks_->after_forward(L);
+  }
+
+  // Cross-entropy over logits split by vocabulary columns: the row maxima and
+  // then the sums of exponentials and the target logits are all-reduced over
+  // TP (2 collectives, 3 values per token); the logits are never gathered.
+  template <class TV>
+  double vocab_parallel_loss(const TV& targets, T grad_scale, bool backward) {
+    const std::size_t first = ctx_->tp.rank() * logits_.extent(1);
+    ops::vocab_parallel_max(logits_, ce_max_);
+    detail::tp_all_reduce(*ctx_, ce_max_, ReduceOp::max);
+    ops::vocab_parallel_sums(logits_, targets, first, cfg_.vocab, ce_max_, ce_sums_);
+    detail::tp_all_reduce(*ctx_, ce_sums_);
+    return ops::vocab_parallel_finish(logits_, targets, first, ce_max_, ce_sums_, grad_scale, backward);
+  }
+
+  static GPTConfig checked(const GPTConfig& c, const TensorParallel& tp) {
+    c.validate();
+    c.validate_tensor_parallel(tp.size(), tp.sequence_parallel);
+    return c;
   }
   template <class IV>
   void detail_check_ids(const IV& ids) const {
@@ -174,11 +239,16 @@ class GPT {
   std::vector<Block<T, Space>> blocks_;
   Norm<T, Space> ln_f_;
   Linear<T, Space> head_;
+  std::size_t rows_;  // token rows of the residual stream on this rank
   std::vector<ops::Matrix<T, Space>> xs_, dxs_;
   ops::Matrix<T, Space> hf_;
   typename Norm<T, Space>::Saved sf_;
   ops::Matrix<T, Space> logits_, dhf_;
+  ops::Matrix<T, Space> hf_full_, dhf_full_;  // sequence parallelism: gathered final-norm output, partial gradient
+  ops::Vector<T, Space> ce_max_;              // tensor parallelism: per-token maximum logit
+  ops::Matrix<T, Space> ce_sums_;             // tensor parallelism: per-token sum of exp and target logit
   std::shared_ptr<typename Block<T, Space>::Workspace> ws_;
+  std::unique_ptr<detail::PartialGrads<T, Space>> root_partial_;  // sequence parallelism: ln_f, positions
   GroupHooks* hooks_ = nullptr;
 };
 

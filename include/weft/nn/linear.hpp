@@ -3,6 +3,9 @@
 // backward needs the input x, which the caller already keeps.
 #pragma once
 
+#include <utility>
+#include <vector>
+
 #include <weft/nn/parameter.hpp>
 #include <weft/ops/elementwise.hpp>
 #include <weft/ops/gemm.hpp>
@@ -10,39 +13,98 @@
 
 namespace weft::nn {
 
+/// How a Linear's weight W [in, out] is split over the tensor-parallel axis.
+///  - none: the whole layer (single process, or a TP size of 1).
+///  - column: the output features are split (column-parallel; Megatron's
+///    "column"): each rank holds W[:, its columns] and the bias' columns. The
+///    output columns may form several segments split separately (the fused
+///    Q | K | V projection, SwiGLU's gate | value) so that each rank holds
+///    matching pieces of every segment, laid side by side.
+///  - row: the input features are split (row-parallel): each rank holds
+///    W[its rows, :]; its product is a partial sum, and the bias (whole on
+///    every rank) is added by add_bias() after the reduction.
+struct LinearSplit {
+  /// The kind of split.
+  enum class Kind { none, column, row };
+  Kind kind = Kind::none;       ///< which dimension of W is split
+  std::size_t parts = 1;        ///< TP ranks
+  std::size_t index = 0;        ///< this rank
+  std::vector<std::size_t> segments;  ///< column: global widths of the output segments (empty: one)
+
+  /// A column split of segments (empty: the whole output is one segment).
+  static LinearSplit column(std::size_t parts, std::size_t index, std::vector<std::size_t> segments = {}) {
+    return LinearSplit{parts > 1 ? Kind::column : Kind::none, parts, index, std::move(segments)};
+  }
+  /// A row split.
+  static LinearSplit row(std::size_t parts, std::size_t index) {
+    return LinearSplit{parts > 1 ? Kind::row : Kind::none, parts, index, {}};
+  }
+};
+
 /// A dense layer with optional bias.
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class Linear {
  public:
   /// Parameters "<name>.weight" [in, out] ~ N(0, init_std^2) and, with `bias`,
-  /// "<name>.bias" [out] = 0, drawn from (seed, name, global index).
+  /// "<name>.bias" [out] = 0, drawn from (seed, name, global index). `in` and
+  /// `out` are the global sizes; with a split this rank holds its part, with
+  /// exactly the values the whole layer has at those global indices.
   Linear(ContextPtr ctx, const std::string& name, std::size_t in, std::size_t out, bool bias, std::uint64_t seed,
-         double init_std)
-      : ctx_(std::move(ctx)), weight_(name + ".weight", in, out, true) {
-    WEFT_REQUIRE(in > 0 && out > 0, ConfigError, "nn::Linear '", name, "': sizes ", in, " x ", out,
-                 " must be positive");
-    ops::init_normal(weight_.matrix(), seed, weight_.name(), init_std);
+         double init_std, LinearSplit split = {})
+      : ctx_(std::move(ctx)),
+        split_(checked(name, in, out, std::move(split))),
+        weight_(name + ".weight", split_.kind == LinearSplit::Kind::row ? in / split_.parts : in,
+                split_.kind == LinearSplit::Kind::column ? out / split_.parts : out, true) {
+    using K = LinearSplit::Kind;
+    if (split_.kind == K::none) {
+      ops::init_normal(weight_.matrix(), seed, weight_.name(), init_std);
+    } else if (split_.kind == K::row) {
+      ops::init_normal(weight_.matrix(), seed, weight_.name(), init_std,
+                       {.row0 = split_.index * weight_.rows(), .col0 = 0, .global_cols = out});
+    } else {
+      std::size_t global0 = 0, local0 = 0;
+      for (std::size_t w : split_.segments) {
+        const std::size_t piece = w / split_.parts;
+        ops::init_normal(Kokkos::subview(weight_.matrix(), Kokkos::ALL, std::make_pair(local0, local0 + piece)), seed,
+                         weight_.name(), init_std,
+                         {.row0 = 0, .col0 = global0 + split_.index * piece, .global_cols = out});
+        global0 += w;
+        local0 += piece;
+      }
+    }
+    weight_.set_tp_sharded(split_.kind != K::none);
     if (bias) {
-      bias_.emplace_back(name + ".bias", 1, out, false);
+      bias_.emplace_back(name + ".bias", 1, split_.kind == K::column ? out / split_.parts : out, false);
       Kokkos::deep_copy(bias_[0].value, T(0));
+      bias_[0].set_tp_sharded(split_.kind == K::column);
     }
   }
 
-  /// y = x W + b (y overwritten). x: [n, in], y: [n, out].
+  /// y = x W + b (y overwritten). x: [n, in], y: [n, out], both this rank's
+  /// part (row-parallel: x holds this rank's input features and y is a
+  /// partial sum without the bias; see add_bias).
   template <class XV, class YV>
   void forward(const XV& x, const YV& y) const {
     {
       metrics::Profiler::Scope s(ctx_->profiler, "gemm");
       ops::gemm(ops::Trans::N, ops::Trans::N, T(1), x, weight_.matrix(), T(0), y);
     }
-    if (!bias_.empty()) {
-      metrics::Profiler::Scope s(ctx_->profiler, "bias");
-      ops::bias_add(y, bias_[0].value);
-    }
+    if (!bias_.empty() && split_.kind != LinearSplit::Kind::row) add_bias(y);
+  }
+
+  /// y += b: the bias of a row-parallel layer, added once to the reduced sum.
+  template <class YV>
+  void add_bias(const YV& y) const {
+    if (bias_.empty()) return;
+    metrics::Profiler::Scope s(ctx_->profiler, "bias");
+    ops::bias_add(y, bias_[0].value);
   }
 
   /// dW += x^T dy, db += colsum(dy), and dx = dy W^T (+= with accumulate_dx).
-  /// Pass an empty dx (extent 0) when the input needs no gradient.
+  /// Pass an empty dx (extent 0) when the input needs no gradient. With a
+  /// split, x, dy and dx are this rank's parts: column-parallel dx is a partial
+  /// sum over the TP ranks (the caller reduces it); row-parallel dy is the
+  /// whole output gradient, so its bias gradient is complete on every rank.
   template <class XV, class DYV, class DXV>
   void backward(const XV& x, const DYV& dy, const DXV& dx, bool accumulate_dx = false) {
     {
@@ -57,10 +119,12 @@ class Linear {
     }
   }
 
-  /// Input features.
+  /// Input features held by this rank.
   std::size_t in() const { return weight_.rows(); }
-  /// Output features.
+  /// Output features held by this rank.
   std::size_t out() const { return weight_.cols(); }
+  /// How the layer is split over the TP axis.
+  const LinearSplit& split() const { return split_; }
   /// The weight.
   Parameter<T, Space>& weight() { return weight_; }
   /// Whether the layer has a bias.
@@ -74,7 +138,30 @@ class Linear {
   }
 
  private:
+  static LinearSplit checked(const std::string& name, std::size_t in, std::size_t out, LinearSplit s) {
+    WEFT_REQUIRE(in > 0 && out > 0, ConfigError, "nn::Linear '", name, "': sizes ", in, " x ", out,
+                 " must be positive");
+    WEFT_REQUIRE(s.parts > 0 && s.index < s.parts, ConfigError, "nn::Linear '", name, "': shard ", s.index, " of ",
+                 s.parts, " does not exist");
+    if (s.kind == LinearSplit::Kind::column) {
+      if (s.segments.empty()) s.segments.push_back(out);
+      std::size_t total = 0;
+      for (std::size_t w : s.segments) {
+        WEFT_REQUIRE(w % s.parts == 0, ConfigError, "nn::Linear '", name, "' (column-parallel): output segment of ", w,
+                     " features is not divisible by tp ", s.parts, "; weft does not pad");
+        total += w;
+      }
+      WEFT_REQUIRE(total == out, ConfigError, "nn::Linear '", name, "': output segments sum to ", total,
+                   " features, expected ", out);
+    }
+    if (s.kind == LinearSplit::Kind::row)
+      WEFT_REQUIRE(in % s.parts == 0, ConfigError, "nn::Linear '", name, "' (row-parallel): ", in,
+                   " input features are not divisible by tp ", s.parts, "; weft does not pad");
+    return s;
+  }
+
   ContextPtr ctx_;
+  LinearSplit split_;
   Parameter<T, Space> weight_;
   std::vector<Parameter<T, Space>> bias_;  // zero or one: Parameter has no empty state
 };

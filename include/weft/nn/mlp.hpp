@@ -1,12 +1,16 @@
 // nn::MLP: up-projection, GELU (tanh form) or SwiGLU, down-projection. It
 // saves the up-projection's output (the activation's input) and the
-// activation's output (the down-projection's input).
+// activation's output (the down-projection's input). Over a tensor-parallel
+// axis the up-projection is column-parallel (SwiGLU: each rank holds the same
+// columns of the gate and of the value, side by side) and the down-projection
+// row-parallel, joined as in Attention.
 #pragma once
 
 #include <cmath>
 
 #include <weft/nn/config.hpp>
 #include <weft/nn/linear.hpp>
+#include <weft/nn/tp_comm.hpp>
 
 namespace weft::nn {
 
@@ -16,37 +20,54 @@ class MLP {
  public:
   /// Activations the backward pass needs.
   struct Saved {
-    ops::Matrix<T, Space> up;   ///< [tokens, F] (GELU) or [tokens, 2F] (SwiGLU: gate | value)
-    ops::Matrix<T, Space> act;  ///< [tokens, F]
+    ops::Matrix<T, Space> up;     ///< [tokens, F / tp] (GELU) or [tokens, 2F / tp] (SwiGLU: gate | value)
+    ops::Matrix<T, Space> act;    ///< [tokens, F / tp]
+    ops::Matrix<T, Space> input;  ///< sequence parallelism: [tokens, D], the all-gathered input; else empty
     Saved() = default;
-    Saved(const std::string& n, const GPTConfig& c)
-        : up(n + ".up", c.tokens(), c.hidden() * (c.mlp == MlpKind::swiglu ? 2 : 1)),
-          act(n + ".act", c.tokens(), c.hidden()) {}
+    /// For the global config c split over tp.
+    Saved(const std::string& n, const GPTConfig& c, const TensorParallel& tp = {})
+        : up(n + ".up", c.tokens(), c.hidden() / tp.size() * (c.mlp == MlpKind::swiglu ? 2 : 1)),
+          act(n + ".act", c.tokens(), c.hidden() / tp.size()),
+          input(tp.sp() ? ops::Matrix<T, Space>(n + ".input", c.tokens(), c.d_model) : ops::Matrix<T, Space>()) {}
     /// Bytes held.
-    std::size_t bytes() const { return detail::bytes_of(up) + detail::bytes_of(act); }
+    std::size_t bytes() const { return detail::bytes_of(up) + detail::bytes_of(act) + detail::bytes_of(input); }
   };
   /// Scratch of the backward pass, shared by all blocks.
   struct Workspace {
     ops::Matrix<T, Space> dup, dact;
+    ops::Matrix<T, Space> full;  ///< sequence parallelism: [tokens, D] gathered gradients and partial sums
     Workspace() = default;
-    explicit Workspace(const GPTConfig& c)
-        : dup("mlp.dup", c.tokens(), c.hidden() * (c.mlp == MlpKind::swiglu ? 2 : 1)),
-          dact("mlp.dact", c.tokens(), c.hidden()) {}
+    /// For the global config c split over tp.
+    explicit Workspace(const GPTConfig& c, const TensorParallel& tp = {})
+        : dup("mlp.dup", c.tokens(), c.hidden() / tp.size() * (c.mlp == MlpKind::swiglu ? 2 : 1)),
+          dact("mlp.dact", c.tokens(), c.hidden() / tp.size()),
+          full(tp.sp() ? ops::Matrix<T, Space>("mlp.full", c.tokens(), c.d_model) : ops::Matrix<T, Space>()) {}
     /// Bytes held.
-    std::size_t bytes() const { return detail::bytes_of(dup) + detail::bytes_of(dact); }
+    std::size_t bytes() const { return detail::bytes_of(dup) + detail::bytes_of(dact) + detail::bytes_of(full); }
   };
 
-  /// Parameters "<name>.up.{weight,bias}" and "<name>.down.{weight,bias}".
+  /// Parameters "<name>.up.{weight,bias}" and "<name>.down.{weight,bias}"
+  /// (this rank's part of them over the context's TP axis).
   MLP(ContextPtr ctx, const std::string& name, const GPTConfig& c)
       : ctx_(ctx),
         kind_(c.mlp),
-        up_(ctx, name + ".up", c.d_model, c.hidden() * (c.mlp == MlpKind::swiglu ? 2 : 1), true, c.seed, c.init_std),
-        down_(ctx, name + ".down", c.hidden(), c.d_model, true, c.seed, c.init_std / std::sqrt(2.0 * double(c.layers))) {}
+        up_(ctx, name + ".up", c.d_model, c.hidden() * (c.mlp == MlpKind::swiglu ? 2 : 1), true, c.seed, c.init_std,
+            LinearSplit::column(ctx->tp.size(), ctx->tp.rank(),
+                                c.mlp == MlpKind::swiglu ? std::vector<std::size_t>{c.hidden(), c.hidden()}
+                                                         : std::vector<std::size_t>{c.hidden()})),
+        down_(ctx, name + ".down", c.hidden(), c.d_model, true, c.seed, c.init_std / std::sqrt(2.0 * double(c.layers)),
+              LinearSplit::row(ctx->tp.size(), ctx->tp.rank())) {}
 
-  /// out = down(act(up(h))), filling s.
+  /// out = down(act(up(h))), filling s. h, out: [rows, D] as in Attention.
   template <class HV, class OV>
-  void forward(const HV& h, const Saved& s, const OV& out) const {
-    up_.forward(h, s.up);
+  void forward(const HV& h, const Saved& s, const OV& out, const Workspace* w = nullptr) const {
+    const TensorParallel& tp = ctx_->tp;
+    if (tp.sp()) {
+      detail::tp_all_gather(*ctx_, h, s.input);
+      up_.forward(s.input, s.up);
+    } else {
+      up_.forward(h, s.up);
+    }
     {
       metrics::Profiler::Scope sc(ctx_->profiler, kind_ == MlpKind::gelu ? "gelu" : "swiglu");
       if (kind_ == MlpKind::gelu)
@@ -54,13 +75,30 @@ class MLP {
       else
         ops::swiglu_forward(s.up, s.act);
     }
-    down_.forward(s.act, out);
+    if (!tp.active()) {
+      down_.forward(s.act, out);
+    } else if (!tp.sp()) {
+      down_.forward(s.act, out);  // partial sums, no bias
+      detail::tp_all_reduce(*ctx_, out);
+      down_.add_bias(out);
+    } else {
+      WEFT_REQUIRE(w != nullptr, Error, "nn::MLP: sequence parallelism needs the workspace in forward");
+      down_.forward(s.act, w->full);
+      detail::tp_reduce_scatter(*ctx_, w->full, out);
+      down_.add_bias(out);
+    }
   }
 
   /// dh = d/dh (overwritten); parameter gradients accumulate.
   template <class HV, class DOV, class DHV>
   void backward(const HV& h, const Saved& s, const DOV& dout, const DHV& dh, const Workspace& w) {
-    down_.backward(s.act, dout, w.dact, false);
+    const TensorParallel& tp = ctx_->tp;
+    if (tp.sp()) {
+      detail::tp_all_gather(*ctx_, dout, w.full);
+      down_.backward(s.act, w.full, w.dact, false);
+    } else {
+      down_.backward(s.act, dout, w.dact, false);
+    }
     {
       metrics::Profiler::Scope sc(ctx_->profiler, kind_ == MlpKind::gelu ? "gelu" : "swiglu");
       if (kind_ == MlpKind::gelu)
@@ -68,7 +106,15 @@ class MLP {
       else
         ops::swiglu_backward(w.dact, s.up, w.dup);
     }
-    up_.backward(h, w.dup, dh, false);
+    if (!tp.active()) {
+      up_.backward(h, w.dup, dh, false);
+    } else if (!tp.sp()) {
+      up_.backward(h, w.dup, dh, false);
+      detail::tp_all_reduce(*ctx_, dh);
+    } else {
+      up_.backward(s.input, w.dup, w.full, false);
+      detail::tp_reduce_scatter(*ctx_, w.full, dh);
+    }
   }
 
   /// Appends pointers to this layer's parameters.

@@ -1,4 +1,5 @@
-// All of weft's layers: Linear, Embedding, Norm, Attention, MLP, Block, GPT.
+// All of weft's layers: Linear (plain and placed over a TP axis), Embedding, Norm,
+// Attention, MLP, Block, GPT.
 #pragma once
 
 #include <weft/nn/attention.hpp>
@@ -10,3 +11,5 @@
 #include <weft/nn/mlp.hpp>
 #include <weft/nn/norm.hpp>
 #include <weft/nn/parameter.hpp>
+#include <weft/nn/tensor_parallel.hpp>
+#include <weft/nn/tp_comm.hpp>

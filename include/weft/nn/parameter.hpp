@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <weft/comm/comm.hpp>
 #include <weft/metrics/memory.hpp>
 #include <weft/metrics/profiler.hpp>
 #include <weft/ops/common.hpp>
@@ -48,6 +49,14 @@ class Parameter {
   std::size_t size() const { return rows_ * cols_; }
   /// Whether weight decay applies.
   bool decay() const { return decay_; }
+  /// Whether each rank of the tensor-parallel axis holds a different shard of
+  /// this parameter (column- or row-parallel weights, vocabulary shards);
+  /// false for parameters every TP rank holds whole (norms, row-parallel
+  /// biases). Gradient-norm clipping sums the squares of sharded parameters
+  /// over the TP axis and counts replicated ones once.
+  bool tp_sharded() const { return tp_sharded_; }
+  /// Marks the parameter as sharded over the tensor-parallel axis (or not).
+  void set_tp_sharded(bool on) { tp_sharded_ = on; }
   /// The value as a [rows, cols] matrix.
   MatrixRef<T, Space> matrix() const { return MatrixRef<T, Space>(value.data(), rows_, cols_); }
   /// The gradient as a [rows, cols] matrix.
@@ -57,6 +66,7 @@ class Parameter {
   std::string name_;
   std::size_t rows_, cols_;
   bool decay_;
+  bool tp_sharded_ = false;
 
  public:
   /// Flat value storage.
@@ -65,10 +75,31 @@ class Parameter {
   Kokkos::View<T*, Space> grad;
 };
 
+/// How a model is split over the tensor-parallel (TP) axis. A null
+/// communicator (or one of size 1) is the single-process model.
+struct TensorParallel {
+  /// The TP axis' communicator (its rank is this rank's shard index).
+  Comm* comm = nullptr;
+  /// Sequence parallelism: between the TP matmuls (norms, residual adds)
+  /// activations are split over the tokens; the all-reduces of plain TP become
+  /// an all-gather before each column-parallel matmul and a reduce-scatter
+  /// after each row-parallel one.
+  bool sequence_parallel = false;
+  /// Number of TP ranks (1 without a communicator).
+  std::size_t size() const { return comm ? static_cast<std::size_t>(comm->size()) : 1; }
+  /// This rank's TP index.
+  std::size_t rank() const { return comm ? static_cast<std::size_t>(comm->rank()) : 0; }
+  /// Whether the model is split at all (size > 1).
+  bool active() const { return size() > 1; }
+  /// Whether activations between the TP regions are split over tokens.
+  bool sp() const { return active() && sequence_parallel; }
+};
+
 /// What every layer of one model shares: the profiler that kernel scopes
-/// charge (null: no timing, no fences).
+/// charge (null: no timing, no fences) and the tensor-parallel split.
 struct Context {
   metrics::Profiler* profiler = nullptr;
+  TensorParallel tp;  ///< the TP axis (inactive: the single-process model)
 };
 
 /// Called by a model around the forward and backward of each parameter group

@@ -78,4 +78,82 @@ double cross_entropy_forward_backward(const LV& logits, const IV& targets,
   return total;
 }
 
+// ------------------------------------------- vocabulary-parallel cross-entropy
+//
+// The logits' columns [first, first + logits.extent(1)) of a vocabulary of V
+// lie on this rank. The loss needs, per row, the maximum over all columns, the
+// sum of exp(z - max) over all columns and the target's logit: each rank
+// computes its part (vocab_parallel_max, vocab_parallel_sums), the caller
+// reduces them over the ranks (max; sum), and vocab_parallel_finish turns them
+// into the loss and this rank's columns of the gradient. The full logits are
+// never gathered.
+
+/// m(i) = max over this rank's columns of logits(i, :).
+template <class LV, class MV>
+void vocab_parallel_max(const LV& logits, const MV& m) {
+  detail::require_extent("weft::ops::vocab_parallel_max", "m", m, 0, logits.extent(0));
+  const std::size_t v = logits.extent(1);
+  Kokkos::parallel_for(
+      "weft::vocab_parallel_max", detail::range(logits, logits.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        auto mx = logits(i, 0);
+        for (std::size_t j = 1; j < v; ++j) mx = logits(i, j) > mx ? logits(i, j) : mx;
+        m(i) = mx;
+      });
+}
+
+/// st(i, 0) = sum over this rank's columns of exp(logits(i, j) - m(i));
+/// st(i, 1) = the target's logit if this rank holds it, else 0. Targets
+/// outside [0, vocab) are a ConfigError.
+template <class LV, class IV, class MV, class SV>
+void vocab_parallel_sums(const LV& logits, const IV& targets, std::size_t first, std::size_t vocab, const MV& m,
+                         const SV& st) {
+  detail::require_extent("weft::ops::vocab_parallel_sums", "targets", targets, 0, logits.extent(0));
+  detail::require_extent("weft::ops::vocab_parallel_sums", "st", st, 1, 2);
+  const int vv = static_cast<int>(vocab);
+  long bad = -1;
+  Kokkos::parallel_reduce(
+      "weft::vocab_parallel_check", detail::range(targets, targets.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i, long& f) {
+        if ((targets(i) < 0 || targets(i) >= vv) && (f < 0 || long(i) < f)) f = long(i);
+      },
+      Kokkos::Max<long>(bad));
+  WEFT_REQUIRE(bad < 0, ConfigError, "weft::ops::vocab_parallel_sums: target id at row ", bad,
+               " is outside the vocabulary [0, ", vocab, "); raise --vocab or check the data's tokenizer");
+  const std::size_t v = logits.extent(1);
+  Kokkos::parallel_for(
+      "weft::vocab_parallel_sums", detail::range(logits, logits.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        using T = typename LV::non_const_value_type;
+        const T mx = m(i);
+        T s = 0;
+        for (std::size_t j = 0; j < v; ++j) s += math::fast_exp(logits(i, j) - mx);
+        const long t = long(targets(i)) - long(first);
+        st(i, 0) = s;
+        st(i, 1) = t >= 0 && t < long(v) ? logits(i, std::size_t(t)) : T(0);
+      });
+}
+
+/// From the reduced m (row maxima) and st (sums of exp, target logits):
+/// returns the summed loss over the rows, and with `backward` replaces this
+/// rank's logits by grad_scale * (softmax - onehot(targets)) on its columns.
+template <class LV, class IV, class MV, class SV>
+double vocab_parallel_finish(const LV& logits, const IV& targets, std::size_t first, const MV& m, const SV& st,
+                             typename LV::const_value_type grad_scale, bool backward) {
+  const std::size_t v = logits.extent(1);
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "weft::vocab_parallel_finish", detail::range(logits, logits.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i, double& acc) {
+        using T = typename LV::non_const_value_type;
+        const T mx = m(i), s = st(i, 0);
+        acc += double(mx + math::log(s) - st(i, 1));
+        if (!backward) return;
+        const T f = grad_scale / s;
+        for (std::size_t j = 0; j < v; ++j) logits(i, j) = math::fast_exp(logits(i, j) - mx) * f;
+        const long t = long(targets(i)) - long(first);
+        if (t >= 0 && t < long(v)) logits(i, std::size_t(t)) -= grad_scale;
+      },
+      total);
+  return total;
+}
+
 }  // namespace weft::ops

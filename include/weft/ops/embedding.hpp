@@ -84,4 +84,86 @@ void position_backward(const DYV& dy, std::size_t seq, std::size_t offset, const
       });
 }
 
+// ------------------------------------------------ vocabulary-parallel forms
+
+/// Vocabulary-parallel lookup: W holds rows [first, first + W.extent(0)) of a
+/// table of `vocab` rows. y(n, :) = W(ids(n) - first, :) for ids in that
+/// range and 0 for the others, so the sum over the ranks holding all rows is
+/// the whole lookup. An id outside [0, vocab) is a ConfigError.
+template <class WV, class IV, class YV>
+void vocab_embedding_forward(const WV& W, const IV& ids, std::size_t first, std::size_t vocab, const YV& y) {
+  const std::size_t n = ids.extent(0), d = W.extent(1), rows = W.extent(0);
+  detail::require_extent("weft::ops::vocab_embedding_forward", "y", y, 0, n);
+  detail::require_extent("weft::ops::vocab_embedding_forward", "y", y, 1, d);
+  const int v = static_cast<int>(vocab);
+  long bad = -1;
+  Kokkos::parallel_reduce(
+      "weft::vocab_embedding_check", detail::range(ids, n),
+      KOKKOS_LAMBDA(std::size_t i, long& first_bad) {
+        if ((ids(i) < 0 || ids(i) >= v) && (first_bad < 0 || long(i) < first_bad)) first_bad = long(i);
+      },
+      Kokkos::Max<long>(bad));
+  WEFT_REQUIRE(bad < 0, ConfigError, "weft::ops::vocab_embedding_forward: the token id at position ", bad,
+               " is outside the vocabulary [0, ", vocab, "); raise --vocab or check the data's tokenizer");
+  using T = typename YV::non_const_value_type;
+  Kokkos::parallel_for(
+      "weft::vocab_embedding_forward", detail::range(y, n), KOKKOS_LAMBDA(std::size_t i) {
+        const long t = long(ids(i)) - long(first);
+        const bool mine = t >= 0 && t < long(rows);
+        for (std::size_t j = 0; j < d; ++j) y(i, j) = mine ? T(W(std::size_t(t), j)) : T(0);
+      });
+}
+
+/// dW(ids(n) - first, :) += dy(n, :) for the ids this rank's rows hold.
+template <class DYV, class IV, class DWV>
+void vocab_embedding_backward(const DYV& dy, const IV& ids, std::size_t first, const DWV& dW) {
+  const std::size_t n = ids.extent(0), rows = dW.extent(0);
+  detail::require_extent("weft::ops::vocab_embedding_backward", "dy", dy, 0, n);
+  detail::require_extent("weft::ops::vocab_embedding_backward", "dy", dy, 1, dW.extent(1));
+  const std::size_t d = dW.extent(1), C = detail::column_chunk;
+  Kokkos::parallel_for(
+      "weft::vocab_embedding_backward", detail::range(dW, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
+        const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
+        for (std::size_t i = 0; i < n; ++i) {
+          const long t = long(ids(i)) - long(first);
+          if (t < 0 || t >= long(rows)) continue;
+          for (std::size_t jj = 0; jj < w; ++jj) dW(std::size_t(t), j0 + jj) += dy(i, j0 + jj);
+        }
+      });
+}
+
+/// y(i, :) += P((row0 + i) % seq, :): learned positions for a block of token
+/// rows that starts at global row row0 of sequences of length seq (a
+/// sequence-parallel shard need not start or end at a sequence boundary).
+template <class PV, class YV>
+void position_forward_rows(const PV& P, std::size_t seq, std::size_t row0, const YV& y) {
+  const std::size_t rows = y.extent(0), d = y.extent(1);
+  WEFT_REQUIRE(seq > 0 && seq <= P.extent(0), ConfigError, "weft::ops::position_forward_rows: sequences of ", seq,
+               " tokens need a table of at least that many rows, the table has ", P.extent(0));
+  detail::require_extent("weft::ops::position_forward_rows", "position table", P, 1, d);
+  Kokkos::parallel_for(
+      "weft::position_forward_rows", detail::range(y, rows), KOKKOS_LAMBDA(std::size_t i) {
+        const std::size_t t = (row0 + i) % seq;
+        for (std::size_t j = 0; j < d; ++j) y(i, j) += P(t, j);
+      });
+}
+
+/// dP((row0 + i) % seq, :) += dy(i, :) over the rows of the block, in row
+/// order per column chunk (deterministic, no atomics).
+template <class DYV, class DPV>
+void position_backward_rows(const DYV& dy, std::size_t seq, std::size_t row0, const DPV& dP) {
+  const std::size_t rows = dy.extent(0), d = dy.extent(1), C = detail::column_chunk;
+  WEFT_REQUIRE(seq > 0 && seq <= dP.extent(0) && dP.extent(1) == d, ShapeError,
+               "weft::ops::position_backward_rows: rows of sequences of length ", seq, " do not fit a table of ",
+               dP.extent(0), " x ", dP.extent(1));
+  Kokkos::parallel_for(
+      "weft::position_backward_rows", detail::range(dy, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
+        const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
+        for (std::size_t i = 0; i < rows; ++i) {
+          const std::size_t t = (row0 + i) % seq;
+          for (std::size_t jj = 0; jj < w; ++jj) dP(t, j0 + jj) += dy(i, j0 + jj);
+        }
+      });
+}
+
 }  // namespace weft::ops

@@ -14,25 +14,34 @@ namespace weft::optim {
 
 /// sqrt of the sum of squares of every gradient, accumulated in double. On a
 /// data-parallel run this is the local part; reduce squares across ranks first.
+/// With a tensor-parallel communicator `tp`, the squares of TP-sharded
+/// parameters (Parameter::tp_sharded) are summed over the TP ranks and those of
+/// replicated ones (norms, row-parallel biases; equal on every TP rank) are
+/// counted once, so the norm is the single-process model's.
 template <class T, class Space>
-double grad_norm(const std::vector<nn::Parameter<T, Space>*>& params) {
-  double total = 0;
+double grad_norm(const std::vector<nn::Parameter<T, Space>*>& params, Comm* tp = nullptr) {
+  double sums[2] = {0, 0};  // TP-sharded, replicated
   for (auto* p : params) {
     auto g = p->grad;
     double s = 0;
     Kokkos::parallel_reduce(
         "weft::grad_norm", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
         KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
-    total += s;
+    sums[p->tp_sharded() ? 0 : 1] += s;
   }
-  return std::sqrt(total);
+  if (tp && tp->size() > 1) {
+    Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(sums, 1);
+    tp->all_reduce(v);
+  }
+  return std::sqrt(sums[0] + sums[1]);
 }
 
 /// Scales every gradient by max_norm / norm when the global norm exceeds
 /// max_norm (max_norm <= 0: no clipping). Returns the norm before clipping.
+/// `tp`: as in grad_norm.
 template <class T, class Space>
-double clip_grad_norm(const std::vector<nn::Parameter<T, Space>*>& params, double max_norm) {
-  const double norm = grad_norm(params);
+double clip_grad_norm(const std::vector<nn::Parameter<T, Space>*>& params, double max_norm, Comm* tp = nullptr) {
+  const double norm = grad_norm(params, tp);
   if (max_norm > 0 && norm > max_norm) {
     const T f = T(max_norm / (norm + 1e-6));
     for (auto* p : params) {

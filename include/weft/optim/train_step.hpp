@@ -41,7 +41,9 @@ StepResult train_step(Model& model, Optimizer& opt, const data::TokenStream& dat
   auto params = model.parameters();
   {
     metrics::Profiler::Scope sc(profiler, "optimizer");
-    r.grad_norm = clip_grad_norm(params, clip);
+    Comm* tp = nullptr;
+    if constexpr (requires { model.tensor_parallel().comm; }) tp = model.tensor_parallel().comm;
+    r.grad_norm = clip_grad_norm(params, clip, tp);
     opt.step(lr);
   }
   return r;

@@ -131,15 +131,23 @@ class DataParallel final : public nn::GroupHooks {
   }
 
   /// Clips by the global gradient norm (over all shards) and returns the norm
-  /// before clipping; max_norm <= 0 only measures.
-  double clip_grad_norm(double max_norm) {
+  /// before clipping; max_norm <= 0 only measures. With a tensor-parallel
+  /// communicator `tp` (the parameters are each rank's TP shards), the squares
+  /// of TP-sharded parameters are summed over TP as well and those of
+  /// TP-replicated ones counted once.
+  double clip_grad_norm(double max_norm, Comm* tp = nullptr) {
     auto params = optimizer_parameters();
-    double local = 0;
-    for (auto* p : params) local += sum_squares(p->grad);
-    double total = local;
-    if (o_.mode != DPMode::replicate && p_ > 1) {
-      Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(&total, 1);
-      dp_.all_reduce(v);
+    using HostSums = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    double total = 0;
+    if (tp == nullptr || tp->size() == 1) {
+      for (auto* p : params) total += sum_squares(p->grad);
+      if (o_.mode != DPMode::replicate && p_ > 1) dp_.all_reduce(HostSums(&total, 1));
+    } else {
+      double sums[2] = {0, 0};  // TP-sharded, TP-replicated
+      for (auto* p : params) sums[p->tp_sharded() ? 0 : 1] += sum_squares(p->grad);
+      if (o_.mode != DPMode::replicate && p_ > 1) dp_.all_reduce(HostSums(sums, 2));
+      tp->all_reduce(HostSums(sums, 1));
+      total = sums[0] + sums[1];
     }
     const double norm = std::sqrt(total);
     if (max_norm > 0 && norm > max_norm) {
@@ -365,6 +373,7 @@ class DataParallel final : public nn::GroupHooks {
         origins_.push_back(PieceOrigin{p->name(), lo - off});
         pieces_.push_back(std::make_unique<Param>(p->name() + "[" + std::to_string(lo - off) + ":" + std::to_string(hi - off) + "]",
                                                   v, g, p->decay()));
+        pieces_.back()->set_tp_sharded(p->tp_sharded());
       }
     }
   }

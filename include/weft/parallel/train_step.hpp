@@ -26,7 +26,9 @@ inline std::size_t local_microbatch(std::size_t global_batch, std::size_t dp, st
 
 /// Trains `model` (hooks set to `dp`; config().batch sequences per
 /// microbatch) on step `step` of `data` with the global batch split over the
-/// DP ranks. Returns the global mean loss (identical on every rank) and the
+/// DP ranks. A model split over a TP axis (one with tensor_parallel()) takes
+/// the same data on every rank of a TP group, and its gradient norm counts
+/// TP-replicated parameters once. Returns the global mean loss (identical on every rank) and the
 /// global gradient norm before clipping.
 template <class Model, class T, class Space, class Optimizer, class IV, class TV>
 optim::StepResult train_step(Model& model, DataParallel<T, Space>& dp, Optimizer& opt, const data::TokenStream& data,
@@ -55,7 +57,9 @@ optim::StepResult train_step(Model& model, DataParallel<T, Space>& dp, Optimizer
   }
   {
     metrics::Profiler::Scope sc(profiler, "optimizer");
-    r.grad_norm = dp.clip_grad_norm(clip);
+    Comm* tp = nullptr;
+    if constexpr (requires { model.tensor_parallel().comm; }) tp = model.tensor_parallel().comm;
+    r.grad_norm = dp.clip_grad_norm(clip, tp);
     opt.step(lr);
   }
   {

@@ -345,6 +345,7 @@ class BasicDistView {
       }
     };
     (visit(std::type_identity<Ons>{}), ...);
+    (void)visit;  // a DistView without placements visits nothing
     for (std::size_t d = 0; d < rank; ++d) {
       const std::size_t s = Ext::static_extents[d];
       WEFT_REQUIRE(s == dynamic_extent || s == global[d], ShapeError, describe(), ": dimension ", d,

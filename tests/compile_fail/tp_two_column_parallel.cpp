@@ -1,0 +1,12 @@
+// Must not compile. The output of a column-parallel layer is Shard<1> over TP;
+// a second column-parallel layer needs a replicated input.
+#include <weft/mesh/mesh.hpp>
+#include <weft/nn/tensor_parallel.hpp>
+
+void two_column_parallel_layers(weft::Mesh<weft::TP>& mesh) {
+  weft::nn::Linear<float, weft::On<weft::TP, weft::Shard<0>>> a(mesh, 8, 16), b(mesh, 16, 16);
+  weft::DistView<float, 2> x(mesh, 4, 8);
+  auto h = a.forward(x);  // On<TP, Shard<1>>
+  auto y = b.forward(h);  // no redistribute in between
+  (void)y;
+}

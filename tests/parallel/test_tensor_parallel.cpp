@@ -1,0 +1,287 @@
+// Tensor parallelism over the whole world as the TP axis: the placed Linear
+// pair equals the single-process pair; the GPT split over TP (with and
+// without sequence parallelism, GELU and SwiGLU, learned and rotary
+// positions, grouped-query heads) follows the single-process loss curve and
+// gradient norm for 20 steps; the TP collectives of a step move exactly the
+// bytes of the formula in docs/tensor_parallel.md; indivisible sizes are
+// ConfigErrors naming the quantity and the valid TP sizes.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weft_test.hpp"
+
+namespace {
+
+using weft::nn::GPTConfig;
+using weft::nn::TensorParallel;
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+weft::data::TokenStream stream(std::size_t seq, int vocab) {
+  std::vector<int> toks(4000);
+  std::uint64_t x = 4242;
+  int prev = 0;
+  for (auto& t : toks) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t = (x >> 60) < 3 ? int((x >> 33) % std::uint64_t(vocab)) : (prev * 7 + 3) % vocab;
+    prev = t;
+  }
+  return weft::data::TokenStream(std::move(toks), seq, 17);
+}
+
+// GPT-2 shaped: GELU, learned positions, LayerNorm, full heads.
+GPTConfig gpt2_tiny() {
+  GPTConfig c;
+  c.layers = 2;
+  c.d_model = 16;
+  c.heads = 4;
+  c.seq = 8;
+  c.vocab = 32;
+  c.batch = 4;
+  c.seed = 11;
+  return c;
+}
+
+// Llama shaped: SwiGLU, rotary positions, RMSNorm, grouped-query heads.
+GPTConfig llama_tiny() {
+  GPTConfig c = gpt2_tiny();
+  c.d_model = 32;
+  c.heads = 8;
+  c.kv_heads = 4;
+  c.mlp = weft::nn::MlpKind::swiglu;
+  c.position = weft::nn::PositionKind::rotary;
+  c.norm = weft::nn::NormKind::rmsnorm;
+  return c;
+}
+
+struct Curve {
+  std::vector<double> loss, norm;
+};
+
+// 20 AdamW steps of 2 microbatches each (gradient accumulation across
+// microbatches is where partial gradients could be double-counted).
+Curve train(const GPTConfig& c, TensorParallel tp, std::size_t steps = 20) {
+  weft::nn::GPT<float> gpt(c, tp);
+  weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(gpt.parameters());
+  auto data = stream(c.seq, int(c.vocab));
+  Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
+  Curve r;
+  for (std::size_t s = 0; s < steps; ++s) {
+    auto st = weft::optim::train_step(gpt, opt, data, s, 2, ids, tg, 3e-3, 0.5);
+    r.loss.push_back(st.loss);
+    r.norm.push_back(st.grad_norm);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("placed Linear: column-parallel then row-parallel equals the single-process pair, forward and backward") {
+  auto& w = weft::test::world();
+  weft::Mesh<weft::TP> mesh(w, w.size());
+  using Col = weft::nn::Linear<float, weft::On<weft::TP, weft::Shard<0>>>;
+  using Row = weft::nn::Linear<float, weft::On<weft::TP, weft::Shard<1>>>;
+  const std::size_t n = 6, d = 8, f = 16;
+  Col up(mesh, d, f, {.name = "up", .bias = true, .seed = 3, .init_std = 0.5});
+  Row down(mesh, f, d, {.name = "down", .bias = true, .seed = 3, .init_std = 0.5});
+  static_assert(std::is_same_v<Col::output_placement, weft::Shard<1>>);
+  static_assert(std::is_same_v<Row::output_placement, weft::Partial<weft::Sum>>);
+  // Biases are zero-initialised: give them values so that adding them once matters.
+  Kokkos::deep_copy(down.local().bias().value, 0.25f);
+  auto cbias = up.local().bias().value;
+  const std::size_t c0 = std::size_t(w.rank()) * (f / std::size_t(w.size()));
+  Kokkos::parallel_for("bias", cbias.extent(0), KOKKOS_LAMBDA(std::size_t j) { cbias(j) = 0.01f * float(c0 + j); });
+
+  weft::DistView<float, 2> x(mesh, n, d);
+  auto hx = Kokkos::create_mirror_view(x.local());
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < d; ++j) hx(i, j) = std::sin(float(i * d + j));
+  Kokkos::deep_copy(x.local(), hx);
+
+  auto h = up.forward(x);  // On<TP, Shard<1>>
+  static_assert(std::is_same_v<typename decltype(h)::template placement_on<weft::TP>, weft::Shard<1>>);
+  auto yp = down.forward(h);  // On<TP, Partial<Sum>>
+  static_assert(std::is_same_v<typename decltype(yp)::template placement_on<weft::TP>, weft::Partial<weft::Sum>>);
+  auto y = weft::redistribute<weft::Replicate>(yp, weft::TP{});
+
+  // Single process: the same names and seed give the same values.
+  auto ctx = std::make_shared<weft::nn::Context>();
+  weft::nn::Linear<float> up1(ctx, "up", d, f, true, 3, 0.5), down1(ctx, "down", f, d, true, 3, 0.5);
+  Kokkos::deep_copy(down1.bias().value, 0.25f);
+  auto b1 = up1.bias().value;
+  Kokkos::parallel_for("bias1", f, KOKKOS_LAMBDA(std::size_t j) { b1(j) = 0.01f * float(j); });
+  weft::ops::Matrix<float> h1("h1", n, f), y1("y1", n, d);
+  up1.forward(x.local(), h1);
+  down1.forward(h1, y1);
+  auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y.local());
+  auto hy1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y1);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < d; ++j) CHECK(std::abs(hy(i, j) - hy1(i, j)) <= 1e-5f * (1 + std::abs(hy1(i, j))));
+
+  // Backward with dy = y: row-parallel gives dh Shard<1>, column-parallel dx Partial<Sum>.
+  auto dh = down.backward(h, y);
+  static_assert(std::is_same_v<typename decltype(dh)::template placement_on<weft::TP>, weft::Shard<1>>);
+  auto dxp = up.backward(x, dh);
+  static_assert(std::is_same_v<typename decltype(dxp)::template placement_on<weft::TP>, weft::Partial<weft::Sum>>);
+  auto dx = weft::redistribute<weft::Replicate>(dxp, weft::TP{});
+  weft::ops::Matrix<float> dh1("dh1", n, f), dx1("dx1", n, d);
+  down1.backward(h1, y1, dh1);
+  up1.backward(x.local(), dh1, dx1);
+  auto hdx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dx.local());
+  auto hdx1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dx1);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < d; ++j) CHECK(std::abs(hdx(i, j) - hdx1(i, j)) <= 1e-4f * (1 + std::abs(hdx1(i, j))));
+  // This rank's weight gradient is its block of the single-process one.
+  auto gw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), up.local().weight().grad_matrix());
+  auto gw1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), up1.weight().grad_matrix());
+  for (std::size_t i = 0; i < d; ++i)
+    for (std::size_t j = 0; j < gw.extent(1); ++j)
+      CHECK(std::abs(gw(i, j) - gw1(i, c0 + j)) <= 1e-4f * (1 + std::abs(gw1(i, c0 + j))));
+  // The row-parallel bias gradient is complete on every rank.
+  auto gb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), down.local().bias().grad);
+  auto gb1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), down1.bias().grad);
+  for (std::size_t j = 0; j < d; ++j) CHECK(std::abs(gb(j) - gb1(j)) <= 1e-5f * (1 + std::abs(gb1(j))));
+}
+
+TEST_CASE("the GPT split over TP follows the single-process loss curve and gradient norm (fp32, 20 steps, 1e-5)") {
+  auto& w = weft::test::world();
+  for (const GPTConfig& c : {gpt2_tiny(), llama_tiny()}) {
+    if (c.kv() % std::size_t(w.size()) != 0 || c.heads % std::size_t(w.size()) != 0) continue;
+    const Curve ref = train(c, {});
+    CHECK(ref.loss.back() < ref.loss.front());  // it trains
+    for (bool sp : {false, true}) {
+      INFO("mlp ", c.mlp == weft::nn::MlpKind::gelu ? "gelu" : "swiglu", " tp ", w.size(), " sequence parallel ", sp);
+      const Curve r = train(c, {&w, sp});
+      for (std::size_t s = 0; s < ref.loss.size(); ++s) {
+        INFO("step ", s, " loss ", r.loss[s], " reference ", ref.loss[s], " norm ", r.norm[s], " reference ", ref.norm[s]);
+        CHECK(rel(r.loss[s], ref.loss[s]) <= 1e-5);
+        CHECK(rel(r.norm[s], ref.norm[s]) <= 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("recompute under sequence parallelism keeps the curve") {
+  auto& w = weft::test::world();
+  GPTConfig c = gpt2_tiny();
+  c.recompute = true;
+  const Curve ref = train(c, {}, 5);
+  const Curve r = train(c, {&w, true}, 5);
+  for (std::size_t s = 0; s < ref.loss.size(); ++s) CHECK(rel(r.loss[s], ref.loss[s]) <= 1e-5);
+}
+
+TEST_CASE("the TP collectives of one step move exactly the bytes of the analytic formula") {
+  auto& w = weft::test::world();
+  if (w.size() == 1) return;
+  for (const GPTConfig& c : {gpt2_tiny(), llama_tiny()}) {
+    if (c.kv() % std::size_t(w.size()) != 0) continue;
+    for (bool sp : {false, true}) {
+      INFO("tp ", w.size(), " sequence parallel ", sp, " mlp ", c.mlp == weft::nn::MlpKind::gelu ? "gelu" : "swiglu");
+      weft::nn::GPT<float> gpt(c, {&w, sp});
+      weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(gpt.parameters());
+      auto data = stream(c.seq, int(c.vocab));
+      Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
+      const std::size_t M = 2;  // microbatches per step
+      w.reset_stats();
+      weft::optim::train_step(gpt, opt, data, 0, M, ids, tg, 1e-3, 1.0);
+      const auto& st = w.stats();
+      // Per microbatch (b = 4 bytes, n = tokens of a microbatch, L layers):
+      const std::uint64_t b = sizeof(float), n = c.tokens(), D = c.d_model, L = c.layers;
+      const std::uint64_t nd = n * D * b;
+      const std::uint64_t ce = n * b + 2 * n * b;  // row maxima, then sums of exp and target logits
+      const std::uint64_t clip = sizeof(double);   // once per step: the TP-sharded squares of the gradient norm
+      const bool ln = c.norm == weft::nn::NormKind::layernorm;
+      const std::uint64_t norm_params = (ln ? 2 : 1) * D;
+      const std::uint64_t pos = c.position == weft::nn::PositionKind::learned ? c.seq * D : 0;
+      using K = weft::CommKind;
+      if (!sp) {
+        // all-reduce: embedding, 2 per block forward, head input gradient, 2 per block backward.
+        CHECK(st[K::all_reduce].bytes == M * ((4 * L + 2) * nd + ce) + clip);
+        CHECK(st[K::all_reduce].calls == M * (4 * L + 4) + 1);
+        CHECK(st[K::all_gather].bytes == 0);
+        CHECK(st[K::reduce_scatter].bytes == 0);
+      } else {
+        // all-gather: 2 per block forward + ln_f, 2 per block backward + embedding gradient.
+        CHECK(st[K::all_gather].bytes == M * (4 * L + 2) * nd);
+        CHECK(st[K::all_gather].calls == M * (4 * L + 2));
+        // reduce-scatter: embedding + 2 per block forward, head + 2 per block backward.
+        CHECK(st[K::reduce_scatter].bytes == M * (4 * L + 2) * nd);
+        CHECK(st[K::reduce_scatter].calls == M * (4 * L + 2));
+        // all-reduce: cross-entropy, the norms' (and positions') token-shard gradients per block and root.
+        CHECK(st[K::all_reduce].bytes == M * (ce + (L * 2 * norm_params + norm_params + pos) * b) + clip);
+        CHECK(st[K::all_reduce].calls == M * (2 + L + 1) + 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("sizes that tp does not divide are ConfigErrors naming the quantity, tp and the valid TP sizes") {
+  auto& w = weft::test::world();
+  if (w.size() < 2) return;
+  const std::string tp = std::to_string(w.size());
+  auto message = [&](GPTConfig c, bool sp) -> std::string {
+    try {
+      weft::nn::GPT<float> g(c, {&w, sp});
+    } catch (const weft::ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  GPTConfig c = gpt2_tiny();
+  c.vocab = 33;
+  auto m = message(c, false);
+  INFO(m);
+  CHECK(m.find("the vocabulary (--vocab) 33 is not divisible by tp " + tp) != std::string::npos);
+  CHECK(m.find("weft does not pad or truncate") != std::string::npos);
+  CHECK(m.find("TP sizes valid for this model: 1") != std::string::npos);
+  c = gpt2_tiny();
+  c.kv_heads = 1;
+  m = message(c, false);
+  CHECK(m.find("the key/value heads (--kv-heads) 1 is not divisible by tp " + tp) != std::string::npos);
+  if (w.size() == 4) {
+    c = gpt2_tiny();
+    c.heads = 2;
+    m = message(c, false);
+    CHECK(m.find("the query heads (--heads) 2 is not divisible by tp 4") != std::string::npos);
+    CHECK(m.find("TP sizes valid for this model: 1, 2") != std::string::npos);
+    c = gpt2_tiny();
+    c.ffn_hidden = 18;
+    m = message(c, false);
+    CHECK(m.find("the MLP hidden size 18 is not divisible by tp 4") != std::string::npos);
+    c = gpt2_tiny();
+    c.batch = 1;
+    c.seq = 6;
+    m = message(c, true);
+    CHECK(m.find("the tokens of a microbatch") != std::string::npos);
+    CHECK(m.find("6 is not divisible by tp 4") != std::string::npos);
+  }
+}
+
+TEST_CASE("the planner's per-rank parameter count is what the split GPT holds, element for element") {
+  auto& w = weft::test::world();
+  for (const GPTConfig& c : {gpt2_tiny(), llama_tiny()}) {
+    if (c.kv() % std::size_t(w.size()) != 0) continue;
+    weft::nn::GPT<float> gpt(c, {&w, false});
+    std::size_t held = 0;
+    for (auto* p : gpt.parameters()) held += p->size();
+    weft::plan::ModelSpec m;
+    m.layers = c.layers;
+    m.d_model = c.d_model;
+    m.heads = c.heads;
+    m.kv_heads = c.kv_heads;
+    m.seq = c.seq;
+    m.micro_batch = c.batch;
+    m.global_batch = c.batch;
+    m.vocab = c.vocab;
+    m.mlp = c.mlp == weft::nn::MlpKind::swiglu ? weft::plan::Mlp::swiglu : weft::plan::Mlp::gelu;
+    m.layernorm = c.norm == weft::nn::NormKind::layernorm;
+    m.learned_positions = c.position == weft::nn::PositionKind::learned;
+    weft::plan::MeshSpec s;
+    s.tp = std::size_t(w.size());
+    INFO("tp ", w.size(), " held ", held);
+    CHECK(weft::plan::stage_params(m, s).total() == double(held));
+  }
+}
