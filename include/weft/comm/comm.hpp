@@ -620,7 +620,9 @@ class Comm {
     check_layout(recv_layout, send.size(), recv.size(), name, "receive");
     agree(CommKind::all_gather, mpi_datatype<T>::id, n, 0, name);
     auto s = std::make_shared<detail::Staged<S>>(send, true);
-    auto r = std::make_shared<detail::Staged<R>>(recv, false);
+    // A blocked layout leaves gaps that MPI does not write: a host staging copy
+    // must start from the view's contents, or copying it back would clobber them.
+    auto r = std::make_shared<detail::Staged<R>>(recv, !recv_layout.contiguous());
     auto st = begin(CommKind::all_gather, "all_gather", recv.size() * sizeof(T), std::make_shared<std::pair<decltype(s), decltype(r)>>(s, r),
                     [r] { r->unstage(); });
     const auto dt = mpi_datatype<T>::get();
@@ -684,7 +686,7 @@ class Comm {
     check_layout(recv_layout, recv.size() / p, recv.size(), name, "receive");
     agree(CommKind::all_to_all, mpi_datatype<T>::id, n, 0, name);
     auto s = std::make_shared<detail::Staged<S>>(send, true);
-    auto r = std::make_shared<detail::Staged<R>>(recv, false);
+    auto r = std::make_shared<detail::Staged<R>>(recv, !recv_layout.contiguous());  // see iall_gather_impl
     auto st = begin(CommKind::all_to_all, "all_to_all", send.size() * sizeof(T), std::make_shared<std::pair<decltype(s), decltype(r)>>(s, r),
                     [r] { r->unstage(); });
     const auto dt = mpi_datatype<T>::get();
