@@ -42,12 +42,21 @@ class Linear {
   }
 
   /// dW += x^T dy, db += colsum(dy), and dx = dy W^T (+= with accumulate_dx).
-  /// Pass an empty dx (extent 0) when the input needs no gradient.
+  /// Pass an empty dx (extent 0) when the input needs no gradient. While the
+  /// context defers weight gradients, dW's gemm is queued there instead (with
+  /// a copy of dy; x must stay unchanged until the queue runs).
   template <class XV, class DYV, class DXV>
   void backward(const XV& x, const DYV& dy, const DXV& dx, bool accumulate_dx = false) {
     {
       metrics::Profiler::Scope s(ctx_->profiler, "gemm");
-      ops::gemm(ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), weight_.grad_matrix());
+      if (ctx_->deferred_weight_grads) {
+        ops::Matrix<T, Space> kept(Kokkos::view_alloc(Kokkos::WithoutInitializing, weight_.name() + ".deferred_dy"),
+                                   dy.extent(0), dy.extent(1));
+        Kokkos::deep_copy(kept, dy);
+        ctx_->deferred_weight_grads->push([this, x, kept] { backward_weight(x, kept); });
+      } else {
+        weight_gemm(x, dy);
+      }
       if (dx.extent(0) != 0)
         ops::gemm(ops::Trans::N, ops::Trans::T, T(1), dy, weight_.matrix(), T(accumulate_dx ? 1 : 0), dx);
     }
@@ -55,6 +64,13 @@ class Linear {
       metrics::Profiler::Scope s(ctx_->profiler, "bias");
       ops::bias_backward(dy, bias_[0].grad);
     }
+  }
+
+  /// dW += x^T dy only: the weight-gradient half of backward.
+  template <class XV, class DYV>
+  void backward_weight(const XV& x, const DYV& dy) {
+    metrics::Profiler::Scope s(ctx_->profiler, "gemm");
+    weight_gemm(x, dy);
   }
 
   /// Input features.
@@ -74,6 +90,11 @@ class Linear {
   }
 
  private:
+  template <class XV, class DYV>
+  void weight_gemm(const XV& x, const DYV& dy) {
+    ops::gemm(ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), weight_.grad_matrix());
+  }
+
   ContextPtr ctx_;
   Parameter<T, Space> weight_;
   std::vector<Parameter<T, Space>> bias_;  // zero or one: Parameter has no empty state

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,10 +66,37 @@ class Parameter {
   Kokkos::View<T*, Space> grad;
 };
 
+/// Weight-gradient work that a backward pass postponed. Zero-bubble pipeline
+/// schedules split a backward into its input-gradient half (on the critical
+/// path) and its weight-gradient half (run later to fill idle time): while a
+/// model's Context points at a DeferredWork, its Linear layers compute only
+/// their input gradient and queue their weight-gradient gemm here, with a copy
+/// of the output gradient; run() does the queued work in order. The inputs the
+/// queued work reads must stay unchanged until then.
+class DeferredWork {
+ public:
+  /// Queues one piece of work.
+  void push(std::function<void()> f) { work_.push_back(std::move(f)); }
+  /// Runs every queued piece, oldest first, and forgets them.
+  void run() {
+    for (auto& f : work_) f();
+    work_.clear();
+  }
+  /// Drops the queued work without running it.
+  void clear() { work_.clear(); }
+  /// Number of queued pieces.
+  std::size_t size() const { return work_.size(); }
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
+
 /// What every layer of one model shares: the profiler that kernel scopes
-/// charge (null: no timing, no fences).
+/// charge (null: no timing, no fences), and where weight-gradient gemms go
+/// when they are deferred (null: computed during backward, the default).
 struct Context {
   metrics::Profiler* profiler = nullptr;
+  DeferredWork* deferred_weight_grads = nullptr;
 };
 
 /// Called by a model around the forward and backward of each parameter group
