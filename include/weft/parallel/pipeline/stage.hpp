@@ -7,6 +7,7 @@
 // several microbatches' forwards before their backwards.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -112,6 +113,8 @@ class Stage {
   const nn::GPTConfig& config() const { return cfg_; }
   /// Chunks on this rank, in chunk order.
   const std::vector<Chunk>& chunks() const { return chunks_; }
+  /// Chunks on this rank, in chunk order (mutable: layers and their parameters).
+  std::vector<Chunk>& chunks() { return chunks_; }
   /// Number of pipeline ranks.
   int ranks() const { return ranks_; }
   /// This rank's position in the pipeline.
@@ -395,5 +398,46 @@ class Stage {
   std::map<std::size_t, std::vector<std::unique_ptr<Slot>>> pool_;
   std::size_t peak_live_ = 0;
 };
+
+/// Measures what --stages auto partitions by: for each unit (embedding,
+/// blocks, head) the seconds of its forward and backward on one microbatch of
+/// cfg.batch sequences (fenced, the mean of `reps` runs after one warm-up),
+/// and the bytes a stage holding it needs: parameters, gradients and AdamW's
+/// two moments (4 copies), plus `in_flight` microbatches of its activations.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+std::vector<UnitCost> measure_unit_costs(const nn::GPTConfig& cfg, int reps = 3, double in_flight = 1) {
+  const std::size_t n = unit_count(cfg.layers);
+  StagePartition whole;
+  whole.bounds = {0, n};
+  Stage<T, Space> st(cfg, whole, 1, 0, 1);
+  ops::Tokens<Space> ids("ids", cfg.tokens()), tg("targets", cfg.tokens());
+  std::vector<double> acc(n, 0.0);
+  for (int r = 0; r <= reps; ++r) {
+    if (r == 1) std::fill(acc.begin(), acc.end(), 0.0);  // the first run is the warm-up
+    st.set_unit_timing(&acc);
+    st.forward(0, 0, ids, tg, 1.0 / double(cfg.tokens()));
+    st.backward(0, 0, ids);
+    st.set_unit_timing(nullptr);
+    st.release(0, 0);
+  }
+  std::vector<UnitCost> out(n);
+  for (std::size_t u = 0; u < n; ++u) out[u].seconds = acc[u] / double(std::max(reps, 1));
+  // Parameter bytes per unit.
+  auto param_bytes = [](auto& layer) {
+    std::vector<nn::Parameter<T, Space>*> ps;
+    layer.collect(ps);
+    double b = 0;
+    for (auto* p : ps) b += double(p->size() * sizeof(T));
+    return b;
+  };
+  auto& chunk = st.chunks().front();
+  const double row = double(cfg.tokens() * cfg.d_model * sizeof(T));
+  const double block_act = double(typename Stage<T, Space>::BlockT::Saved("measure", cfg).bytes()) + row;
+  const double head_act = 2 * row + double(cfg.tokens() * cfg.vocab * sizeof(T)) + double(2 * cfg.tokens() * sizeof(T));
+  out[0].bytes = 4 * param_bytes(*chunk.emb) + in_flight * row;
+  for (std::size_t b = 0; b < cfg.layers; ++b) out[b + 1].bytes = 4 * param_bytes(chunk.blocks[b]) + in_flight * block_act;
+  out[n - 1].bytes = 4 * (param_bytes(*chunk.ln_f) + param_bytes(*chunk.head)) + in_flight * head_act;
+  return out;
+}
 
 }  // namespace weft::pipeline
