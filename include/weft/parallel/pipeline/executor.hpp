@@ -171,6 +171,7 @@ class Executor {
       const PipeAction& a = plan_[k];
       if (o_.before_action) o_.before_action(a, k);
       retire();
+      complete_sends(false);
       auto ids = Kokkos::subview(ids_, std::make_pair(std::size_t(a.microbatch) * tok, std::size_t(a.microbatch + 1) * tok));
       auto tg = Kokkos::subview(targets_, std::make_pair(std::size_t(a.microbatch) * tok, std::size_t(a.microbatch + 1) * tok));
       switch (a.op) {
@@ -231,6 +232,7 @@ class Executor {
       stage_.release(key.first, key.second);
     }
     retiring_.clear();
+    complete_sends(true);
     WEFT_REQUIRE(stage_.live_slots() == 0, Error, "pipeline::Executor: ", stage_.live_slots(),
                  " microbatch activations are still held after the flush; the plan of schedule ", schedule_.name,
                  " does not complete every backward on rank ", pp_.rank());
@@ -301,8 +303,33 @@ class Executor {
     }
   }
 
+  // Moves a pending send and its buffer out of a slot (which gets a spare buffer).
+  void detach(Request& r, ops::Matrix<T, Space>& buf) {
+    if (!r.active() || r.test()) return;
+    sending_.push_back({std::move(r), buf});
+    if (!spare_.empty()) {
+      buf = spare_.back();
+      spare_.pop_back();
+    } else {
+      buf = ops::Matrix<T, Space>("pipeline.send_buffer", buf.extent(0), buf.extent(1));
+    }
+  }
+  // Returns the buffers of completed detached sends to the spares.
+  void complete_sends(bool wait_all) {
+    for (std::size_t i = 0; i < sending_.size();) {
+      if (wait_all) wait_for(sending_[i].req, [] { return std::string("complete a send of this step"); });
+      if (!sending_[i].req.test()) {
+        ++i;
+        continue;
+      }
+      spare_.push_back(sending_[i].buf);
+      sending_.erase(sending_.begin() + long(i));
+    }
+  }
+
   // Lets MPI move posted messages while this rank computes.
   void progress() {
+    complete_sends(false);
     for (std::size_t i = 0; i < next_post_; ++i) {
       const PipeAction& a = plan_[recvs_[i]];
       if (!stage_.has_slot(a.microbatch, a.chunk)) continue;
@@ -324,7 +351,11 @@ class Executor {
       auto& s = stage_.slot(key.first, key.second);
       const std::size_t vs = stage_.chunks()[std::size_t(key.second)].virtual_stage;
       const bool grad_done = vs == 0 || grad_sent_.count(key) != 0;
-      if (grad_done && s.send_activation.test() && s.send_gradient.test()) {
+      if (grad_done) {
+        // A send still in flight keeps only its own buffer, not the slot:
+        // the activations are free as soon as the backward is complete.
+        detach(s.send_activation, s.xs.back());
+        detach(s.send_gradient, s.dx);
         stage_.release(key.first, key.second);
         retiring_.erase(retiring_.begin() + long(i));
       } else {
@@ -344,6 +375,12 @@ class Executor {
   std::size_t next_post_ = 0;
   std::vector<std::pair<int, int>> retiring_;
   std::set<std::pair<int, int>> grad_sent_;
+  struct InFlightSend {
+    Request req;
+    ops::Matrix<T, Space> buf;
+  };
+  std::vector<InFlightSend> sending_;
+  std::vector<ops::Matrix<T, Space>> spare_;
   std::vector<StepEvent> timeline_;
   double t_begin_ = 0, t_end_ = 0;
 };
