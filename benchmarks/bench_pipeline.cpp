@@ -11,7 +11,7 @@
 //   D=512, H=8, T=256, V=8192) on pp=2 (1f1b) against pp=1 (rank 0 alone, the
 //   same global batch and microbatches through gradient accumulation).
 //
-//   mpirun -n 4 bench_pipeline [--microbatches 8] [--steps 3] [--warmup 1] [--trace-dir .]
+//   mpirun -n 4 bench_pipeline [--microbatches 8] [--steps 5] [--warmup 1] [--trace-dir .]
 //   mpirun -n 2 bench_pipeline [--microbatches 4] [--micro 2] [--steps 3]
 //
 // With 4 ranks only the bubble part runs, with 2 only the throughput part.
@@ -31,7 +31,7 @@ namespace {
 using Space = Kokkos::DefaultExecutionSpace;
 
 struct Args {
-  std::size_t steps = 3, warmup = 1, microbatches = 0, micro = 0;
+  std::size_t steps = 0, warmup = 1, microbatches = 0, micro = 0;  // steps 0: 5 (bubble), 3 (throughput)
   std::size_t layers = 8, d_model = 0, heads = 0, seq = 0, vocab = 0;
   std::string trace_dir = ".";
 };
@@ -55,7 +55,8 @@ weft::nn::GPTConfig config(const Args& a, std::size_t d, std::size_t h, std::siz
 }
 
 // ---------------------------------------------------------------- bubble
-int bubble_part(weft::Comm& world, const Args& a) {
+int bubble_part(weft::Comm& world, Args a) {
+  if (a.steps == 0) a.steps = 5;
   const int p = world.size();
   const bool root = world.rank() == 0;
   const int m = int(a.microbatches ? a.microbatches : 8);
@@ -201,7 +202,8 @@ int bubble_part(weft::Comm& world, const Args& a) {
 }
 
 // ------------------------------------------------------------ throughput
-int throughput_part(weft::Comm& world, const Args& a) {
+int throughput_part(weft::Comm& world, Args a) {
+  if (a.steps == 0) a.steps = 3;
   const bool root = world.rank() == 0;
   const int m = int(a.microbatches ? a.microbatches : 4);
   const auto cfg = config(a, 512, 8, 256, 8192, 2);

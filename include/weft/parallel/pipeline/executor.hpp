@@ -267,7 +267,10 @@ class Executor {
                             " without completing: a pipeline peer failed or hangs (deadline: "
                             "ExecutorOptions::deadline_s, WEFT_DEADLINE)");
       }
-      if (spin > 64) std::this_thread::yield();
+      // Spin briefly, then yield, then sleep: on a node with more ranks than
+      // cores a waiting rank must leave its core to the ranks that compute.
+      if (spin > 4096) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else if (spin > 64) std::this_thread::yield();
     }
   }
 
