@@ -50,8 +50,8 @@ class Linear {
     {
       metrics::Profiler::Scope s(ctx_->profiler, "gemm");
       if (ctx_->deferred_weight_grads) {
-        ops::Matrix<T, Space> kept(Kokkos::view_alloc(Kokkos::WithoutInitializing, weight_.name() + ".deferred_dy"),
-                                   dy.extent(0), dy.extent(1));
+        auto kept = ctx_->deferred_weight_grads->template take<ops::Matrix<T, Space>>(
+            weight_.name() + ".deferred_dy", dy.extent(0), dy.extent(1));
         Kokkos::deep_copy(kept, dy);
         ctx_->deferred_weight_grads->push([this, x, kept] { backward_weight(x, kept); });
       } else {

@@ -3,6 +3,7 @@
 // applies. Also the per-model context layers share (profiler, seed).
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -77,18 +78,41 @@ class DeferredWork {
  public:
   /// Queues one piece of work.
   void push(std::function<void()> f) { work_.push_back(std::move(f)); }
-  /// Runs every queued piece, oldest first, and forgets them.
+  /// Runs every queued piece, oldest first, and forgets them; the buffers
+  /// taken for them return to this queue's pool.
   void run() {
     for (auto& f : work_) f();
-    work_.clear();
+    clear();
   }
-  /// Drops the queued work without running it.
-  void clear() { work_.clear(); }
+  /// Drops the queued work without running it (its buffers return to the pool).
+  void clear() {
+    work_.clear();
+    for (auto& b : in_use_) spare_.push_back(std::move(b));
+    in_use_.clear();
+  }
   /// Number of queued pieces.
   std::size_t size() const { return work_.size(); }
+  /// A rank-2 view of type V with the given extents for queued work to read:
+  /// a pooled one of the same type and shape when there is one (contents
+  /// undefined), else a new one. It stays in use until run() or clear().
+  template <class V>
+  V take(const std::string& label, std::size_t rows, std::size_t cols) {
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      const V* v = std::any_cast<V>(&*it);
+      if (!v || v->extent(0) != rows || v->extent(1) != cols) continue;
+      V out = *v;
+      spare_.erase(it);
+      in_use_.emplace_back(out);
+      return out;
+    }
+    V out(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), rows, cols);
+    in_use_.emplace_back(out);
+    return out;
+  }
 
  private:
   std::vector<std::function<void()>> work_;
+  std::vector<std::any> in_use_, spare_;
 };
 
 /// What every layer of one model shares: the profiler that kernel scopes
