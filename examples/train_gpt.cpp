@@ -20,6 +20,12 @@
 // with every --dp mode, and the loss curve stays the one-process curve.
 //
 //   mpirun -n 8 train_gpt --mesh dp=2,tp=4 --dp fsdp --sequence-parallel --record run.json
+//
+// --mesh dp=A,pp=B adds pipeline parallelism: B stages of consecutive layers
+// run --schedule gpipe|1f1b|interleaved:V|zb over --microbatches, with stage
+// boundaries from --stages auto|equal|L1,L2,...
+//
+//   mpirun -n 4 train_gpt --mesh dp=2,pp=2 --schedule 1f1b --microbatches 4 --stages auto
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,9 +65,12 @@ struct Options {
   double lr = 1e-3, weight_decay = 0.1, clip = 1.0, momentum = 0.9;
   std::size_t warmup = 0;
   std::string data, record, optimizer = "adamw";
-  int dp = 0;  // 0: the world size / tp
+  int dp = 0;  // 0: the world size / (tp x pp)
   int tp = 1;
+  int pp = 1;
   bool sequence_parallel = false;
+  std::string schedule = "1f1b", stages = "equal";
+  double stage_memory_mb = 0;
   std::string compare;  // a run record whose loss curve this run must follow (--baseline, alias --compare)
   bool check_only = false;  // --check: validate the flags and exit without training
   double tolerance = 1e-5;
@@ -87,8 +96,12 @@ const char* kUsage =
     "  --data FILE       train on the bytes of FILE (default: synthetic language)\n"
     "  --threads N       BLAS threads per rank (default: cores / ranks on the node)\n"
     "  --record FILE     write a JSON run record\n"
-    "  --mesh dp=A,tp=B  the mesh; axes left out have size 1 (default dp = ranks / tp)\n"
+    "  --mesh dp=A,tp=B,pp=C  the mesh; axes left out have size 1 (default dp = ranks / (tp x pp));\n"
+    "                    tp and pp do not combine in train_gpt yet\n"
     "  --sequence-parallel  with tp > 1: norms and residuals on token shards (all-gather/reduce-scatter)\n"
+    "  --schedule S      pipeline schedule with pp > 1: gpipe, 1f1b, interleaved:V or zb (1f1b)\n"
+    "  --stages S        pipeline stage boundaries: auto (measured time and memory), equal, or blocks per stage L1,L2,... (equal)\n"
+    "  --stage-memory-mb X  memory limit per stage for --stages auto (0: none)\n"
     "  --dp replicate|zero1|zero2|fsdp  data-parallel mode (replicate)\n"
     "  --bucket-mb X     gradient bucket size of replicate and zero1 in MiB (25)\n"
     "  --no-overlap      reduce gradients after backward instead of during it\n"
@@ -136,8 +149,11 @@ E parse_choice(const std::string& flag, const std::string& v, const std::map<std
 
 // --mesh dp=A[,tp=B,pp=C,cp=D,ep=E]: the axes this build of train_gpt runs
 // are named; the others must be 1 until their strategies arrive.
-std::pair<int, int> parse_mesh(const std::string& v) {
-  int dp = 0, tp = 1;
+struct MeshFlags {
+  int dp = 0, tp = 1, pp = 1;
+};
+MeshFlags parse_mesh(const std::string& v) {
+  MeshFlags m;
   std::size_t start = 0;
   while (start <= v.size()) {
     const std::size_t end = std::min(v.find(',', start), v.size());
@@ -147,19 +163,23 @@ std::pair<int, int> parse_mesh(const std::string& v) {
     const std::string axis = item.substr(0, eq);
     const int n = int(parse_count("--mesh " + axis, item.substr(eq + 1)));
     if (axis == "dp") {
-      dp = n;
+      m.dp = n;
     } else if (axis == "tp") {
-      tp = n;
+      m.tp = n;
+    } else if (axis == "pp") {
+      m.pp = n;
     } else {
-      WEFT_REQUIRE(axis == "pp" || axis == "cp" || axis == "ep", ConfigError, "--mesh ", v,
+      WEFT_REQUIRE(axis == "cp" || axis == "ep", ConfigError, "--mesh ", v,
                    ": unknown axis '", axis, "'; the axes are dp, tp, pp, cp, ep");
       WEFT_REQUIRE(n == 1, ConfigError, "--mesh ", v, ": ", axis, "=", n,
-                   " is not available in train_gpt yet (data and tensor parallelism only); use ", axis,
+                   " is not available in train_gpt yet (data, tensor and pipeline parallelism only); use ", axis,
                    "=1 or leave it out");
     }
     start = end + 1;
   }
-  return {dp, tp};
+  WEFT_REQUIRE(m.tp == 1 || m.pp == 1, ConfigError, "--mesh ", v, ": tp=", m.tp, " with pp=", m.pp,
+               " is not available in train_gpt yet (pipeline stages do not split their layers over tp); use one of the two");
+  return m;
 }
 
 Options parse(int argc, char** argv) {
@@ -186,7 +206,15 @@ Options parse(int argc, char** argv) {
       {"--data", [&](const std::string& v) { o.data = v; }},
       {"--record", [&](const std::string& v) { o.record = v; }},
       {"--threads", [&](const std::string& v) { o.threads = parse_count("--threads", v); }},
-      {"--mesh", [&](const std::string& v) { std::tie(o.dp, o.tp) = parse_mesh(v); }},
+      {"--mesh", [&](const std::string& v) {
+         const MeshFlags m = parse_mesh(v);
+         o.dp = m.dp;
+         o.tp = m.tp;
+         o.pp = m.pp;
+       }},
+      {"--schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v).name; }},
+      {"--stages", [&](const std::string& v) { o.stages = (weft::pipeline::parse_stage_spec(v), v); }},
+      {"--stage-memory-mb", [&](const std::string& v) { o.stage_memory_mb = parse_real("--stage-memory-mb", v, false); }},
       {"--compare", [&](const std::string& v) { o.compare = v; }},
       {"--baseline", [&](const std::string& v) { o.compare = v; }},
       {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v, true); }},
@@ -271,6 +299,28 @@ double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// --compare: 0 when the loss curve follows the reference record, 3 otherwise.
+int compare_losses(const Options& o, const std::vector<double>& losses) {
+  if (!o.compare.empty()) {
+    const auto ref = read_losses(o.compare);
+    WEFT_REQUIRE(ref.size() >= losses.size(), ConfigError, "--compare ", o.compare, " has ", ref.size(),
+                 " steps, fewer than the ", losses.size(), " of this run");
+    double worst = 0;
+    for (std::size_t s = 0; s < losses.size(); ++s) {
+      const double rel = std::abs(losses[s] - ref[s]) / std::max(std::abs(ref[s]), 1e-30);
+      worst = std::max(worst, rel);
+      if (!(rel <= o.tolerance)) {
+        std::fprintf(stderr, "train_gpt: error: step %zu loss %.9g differs from %s's %.9g by %.3g relative, more than --tolerance %.3g\n",
+                     s, losses[s], o.compare.c_str(), ref[s], rel, o.tolerance);
+        return 3;
+      }
+    }
+    std::printf("train_gpt: the loss curve follows %s: max relative difference %.3g over %zu steps (tolerance %.3g)\n",
+                o.compare.c_str(), worst, losses.size(), o.tolerance);
+  }
+  return 0;
 }
 
 const char* name_of(weft::nn::NormKind k) { return k == weft::nn::NormKind::layernorm ? "layernorm" : "rmsnorm"; }
@@ -612,6 +662,125 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   return 0;
 }
 
+// The pipeline path (--mesh ...,pp=B with B > 1): a Stage of this rank's
+// layers, data parallelism over the DP axis, the schedule's executor over the
+// PP axis. Prints one line per step; --record and --compare as for dp only.
+template <class Opt>
+int train_pipeline(const Options& o, weft::pipeline::Executor<float, Space>& ex,
+                   weft::parallel::DataParallel<float, Space>& dp, Opt& opt, const weft::data::TokenStream& stream,
+                   const weft::ops::BlasThreads& bt, weft::Comm& world, const std::string& stages,
+                   const std::string& data_name) {
+  const auto& c = ex.stage().config();
+  const bool root = world.rank() == 0;
+  const int npp = ex.comm().size(), ndp = dp.comm().size();
+  const std::size_t tokens_per_step = o.batch * c.seq;
+  const double bubble = ex.schedule().bubble(npp, ex.microbatches(), {});
+  if (root) {
+    std::printf("train_gpt: mesh dp=%d (%s) x pp=%d, schedule %s, %d microbatches of %zu sequences per dp rank, "
+                "stages (blocks per virtual stage) %s, analytic bubble %.3f, data %s\n",
+                ndp, weft::parallel::to_string(dp.mode()), npp, ex.schedule().name.c_str(), ex.microbatches(), c.batch,
+                stages.c_str(), bubble, data_name.c_str());
+    std::printf("train_gpt: BLAS threads %d (%s)\n", bt.threads, bt.reason.c_str());
+  }
+  std::fflush(stdout);
+  std::vector<double> losses, norms, walls;
+  for (std::size_t s = 0; s < o.steps; ++s) {
+    const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
+    Kokkos::fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = weft::pipeline::train_step(ex, &dp, opt, stream, s, o.batch, lr, o.clip);
+    Kokkos::fence();
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    walls.push_back(wall);
+    losses.push_back(r.loss);
+    norms.push_back(r.grad_norm);
+    if (root)
+      std::printf("step %zu loss %.4f tok/s %.0f grad_norm %.4f lr %.3g ms %.1f\n", s, r.loss,
+                  double(tokens_per_step) / wall, r.grad_norm, lr, wall * 1e3);
+    std::fflush(stdout);
+  }
+  const std::size_t skip = o.steps > 1 ? std::min<std::size_t>(5, std::max<std::size_t>(1, o.steps / 10)) : 0;
+  const double tps = double(tokens_per_step) / median(std::vector<double>(walls.begin() + long(skip), walls.end()));
+  if (!root) return 0;
+  std::printf("train_gpt: final loss %.4f; %.0f tok/s\n", losses.back(), tps);
+  if (!o.record.empty()) {
+    using weft::metrics::Json;
+    Json rec = Json::object();
+    rec.set("program", "train_gpt").set("weft_version", WEFT_VERSION_STRING);
+    rec.set("config", Json::object()
+                          .set("layers", Json(c.layers)).set("d_model", Json(c.d_model)).set("heads", Json(c.heads))
+                          .set("seq", Json(c.seq)).set("batch", Json(o.batch)).set("microbatches", Json(o.microbatches))
+                          .set("microbatch", Json(c.batch)).set("vocab", Json(c.vocab)).set("steps", Json(o.steps))
+                          .set("lr", o.lr).set("optimizer", o.optimizer).set("clip", o.clip).set("seed", Json(c.seed))
+                          .set("data", data_name).set("dtype", "float32"));
+    rec.set("mesh", Json::object().set("dp", ndp).set("tp", 1).set("pp", npp).set("cp", 1).set("ep", 1)
+                        .set("world_size", ndp * npp).set("dp_mode", weft::parallel::to_string(dp.mode()))
+                        .set("schedule", ex.schedule().name).set("stages", stages).set("bubble_analytic", bubble));
+    rec.set("tokens_per_step", Json(tokens_per_step));
+    rec.set("loss", Json(losses));
+    rec.set("grad_norm", Json(norms));
+    rec.set("step_seconds", Json(walls));
+    rec.set("warmup_steps_excluded", Json(skip));
+    rec.set("tokens_per_second", tps);
+    std::ofstream f(o.record);
+    WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot open the file for writing (", std::strerror(errno), ")");
+    f << rec.dump() << "\n";
+    std::printf("train_gpt: run record written to %s\n", o.record.c_str());
+  }
+  return compare_losses(o, losses);
+}
+
+int run_pipeline(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
+                 const weft::ops::BlasThreads& bt, const std::string& data_name) {
+  weft::Mesh<weft::DP, weft::PP> mesh(env.world(), {.dp = ndp, .pp = o.pp});
+  const auto sched = weft::pipeline::parse_schedule(o.schedule);
+  sched.check(o.pp, int(o.microbatches));
+  const std::size_t L = o.model.layers, S = std::size_t(o.pp * sched.chunks);
+  const auto spec = weft::pipeline::parse_stage_spec(o.stages);
+  weft::pipeline::StagePartition part;
+  if (spec.kind == weft::pipeline::StageSpec::Kind::equal) {
+    part = weft::pipeline::equal_partition(L, S);
+  } else if (spec.kind == weft::pipeline::StageSpec::Kind::explicit_counts) {
+    WEFT_REQUIRE(spec.counts.size() == S, ConfigError, "--stages ", o.stages, ": ", spec.counts.size(),
+                 " block counts, but pp=", o.pp, " x ", sched.chunks, " chunks per rank (", sched.name, ") = ", S,
+                 " virtual stages; give one count per virtual stage");
+    part = weft::pipeline::partition_from_counts(L, spec.counts);
+  } else {
+    // Rank 0 measures every unit alone (the others wait), then all ranks use its figures.
+    const std::size_t n = weft::pipeline::unit_count(L);
+    Kokkos::View<double*, Kokkos::HostSpace> costs("unit_costs", 2 * n);
+    if (env.world().rank() == 0) {
+      const double in_flight = double(sched.peak_in_flight(o.pp, int(o.microbatches), 0)) / double(sched.chunks);
+      const auto u = weft::pipeline::measure_unit_costs<float, Space>(o.model, 3, in_flight);
+      for (std::size_t i = 0; i < n; ++i) {
+        costs(2 * i) = u[i].seconds;
+        costs(2 * i + 1) = u[i].bytes;
+      }
+    }
+    env.world().broadcast(costs, 0);
+    std::vector<weft::pipeline::UnitCost> u(n);
+    for (std::size_t i = 0; i < n; ++i) u[i] = {costs(2 * i), costs(2 * i + 1)};
+    part = weft::pipeline::balanced_partition(u, S, o.stage_memory_mb * 1048576.0);
+    if (env.world().rank() == 0) {
+      std::printf("train_gpt: --stages auto: unit ms (embedding, blocks, head):");
+      for (const auto& x : u) std::printf(" %.2f", x.seconds * 1e3);
+      std::printf("; slowest stage %.2f ms (equal: %.2f ms)\n", weft::pipeline::slowest_stage(part, u) * 1e3,
+                  weft::pipeline::slowest_stage(weft::pipeline::equal_partition(L, S), u) * 1e3);
+    }
+  }
+  weft::pipeline::Stage<float, Space> stage(o.model, part, o.pp, mesh.coord<weft::PP>(), sched.chunks);
+  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), o.dp_options);
+  stage.set_hooks(&dp);
+  weft::pipeline::Executor<float, Space> ex(stage, mesh.axis<weft::PP>(), sched, int(o.microbatches));
+  const std::string stages = part.to_string(L);
+  if (o.optimizer == "adamw") {
+    weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters(), {.weight_decay = o.weight_decay});
+    return train_pipeline(o, ex, dp, opt, stream, bt, env.world(), stages, data_name);
+  }
+  weft::optim::SGD<float, Space> opt(dp.optimizer_parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
+  return train_pipeline(o, ex, dp, opt, stream, bt, env.world(), stages, data_name);
+}
+
 int run(int argc, char** argv, weft::Environment& env) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
@@ -624,31 +793,35 @@ int run(int argc, char** argv, weft::Environment& env) {
   if (o.check_only) {
     // What weft-plan --run-top asks before launching a candidate: does this
     // build accept the mesh, the modes and the batch split (on any world size)?
-    const int n = o.dp == 0 ? std::max(1, world / ntp) : o.dp;
+    const int n = o.dp == 0 ? std::max(1, world / (ntp * o.pp)) : o.dp;
     weft::nn::GPTConfig m = o.model;
     m.batch = weft::parallel::local_microbatch(o.batch, std::size_t(n), o.microbatches);
     m.validate();
     m.validate_tensor_parallel(std::size_t(ntp), o.sequence_parallel);
     WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
                  "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
+    if (o.pp > 1) weft::pipeline::parse_schedule(o.schedule).check(o.pp, int(o.microbatches));
     if (env.world().rank() == 0)
-      std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks\n",
-                  n, ntp, weft::parallel::to_string(o.dp_options.mode), m.batch, n * ntp);
+      std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks\n",
+                  n, ntp, o.pp, weft::parallel::to_string(o.dp_options.mode), m.batch, n * ntp * o.pp);
     return 0;
   }
-  WEFT_REQUIRE(o.dp != 0 || world % ntp == 0, ConfigError, "--mesh tp=", ntp, " does not divide the ", world,
-               " ranks train_gpt was started on; launch it with a multiple of ", ntp, " ranks");
-  const int ndp = o.dp == 0 ? world / ntp : o.dp;
-  WEFT_REQUIRE(ndp * ntp == world, ConfigError, "--mesh dp=", ndp, (ntp > 1 ? ",tp=" + std::to_string(ntp) : std::string()),
-               " needs ", ndp * ntp, " ranks, but train_gpt was started on ", world, "; launch it with mpirun -n ",
-               ndp * ntp, " or change --mesh");
+  const int model_ranks = ntp * o.pp;  // ranks that hold one copy of the model
+  WEFT_REQUIRE(o.dp != 0 || world % model_ranks == 0, ConfigError, "--mesh ", (ntp > 1 ? "tp=" : "pp="),
+               (ntp > 1 ? ntp : o.pp), " does not divide the ", world,
+               " ranks train_gpt was started on; launch it with a multiple of ", model_ranks, " ranks");
+  const int ndp = o.dp == 0 ? world / model_ranks : o.dp;
+  WEFT_REQUIRE(ndp * model_ranks == world, ConfigError, "--mesh dp=", ndp,
+               (ntp > 1 ? ",tp=" + std::to_string(ntp) : std::string()),
+               (o.pp > 1 ? ",pp=" + std::to_string(o.pp) : std::string()), " needs ", ndp * model_ranks,
+               " ranks, but train_gpt was started on ", world, "; launch it with mpirun -n ", ndp * model_ranks,
+               " or change --mesh");
   WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
                "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
   Options opts = o;
   opts.model.batch = weft::parallel::local_microbatch(o.batch, std::size_t(ndp), o.microbatches);
   opts.model.validate();
   opts.model.validate_tensor_parallel(std::size_t(ntp), o.sequence_parallel);
-  weft::Mesh<weft::DP, weft::TP> mesh(env.world(), ndp, ntp);
   // BLAS threads: ranks sharing this node x threads must not exceed its cores.
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -663,6 +836,8 @@ int run(int argc, char** argv, weft::Environment& env) {
                " bytes, fewer than --seq + 1 = ", o.model.seq + 1, "; use a longer file or a shorter --seq");
   const double unigram = weft::data::unigram_entropy(bytes);
   weft::data::TokenStream stream(bytes, opts.model.seq, opts.model.seed);
+  if (o.pp > 1) return run_pipeline(opts, env, ndp, stream, bt, data_name);
+  weft::Mesh<weft::DP, weft::TP> mesh(env.world(), ndp, ntp);
   weft::nn::GPT<float, Space> gpt(opts.model, {&mesh.axis<weft::TP>(), o.sequence_parallel});
   weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), opts.dp_options);
   gpt.set_hooks(&dp);

@@ -27,6 +27,9 @@
 #include <weft/parallel/data_parallel.hpp>
 #include <weft/parallel/train_step.hpp>
 #include <weft/parallel/pipeline/simulator.hpp>
+#include <weft/parallel/pipeline/partition.hpp>
+#include <weft/parallel/pipeline/stage.hpp>
+#include <weft/parallel/pipeline/executor.hpp>
 #include <weft/plan/model.hpp>
 #include <weft/plan/memory.hpp>
 #include <weft/plan/meshes.hpp>

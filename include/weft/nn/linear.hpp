@@ -105,11 +105,20 @@ class Linear {
   /// split, x, dy and dx are this rank's parts: column-parallel dx is a partial
   /// sum over the TP ranks (the caller reduces it); row-parallel dy is the
   /// whole output gradient, so its bias gradient is complete on every rank.
+  /// While the context defers weight gradients, dW's gemm is queued there
+  /// instead (with a copy of dy; x must stay unchanged until the queue runs).
   template <class XV, class DYV, class DXV>
   void backward(const XV& x, const DYV& dy, const DXV& dx, bool accumulate_dx = false) {
     {
       metrics::Profiler::Scope s(ctx_->profiler, "gemm");
-      ops::gemm(ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), weight_.grad_matrix());
+      if (ctx_->deferred_weight_grads) {
+        auto kept = ctx_->deferred_weight_grads->template take<ops::Matrix<T, Space>>(
+            weight_.name() + ".deferred_dy", dy.extent(0), dy.extent(1));
+        Kokkos::deep_copy(kept, dy);
+        ctx_->deferred_weight_grads->push([this, x, kept] { backward_weight(x, kept); });
+      } else {
+        weight_gemm(x, dy);
+      }
       if (dx.extent(0) != 0)
         ops::gemm(ops::Trans::N, ops::Trans::T, T(1), dy, weight_.matrix(), T(accumulate_dx ? 1 : 0), dx);
     }
@@ -117,6 +126,13 @@ class Linear {
       metrics::Profiler::Scope s(ctx_->profiler, "bias");
       ops::bias_backward(dy, bias_[0].grad);
     }
+  }
+
+  /// dW += x^T dy only: the weight-gradient half of backward.
+  template <class XV, class DYV>
+  void backward_weight(const XV& x, const DYV& dy) {
+    metrics::Profiler::Scope s(ctx_->profiler, "gemm");
+    weight_gemm(x, dy);
   }
 
   /// Input features held by this rank.
@@ -158,6 +174,11 @@ class Linear {
       WEFT_REQUIRE(in % s.parts == 0, ConfigError, "nn::Linear '", name, "' (row-parallel): ", in,
                    " input features are not divisible by tp ", s.parts, "; weft does not pad");
     return s;
+  }
+
+  template <class XV, class DYV>
+  void weight_gemm(const XV& x, const DYV& dy) {
+    ops::gemm(ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), weight_.grad_matrix());
   }
 
   ContextPtr ctx_;

@@ -3,7 +3,9 @@
 // applies. Also the per-model context layers share (profiler, seed).
 #pragma once
 
+#include <any>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,11 +97,62 @@ struct TensorParallel {
   bool sp() const { return active() && sequence_parallel; }
 };
 
+/// Weight-gradient work that a backward pass postponed. Zero-bubble pipeline
+/// schedules split a backward into its input-gradient half (on the critical
+/// path) and its weight-gradient half (run later to fill idle time): while a
+/// model's Context points at a DeferredWork, its Linear layers compute only
+/// their input gradient and queue their weight-gradient gemm here, with a copy
+/// of the output gradient; run() does the queued work in order. The inputs the
+/// queued work reads must stay unchanged until then.
+class DeferredWork {
+ public:
+  /// Queues one piece of work.
+  void push(std::function<void()> f) { work_.push_back(std::move(f)); }
+  /// Runs every queued piece, oldest first, and forgets them; the buffers
+  /// taken for them return to this queue's pool.
+  void run() {
+    for (auto& f : work_) f();
+    clear();
+  }
+  /// Drops the queued work without running it (its buffers return to the pool).
+  void clear() {
+    work_.clear();
+    for (auto& b : in_use_) spare_.push_back(std::move(b));
+    in_use_.clear();
+  }
+  /// Number of queued pieces.
+  std::size_t size() const { return work_.size(); }
+  /// A rank-2 view of type V with the given extents for queued work to read:
+  /// a pooled one of the same type and shape when there is one (contents
+  /// undefined), else a new one. It stays in use until run() or clear().
+  template <class V>
+  V take(const std::string& label, std::size_t rows, std::size_t cols) {
+    for (auto it = spare_.begin(); it != spare_.end(); ++it) {
+      const V* v = std::any_cast<V>(&*it);
+      if (!v || v->extent(0) != rows || v->extent(1) != cols) continue;
+      V out = *v;
+      spare_.erase(it);
+      in_use_.emplace_back(out);
+      return out;
+    }
+    V out(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), rows, cols);
+    in_use_.emplace_back(out);
+    return out;
+  }
+
+ private:
+  std::vector<std::function<void()>> work_;
+  std::vector<std::any> in_use_, spare_;
+};
+
 /// What every layer of one model shares: the profiler that kernel scopes
-/// charge (null: no timing, no fences) and the tensor-parallel split.
+/// charge (null: no timing, no fences), the tensor-parallel split, and where
+/// weight-gradient gemms go when they are deferred (null: computed during
+/// backward, the default).
 struct Context {
   metrics::Profiler* profiler = nullptr;
   TensorParallel tp;  ///< the TP axis (inactive: the single-process model)
+  DeferredWork* deferred_weight_grads = nullptr;
 };
 
 /// Called by a model around the forward and backward of each parameter group

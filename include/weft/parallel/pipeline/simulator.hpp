@@ -244,7 +244,10 @@ inline std::string event_label(const PipeEvent& e, int chunks) {
   const char letter = e.op == PipeOp::forward ? 'F' : e.op == PipeOp::backward_weight ? 'W' : 'B';
   std::string s(1, letter);
   s += std::to_string(e.microbatch);
-  if (chunks > 1) s += "." + std::to_string(e.chunk);
+  if (chunks > 1) {
+    s += '.';  // appended piecewise: gcc 12 at -O3 warns (-Wrestrict) on "." + std::string here
+    s += std::to_string(e.chunk);
+  }
   return s;
 }
 }  // namespace detail

@@ -1,0 +1,443 @@
+// The part of a GPT one pipeline rank runs: one chunk per virtual stage it
+// holds (one, or V for interleaved schedules), each a run of consecutive units
+// (embedding, blocks, head) built from the nn layers with the reference
+// model's parameter names, so counter-based initialisation gives every
+// parameter the value it has in the single-process nn::GPT. Activations are
+// kept per in-flight microbatch (a slot), which is what lets a schedule run
+// several microbatches' forwards before their backwards.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <weft/comm/request.hpp>
+#include <weft/metrics/memory.hpp>
+#include <weft/nn/block.hpp>
+#include <weft/nn/embedding.hpp>
+#include <weft/ops/cross_entropy.hpp>
+#include <weft/parallel/pipeline/partition.hpp>
+
+namespace weft::pipeline {
+
+/// The chunks of one pipeline rank and the activations of its in-flight microbatches.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+class Stage {
+ public:
+  using Param = nn::Parameter<T, Space>;
+  using Matrix = ops::Matrix<T, Space>;
+  using BlockT = nn::Block<T, Space>;
+
+  /// One virtual stage on this rank: units [first_unit, end_unit).
+  struct Chunk {
+    std::size_t virtual_stage = 0, first_unit = 0, end_unit = 0;
+    std::unique_ptr<nn::Embedding<T, Space>> emb;  ///< when it holds unit 0
+    std::vector<BlockT> blocks;                    ///< blocks first_block, first_block + 1, ...
+    std::size_t first_block = 0;
+    std::unique_ptr<nn::Norm<T, Space>> ln_f;      ///< with head, when it holds the last unit
+    std::unique_ptr<nn::Linear<T, Space>> head;
+    std::vector<std::size_t> block_group;          ///< parameter group of each block
+  };
+
+  /// Activations of one microbatch on one chunk, from its forward to the end
+  /// of its backward (the weight-gradient half, for split backwards), and the
+  /// requests of the messages that read or write them.
+  struct Slot {
+    std::vector<Matrix> xs;                      ///< residual stream: xs[0] the chunk input, xs.back() its output
+    std::vector<typename BlockT::Saved> saved;   ///< each block's saved tensors
+    Matrix hf, logits;                           ///< head chunk: final norm output; logits, then their gradient
+    typename nn::Norm<T, Space>::Saved sf;
+    Matrix dy, dx;                               ///< received output gradient; input gradient to send
+    Request recv_activation, recv_gradient, send_activation, send_gradient;
+    nn::DeferredWork deferred;                   ///< weight-gradient work of a split backward
+  };
+
+  /// The chunks of pipeline rank `rank` of `ranks`: chunk c runs virtual stage
+  /// c * ranks + rank of `part`, which must have ranks * chunks stages.
+  /// cfg.batch is the microbatch (sequences per forward).
+  Stage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks = 1)
+      : cfg_((cfg.validate(), cfg)), ctx_(std::make_shared<nn::Context>()), ranks_(ranks), rank_(rank) {
+    WEFT_REQUIRE(!cfg.recompute, ConfigError,
+                 "pipeline::Stage: --recompute is not supported with pipeline parallelism yet; drop it or use pp=1");
+    WEFT_REQUIRE(ranks >= 1 && rank >= 0 && rank < ranks && chunks >= 1, ConfigError, "pipeline::Stage: rank ", rank,
+                 " of ", ranks, " with ", chunks, " chunks; expected 0 <= rank < ranks and chunks >= 1");
+    WEFT_REQUIRE(part.stages() == std::size_t(ranks) * std::size_t(chunks), ConfigError, "pipeline::Stage: the partition has ",
+                 part.stages(), " stages, but ", ranks, " ranks x ", chunks, " chunks need ", ranks * chunks,
+                 "; give --stages one block count per virtual stage");
+    WEFT_REQUIRE(part.bounds.front() == 0 && part.bounds.back() == unit_count(cfg.layers), ConfigError,
+                 "pipeline::Stage: the partition covers units ", part.bounds.front(), "..", part.bounds.back(),
+                 " but the model has units 0..", unit_count(cfg.layers));
+    ws_ = std::make_shared<typename BlockT::Workspace>(cfg_);
+    for (auto& g : g_) g = Matrix("pipeline.grad", cfg_.tokens(), cfg_.d_model);
+    dhf_ = Matrix("pipeline.ln_f.dout", cfg_.tokens(), cfg_.d_model);
+    nn::GPTConfig empty = cfg_;
+    empty.batch = 0;  // a block's own Saved only receives each slot's tensors
+    const std::size_t L = cfg_.layers;
+    std::size_t groups = 0;
+    chunks_.resize(std::size_t(chunks));
+    for (int c = 0; c < chunks; ++c) {
+      Chunk& k = chunks_[std::size_t(c)];
+      k.virtual_stage = std::size_t(c) * std::size_t(ranks) + std::size_t(rank);
+      k.first_unit = part.begin(k.virtual_stage);
+      k.end_unit = part.end(k.virtual_stage);
+      WEFT_REQUIRE(k.end_unit > k.first_unit, ConfigError, "pipeline::Stage: virtual stage ", k.virtual_stage,
+                   " has no layers; every stage needs at least one");
+      if (k.first_unit == 0) k.emb = std::make_unique<nn::Embedding<T, Space>>(ctx_, cfg_);
+      k.first_block = std::max<std::size_t>(k.first_unit, 1) - 1;
+      const std::size_t end_block = std::min(k.end_unit, L + 1) - 1;
+      if (end_block > k.first_block) k.blocks.reserve(end_block - k.first_block);
+      for (std::size_t b = k.first_block; b < end_block; ++b) {
+        k.blocks.emplace_back(ctx_, b, cfg_, std::make_shared<typename BlockT::Saved>("pipeline.bound", empty), ws_);
+        k.block_group.push_back(groups++);
+      }
+      if (k.end_unit == L + 2) {
+        k.ln_f = std::make_unique<nn::Norm<T, Space>>(ctx_, "ln_f", cfg_.norm, cfg_.d_model, cfg_.norm_eps);
+        k.head = std::make_unique<nn::Linear<T, Space>>(ctx_, "lm_head", cfg_.d_model, cfg_.vocab, false, cfg_.seed,
+                                                        cfg_.init_std);
+      }
+    }
+    std::vector<Param*> root;
+    collect_root(root);
+    root_group_ = root.empty() ? no_group : groups;
+  }
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
+  /// The model configuration (batch = the microbatch).
+  const nn::GPTConfig& config() const { return cfg_; }
+  /// Chunks on this rank, in chunk order.
+  const std::vector<Chunk>& chunks() const { return chunks_; }
+  /// Chunks on this rank, in chunk order (mutable: layers and their parameters).
+  std::vector<Chunk>& chunks() { return chunks_; }
+  /// Number of pipeline ranks.
+  int ranks() const { return ranks_; }
+  /// This rank's position in the pipeline.
+  int rank() const { return rank_; }
+  /// The model context its layers share (profiler, deferred weight gradients).
+  nn::Context& context() { return *ctx_; }
+  /// Whether virtual stage `vs` is the first one (its input is token ids).
+  bool first_virtual_stage(std::size_t vs) const { return vs == 0; }
+  /// Whether chunk c holds the head (computes the loss).
+  bool has_head(int c) const { return chunks_.at(std::size_t(c)).head != nullptr; }
+  /// Whether chunk c holds the embedding.
+  bool has_embedding(int c) const { return chunks_.at(std::size_t(c)).emb != nullptr; }
+
+  /// Parameters by group, for DataParallel: one group per block (chunk order),
+  /// then, when this rank holds any, the root group (embedding, final norm, head).
+  std::vector<std::vector<Param*>> parameter_groups() {
+    std::vector<std::vector<Param*>> g;
+    for (auto& k : chunks_)
+      for (auto& b : k.blocks) {
+        g.emplace_back();
+        b.collect(g.back());
+      }
+    if (root_group_ != no_group) {
+      g.emplace_back();
+      collect_root(g.back());
+    }
+    return g;
+  }
+  /// Every parameter on this rank.
+  std::vector<Param*> parameters() {
+    std::vector<Param*> out;
+    for (auto& g : parameter_groups())
+      for (auto* p : g) out.push_back(p);
+    return out;
+  }
+  /// Sets every gradient to zero.
+  void zero_grad() {
+    for (auto* p : parameters())
+      if (p->grad.extent(0)) Kokkos::deep_copy(p->grad, T(0));
+  }
+  /// Installs hooks called around each group's forward and backward, as
+  /// nn::GPT does (null removes them).
+  void set_hooks(nn::GroupHooks* h) { hooks_ = h; }
+  /// Attaches a profiler (null detaches).
+  void set_profiler(metrics::Profiler* p) { ctx_->profiler = p; }
+  /// When non-null, the forward and backward time of each unit (fenced) is
+  /// added to (*acc)[unit] (measuring costs for --stages auto).
+  void set_unit_timing(std::vector<double>* acc) { unit_time_ = acc; }
+  /// Called between units during forward and backward (the pipeline executor
+  /// tests its pending messages there, so that MPI moves them while this
+  /// rank computes). Empty: nothing is called.
+  void set_progress(std::function<void()> f) { progress_ = std::move(f); }
+
+  /// The slot of (microbatch, chunk), created (or taken from the pool) on first use.
+  Slot& slot(int mb, int c) {
+    auto key = std::make_pair(mb, c);
+    auto it = live_.find(key);
+    if (it != live_.end()) return *it->second;
+    auto& pool = pool_[std::size_t(c)];
+    std::unique_ptr<Slot> s;
+    if (!pool.empty()) {
+      s = std::move(pool.back());
+      pool.pop_back();
+    } else {
+      s = make_slot(chunks_.at(std::size_t(c)));
+    }
+    Slot& ref = *s;
+    live_.emplace(key, std::move(s));
+    peak_live_ = std::max(peak_live_, live_.size());
+    return ref;
+  }
+  /// Whether (microbatch, chunk) has a slot.
+  bool has_slot(int mb, int c) const { return live_.count(std::make_pair(mb, c)) != 0; }
+  /// Returns the slot to the pool (its requests must be complete).
+  void release(int mb, int c) {
+    auto it = live_.find(std::make_pair(mb, c));
+    if (it == live_.end()) return;
+    it->second->deferred.clear();
+    pool_[std::size_t(c)].push_back(std::move(it->second));
+    live_.erase(it);
+  }
+  /// Drops every slot (after a failed step).
+  void release_all() {
+    std::vector<std::pair<int, int>> keys;
+    for (auto& [k, s] : live_) keys.push_back(k);
+    for (auto& k : keys) release(k.first, k.second);
+  }
+  /// Most slots held at once so far (all chunks).
+  std::size_t peak_slots() const { return peak_live_; }
+  /// Slots held now.
+  std::size_t live_slots() const { return live_.size(); }
+
+  /// Forward of microbatch `mb` on chunk c: from ids (first virtual stage) or
+  /// from the slot's xs[0] (received) to xs.back() (to send) or, on the head
+  /// chunk, to the loss. The head chunk also runs the fused cross-entropy
+  /// backward (its logits then hold their gradient, scaled by grad_scale) and
+  /// returns the sum of its token losses; other chunks return 0.
+  template <class IV, class TV>
+  double forward(int mb, int c, const IV& ids, const TV& targets, double grad_scale) {
+    Chunk& k = chunks_.at(std::size_t(c));
+    Slot& s = slot(mb, c);
+    const bool root = has_root(k);
+    if (root && hooks_) hooks_->before_forward(root_group_);
+    if (k.emb) {
+      Timer t(this, 0);
+      k.emb->forward(ids, s.xs[0]);
+    }
+    for (std::size_t i = 0; i < k.blocks.size(); ++i) {
+      Timer t(this, k.first_block + i + 1);
+      if (hooks_) hooks_->before_forward(k.block_group[i]);
+      auto& cur = *k.blocks[i].saved();
+      cur = s.saved[i];
+      k.blocks[i].forward(s.xs[i], s.xs[i + 1]);
+      s.saved[i] = cur;
+      if (hooks_) hooks_->after_forward(k.block_group[i]);
+    }
+    double loss = 0;
+    if (k.head) {
+      Timer t(this, cfg_.layers + 1);
+      k.ln_f->forward(s.xs.back(), s.hf, s.sf);
+      k.head->forward(s.hf, s.logits);
+      metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
+      loss = ops::cross_entropy_forward_backward(s.logits, targets, T(grad_scale));
+    }
+    if (root && hooks_) hooks_->after_forward(root_group_);
+    return loss;
+  }
+
+  /// Backward of microbatch `mb` on chunk c: from the slot's dy (received) or,
+  /// on the head chunk, from the logits' gradient, to the slot's dx (to send)
+  /// or, on the first virtual stage, into the embedding tables. With
+  /// `split`, only the input-gradient half runs: the Linear layers' weight
+  /// gradients wait in the slot's DeferredWork for backward_weight().
+  template <class IV>
+  void backward(int mb, int c, const IV& ids, bool split = false) {
+    Chunk& k = chunks_.at(std::size_t(c));
+    Slot& s = slot(mb, c);
+    const bool root = has_root(k);
+    ctx_->deferred_weight_grads = split ? &s.deferred : nullptr;
+    struct Reset {
+      nn::Context* ctx;
+      ~Reset() { ctx->deferred_weight_grads = nullptr; }
+    } reset{ctx_.get()};
+    if (root && hooks_) hooks_->before_backward(root_group_);
+    const std::size_t n = k.blocks.size();
+    // Where each gradient goes: the last one to be computed lands in the
+    // slot's dx unless the embedding consumes it.
+    Matrix cur = s.dy;
+    int free_buf = 0;
+    auto next_target = [&](bool last) -> Matrix {
+      if (last && !k.emb) return s.dx;
+      Matrix m = g_[std::size_t(free_buf)];
+      free_buf ^= 1;
+      return m;
+    };
+    if (k.head) {
+      Timer t(this, cfg_.layers + 1);
+      k.head->backward(s.hf, s.logits, dhf_, false);
+      Matrix out = next_target(n == 0);
+      k.ln_f->backward(dhf_, s.xs.back(), s.sf, out, false);
+      cur = out;
+    }
+    for (std::size_t i = n; i-- > 0;) {
+      Timer t(this, k.first_block + i + 1);
+      if (hooks_) hooks_->before_backward(k.block_group[i]);
+      Matrix out = next_target(i == 0);
+      auto& saved = *k.blocks[i].saved();
+      saved = s.saved[i];
+      k.blocks[i].backward(s.xs[i], cur, out);
+      if (hooks_) hooks_->after_backward(k.block_group[i]);
+      cur = out;
+    }
+    if (k.emb) {
+      Timer t(this, 0);
+      k.emb->backward(ids, cur);
+    }
+    if (root && hooks_) hooks_->after_backward(root_group_);
+  }
+
+  /// The weight-gradient half of a split backward of (mb, chunk c).
+  void backward_weight(int mb, int c) {
+    Slot& s = slot(mb, c);
+    s.deferred.run();
+  }
+
+  /// Bytes of parameters and gradients (at their current storage) and of the
+  /// activation slots allocated so far (live and pooled), plus scratch.
+  metrics::MemoryLedger memory() {
+    metrics::MemoryLedger m;
+    for (auto* p : parameters()) nn::detail::account(m, *p);
+    using C = metrics::MemoryCategory;
+    std::size_t act = 0;
+    for (auto& [k, s] : live_) act += slot_bytes(*s);
+    for (auto& pool : pool_)
+      for (auto& s : pool) act += slot_bytes(*s);
+    m.add(C::activations, "pipeline.slots", act);
+    m.add(C::buffers, "pipeline.backward_workspace",
+          ws_->bytes() + nn::detail::bytes_of(g_[0]) * 2 + nn::detail::bytes_of(dhf_));
+    return m;
+  }
+
+  /// Bytes of one slot of chunk c (its activations for one microbatch).
+  std::size_t slot_bytes_of_chunk(int c) {
+    auto s = make_slot(chunks_.at(std::size_t(c)));
+    return slot_bytes(*s);
+  }
+
+ private:
+  static constexpr std::size_t no_group = std::size_t(-1);
+
+  // Fenced timing of one unit, for --stages auto.
+  struct Timer {
+    Stage* st;
+    std::size_t unit;
+    std::chrono::steady_clock::time_point t0;
+    Timer(Stage* s, std::size_t u) : st(s), unit(u) {
+      if (st->unit_time_) {
+        Kokkos::fence();
+        t0 = std::chrono::steady_clock::now();
+      }
+    }
+    ~Timer() {
+      if (st->progress_ && std::uncaught_exceptions() == 0) {
+        try {
+          st->progress_();
+        } catch (...) {
+          // A failed message surfaces again, with its context, where the executor waits for it.
+        }
+      }
+      if (!st->unit_time_) return;
+      Kokkos::fence();
+      (*st->unit_time_)[unit] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  };
+
+  bool has_root(const Chunk& k) const { return root_group_ != no_group && (k.emb || k.head); }
+
+  void collect_root(std::vector<Param*>& out) {
+    for (auto& k : chunks_) {
+      if (k.emb) k.emb->collect(out);
+      if (k.ln_f) k.ln_f->collect(out);
+      if (k.head) k.head->collect(out);
+    }
+  }
+
+  std::unique_ptr<Slot> make_slot(const Chunk& k) const {
+    auto s = std::make_unique<Slot>();
+    const std::size_t n = k.blocks.size(), tok = cfg_.tokens(), d = cfg_.d_model;
+    for (std::size_t i = 0; i <= n; ++i) s->xs.emplace_back("pipeline.residual", tok, d);
+    for (std::size_t i = 0; i < n; ++i) s->saved.emplace_back("pipeline.block", cfg_);
+    if (k.head) {
+      s->hf = Matrix("pipeline.ln_f.out", tok, d);
+      s->sf = typename nn::Norm<T, Space>::Saved("pipeline.ln_f", tok);
+      s->logits = Matrix("pipeline.logits", tok, cfg_.vocab);
+    } else {
+      s->dy = Matrix("pipeline.dy", tok, d);
+    }
+    if (!k.emb) s->dx = Matrix("pipeline.dx", tok, d);
+    return s;
+  }
+
+  static std::size_t slot_bytes(const Slot& s) {
+    using nn::detail::bytes_of;
+    std::size_t b = bytes_of(s.hf) + bytes_of(s.logits) + s.sf.bytes() + bytes_of(s.dy) + bytes_of(s.dx);
+    for (const auto& x : s.xs) b += bytes_of(x);
+    for (const auto& v : s.saved) b += v.bytes();
+    return b;
+  }
+
+  nn::GPTConfig cfg_;
+  nn::ContextPtr ctx_;
+  int ranks_, rank_;
+  std::vector<Chunk> chunks_;
+  std::size_t root_group_ = no_group;
+  std::shared_ptr<typename BlockT::Workspace> ws_;
+  Matrix g_[2], dhf_;
+  nn::GroupHooks* hooks_ = nullptr;
+  std::vector<double>* unit_time_ = nullptr;
+  std::function<void()> progress_;
+  std::map<std::pair<int, int>, std::unique_ptr<Slot>> live_;
+  std::map<std::size_t, std::vector<std::unique_ptr<Slot>>> pool_;
+  std::size_t peak_live_ = 0;
+};
+
+/// Measures what --stages auto partitions by: for each unit (embedding,
+/// blocks, head) the seconds of its forward and backward on one microbatch of
+/// cfg.batch sequences (fenced, the mean of `reps` runs after one warm-up),
+/// and the bytes a stage holding it needs: parameters, gradients and AdamW's
+/// two moments (4 copies), plus `in_flight` microbatches of its activations.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+std::vector<UnitCost> measure_unit_costs(const nn::GPTConfig& cfg, int reps = 3, double in_flight = 1) {
+  const std::size_t n = unit_count(cfg.layers);
+  StagePartition whole;
+  whole.bounds = {0, n};
+  Stage<T, Space> st(cfg, whole, 1, 0, 1);
+  ops::Tokens<Space> ids("ids", cfg.tokens()), tg("targets", cfg.tokens());
+  std::vector<double> acc(n, 0.0);
+  for (int r = 0; r <= reps; ++r) {
+    if (r == 1) std::fill(acc.begin(), acc.end(), 0.0);  // the first run is the warm-up
+    st.set_unit_timing(&acc);
+    st.forward(0, 0, ids, tg, 1.0 / double(cfg.tokens()));
+    st.backward(0, 0, ids);
+    st.set_unit_timing(nullptr);
+    st.release(0, 0);
+  }
+  std::vector<UnitCost> out(n);
+  for (std::size_t u = 0; u < n; ++u) out[u].seconds = acc[u] / double(std::max(reps, 1));
+  // Parameter bytes per unit.
+  auto param_bytes = [](auto& layer) {
+    std::vector<nn::Parameter<T, Space>*> ps;
+    layer.collect(ps);
+    double b = 0;
+    for (auto* p : ps) b += double(p->size() * sizeof(T));
+    return b;
+  };
+  auto& chunk = st.chunks().front();
+  const double row = double(cfg.tokens() * cfg.d_model * sizeof(T));
+  const double block_act = double(typename Stage<T, Space>::BlockT::Saved("measure", cfg).bytes()) + row;
+  const double head_act = 2 * row + double(cfg.tokens() * cfg.vocab * sizeof(T)) + double(2 * cfg.tokens() * sizeof(T));
+  out[0].bytes = 4 * param_bytes(*chunk.emb) + in_flight * row;
+  for (std::size_t b = 0; b < cfg.layers; ++b) out[b + 1].bytes = 4 * param_bytes(chunk.blocks[b]) + in_flight * block_act;
+  out[n - 1].bytes = 4 * (param_bytes(*chunk.ln_f) + param_bytes(*chunk.head)) + in_flight * head_act;
+  return out;
+}
+
+}  // namespace weft::pipeline
