@@ -186,6 +186,49 @@ TEST_CASE("the model matches DataParallel's ledger in every mode at this world s
   }
 }
 
+TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size within 15 % per category") {
+  auto& world = weft::test::world();
+  const std::size_t tp = std::size_t(world.size());
+  if (tp == 1 || 4 % tp != 0) return;  // the small model's heads (4) bound tp; tp = 1 is the single-process case
+  weft::Mesh<weft::DP, weft::TP> mesh(world, 1, int(tp));
+  for (bool swiglu : {false, true})
+    for (bool sp : {false, true}) {
+      CAPTURE(swiglu);
+      CAPTURE(sp);
+      auto cfg = small_gpt(swiglu, false, 0);
+      weft::nn::GPT<float> gpt(cfg, {&mesh.axis<weft::TP>(), sp});
+      weft::parallel::DataParallel<float> ddp(mesh.axis<weft::DP>(), gpt.parameter_groups(), {});
+      gpt.set_hooks(&ddp);
+      weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
+      Kokkos::View<int*> ids("ids", cfg.tokens()), tg("tg", cfg.tokens());
+      auto hi = Kokkos::create_mirror_view(ids);
+      for (std::size_t i = 0; i < cfg.tokens(); ++i) hi(i) = int((i * 7 + 3) % cfg.vocab);
+      Kokkos::deep_copy(ids, hi);
+      Kokkos::deep_copy(tg, hi);
+      ddp.zero_grad();
+      ddp.begin_microbatch(true);
+      gpt.forward_backward(ids, tg, 1.0 / double(cfg.tokens()));
+      ddp.finish_gradients();
+      opt.step(1e-3);
+      ddp.sync_parameters();
+      const auto m = ddp.memory();
+      const auto g = gpt.memory();
+      MeshSpec s{.tp = tp, .sequence_parallel = sp};
+      const auto b = weft::plan::training_memory(spec_of(cfg), s, 0.0);
+      const std::string tag = "tp=" + std::to_string(tp) + (sp ? " sp " : " ");
+      within(b.parameters, double(m.bytes(C::parameters)), tag + "parameters");
+      within(b.gradients, double(m.bytes(C::gradients)), tag + "gradients");
+      within(b.optimizer_state, double(opt.memory().bytes(C::optimizer_state)), tag + "optimizer state");
+      within(b.activations, double(g.bytes(C::activations)), tag + "activations");
+      if (world.rank() == 0)
+        std::printf("validation tp=%zu sp=%d swiglu=%d parameters %zu/%.0f gradients %zu/%.0f optimizer %zu/%.0f "
+                    "activations %zu/%.0f\n",
+                    tp, int(sp), int(swiglu), m.bytes(C::parameters), b.parameters, m.bytes(C::gradients), b.gradients,
+                    opt.memory().bytes(C::optimizer_state), b.optimizer_state, g.bytes(C::activations), b.activations);
+      gpt.set_hooks(nullptr);
+    }
+}
+
 TEST_CASE("enumeration: every ordered factorisation of the world, four dp modes where dp > 1") {
   const weft::plan::Topology t;
   const ModelSpec l7 = weft::plan::preset("llama2-7b");

@@ -70,8 +70,12 @@ inline double block_saved_elements(const ModelSpec& m, const MeshSpec& s) {
   const double n = rank_tokens(m, s), D = double(m.d_model), tp = double(s.tp);
   const double heads = double(m.heads) / tp, T = double(m.seq), Tq = T / double(s.cp), B = double(m.micro_batch);
   const double routed = m.experts ? double(m.top_k) : 1.0;
-  double e = 2 * 2 * n;                                      // two norms' mean and 1/std
-  e += 3 * n * D;                                            // h1, mid, h2
+  // Sequence parallelism splits the element-wise region over the tokens, and
+  // the attention and MLP keep their all-gathered inputs for backward.
+  const double sp = (s.sequence_parallel && s.tp > 1) ? tp : 1.0;
+  double e = 2 * 2 * n / sp;                                 // two norms' mean and 1/std
+  e += 3 * n * D / sp;                                       // h1, mid, h2
+  if (sp > 1) e += 2 * n * D;                                // gathered inputs of QKV and MLP up
   e += n * double(m.qkv_cols()) / tp;                        // fused Q, K, V
   if (!m.flash_attention) e += B * heads * Tq * T;           // probabilities
   e += B * heads * Tq;                                       // log-sum-exp
@@ -150,8 +154,11 @@ inline TrainingBudget training_memory(const ModelSpec& m, const MeshSpec& s, dou
   const double n = rank_tokens(m, s), D = double(m.d_model), a = double(m.act_bytes);
   const double in_flight = double(std::min<std::size_t>(s.pp, microbatches(m, s)));
   const double sets = m.recompute ? 1.0 : sp.blocks;
-  const double per_mb = sets * block_saved_elements(m, s) + (sp.blocks + 1) * n * D;
-  const double head = n * D + 2 * n + n * double(m.vocab) / double(s.tp);
+  const double seq_split = (s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0;
+  // Residual stream, final norm (output and statistics) on token shards under
+  // sequence parallelism, plus the gathered final-norm output the head needs.
+  const double per_mb = sets * block_saved_elements(m, s) + (sp.blocks + 1) * n * D / seq_split;
+  const double head = (n * D + 2 * n) / seq_split + (seq_split > 1 ? n * D : 0.0) + n * double(m.vocab) / double(s.tp);
   b.activations = (in_flight * per_mb + head) * a;
   b.temporary += backward_scratch_elements(m, s) * a;
 

@@ -138,6 +138,9 @@ struct MeshSpec {
   std::size_t cp = 1;  ///< context-parallel ranks (sequence split)
   std::size_t ep = 1;  ///< expert-parallel ranks, a divisor of dp
   DPMode mode = DPMode::replicate;
+  /// Sequence parallelism (with tp > 1): norms and residuals on token shards;
+  /// each column-parallel matmul keeps its all-gathered input for backward.
+  bool sequence_parallel = false;
   /// Number of ranks.
   std::size_t world() const { return dp * tp * pp * cp; }
 };
