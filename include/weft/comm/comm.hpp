@@ -81,11 +81,15 @@ template <class V>
 struct Staged {
   using T = element_t<V>;
   using Host = Kokkos::View<T*, Kokkos::HostSpace>;
+  // A reference to the caller's view: a request abandoned while an error
+  // unwinds keeps its Staged alive, and with it the memory MPI may still
+  // write into (dev below is an unmanaged alias and would not).
+  std::remove_cvref_t<V> owner;
   Host host;
   flat_view_t<V> dev;
   T* ptr = nullptr;
 
-  Staged(const V& v, bool fill) : dev(flatten(v)) {
+  Staged(const V& v, bool fill) : owner(v), dev(flatten(v)) {
     typename std::remove_cvref_t<V>::execution_space().fence();  // kernels that wrote v must be done
     if constexpr (mpi_can_use_directly<V>) {
       ptr = const_cast<T*>(v.data());
