@@ -67,6 +67,24 @@ std::size_t label_bytes(const weft::metrics::MemoryLedger& l, const std::string&
   return s;
 }
 
+// One training step of gpt under ddp and opt on a fixed batch, so that the
+// transient peaks (gathered groups, group gradients) are reached.
+template <class Opt>
+void one_step(weft::nn::GPT<float>& gpt, weft::parallel::DataParallel<float>& ddp, Opt& opt,
+              const weft::nn::GPTConfig& cfg, double grad_scale) {
+  Kokkos::View<int*> ids("ids", cfg.tokens()), tg("tg", cfg.tokens());
+  auto hi = Kokkos::create_mirror_view(ids);
+  for (std::size_t i = 0; i < cfg.tokens(); ++i) hi(i) = int((i * 7 + 3) % cfg.vocab);
+  Kokkos::deep_copy(ids, hi);
+  Kokkos::deep_copy(tg, hi);
+  ddp.zero_grad();
+  ddp.begin_microbatch(true);
+  gpt.forward_backward(ids, tg, grad_scale);
+  ddp.finish_gradients();
+  opt.step(1e-3);
+  ddp.sync_parameters();
+}
+
 }  // namespace
 
 TEST_CASE("hand-computed budgets: 70B weights in BF16 need at least 140 GB; 7B AdamW mixed precision is 16 bytes a parameter") {
@@ -137,18 +155,7 @@ TEST_CASE("the model matches DataParallel's ledger in every mode at this world s
                                             {.mode = weft::parallel::parse_dp_mode(weft::plan::to_string(mode))});
     gpt.set_hooks(&ddp);
     weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
-    // One step, so the transient peaks (gathered groups, group gradients) are reached.
-    Kokkos::View<int*> ids("ids", cfg.tokens()), tg("tg", cfg.tokens());
-    auto hi = Kokkos::create_mirror_view(ids);
-    for (std::size_t i = 0; i < cfg.tokens(); ++i) hi(i) = int((i * 7 + 3) % cfg.vocab);
-    Kokkos::deep_copy(ids, hi);
-    Kokkos::deep_copy(tg, hi);
-    ddp.zero_grad();
-    ddp.begin_microbatch(true);
-    gpt.forward_backward(ids, tg, 1.0 / double(cfg.tokens() * dp));
-    ddp.finish_gradients();
-    opt.step(1e-3);
-    ddp.sync_parameters();
+    one_step(gpt, ddp, opt, cfg, 1.0 / double(cfg.tokens() * dp));
 
     const auto m = ddp.memory();
     const auto g = gpt.memory();
@@ -200,17 +207,7 @@ TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size
       weft::parallel::DataParallel<float> ddp(mesh.axis<weft::DP>(), gpt.parameter_groups(), {});
       gpt.set_hooks(&ddp);
       weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
-      Kokkos::View<int*> ids("ids", cfg.tokens()), tg("tg", cfg.tokens());
-      auto hi = Kokkos::create_mirror_view(ids);
-      for (std::size_t i = 0; i < cfg.tokens(); ++i) hi(i) = int((i * 7 + 3) % cfg.vocab);
-      Kokkos::deep_copy(ids, hi);
-      Kokkos::deep_copy(tg, hi);
-      ddp.zero_grad();
-      ddp.begin_microbatch(true);
-      gpt.forward_backward(ids, tg, 1.0 / double(cfg.tokens()));
-      ddp.finish_gradients();
-      opt.step(1e-3);
-      ddp.sync_parameters();
+      one_step(gpt, ddp, opt, cfg, 1.0 / double(cfg.tokens()));
       const auto m = ddp.memory();
       const auto g = gpt.memory();
       MeshSpec s{.tp = tp, .sequence_parallel = sp};

@@ -141,12 +141,6 @@ inline double collective_seconds(const char* kind, double bytes, std::size_t ran
   return vol / (bw_gbs * 1e9) + steps * lat_us * 1e-6;
 }
 
-/// Whether a group of `size` ranks spaced `stride` apart (axes outermost to
-/// innermost: dp, pp, cp, tp) crosses a node boundary.
-inline bool crosses_nodes(std::size_t stride, std::size_t size, const Topology& t) {
-  return size > 1 && stride * size > t.gpus_per_node;
-}
-
 /// Fills c's memory and cost on topology t (c must be valid).
 inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
   const MeshSpec& s = c.mesh;
