@@ -39,7 +39,10 @@ std::string members(weft::Comm& c, int my_rank) {
   mine(0) = my_rank;
   c.all_gather(mine, all);
   std::string s;
-  for (int i = 0; i < c.size(); ++i) s += (i ? " " : "") + std::to_string(all(i));
+  for (int i = 0; i < c.size(); ++i) {
+    if (i) s += ' ';
+    s += std::to_string(all(i));
+  }
   return s;
 }
 

@@ -170,7 +170,7 @@ struct MpiReporter : public doctest::IReporter {
     if (g_rank != 0) return;
     std::string ranks;
     for (int r = 0; r < g_size; ++r)
-      if (flags[static_cast<std::size_t>(r)]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      if (flags[static_cast<std::size_t>(r)]) ranks += std::string(ranks.empty() ? "" : ", ").append(std::to_string(r));
     std::printf("[weft-test] test case '%s' FAILED on rank(s) %s of %d:\n", name.c_str(), ranks.c_str(), g_size);
     for (int r = 0; r < g_size; ++r) {
       if (!flags[static_cast<std::size_t>(r)]) continue;

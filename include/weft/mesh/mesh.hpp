@@ -288,7 +288,10 @@ class Mesh {
     for (std::size_t i = 0; i < rank; ++i) {
       if (i) s += ", ";
       s += names_[i];
-      if (static_extents[i] != dynamic_extent) s += "=" + std::to_string(static_extents[i]);
+      if (static_extents[i] != dynamic_extent) {
+        s += '=';
+        s += std::to_string(static_extents[i]);
+      }
     }
     return s + ">";
   }
@@ -298,7 +301,8 @@ class Mesh {
     std::string terms;
     for (std::size_t i = 0; i < rank; ++i) {
       product *= extents_[i];
-      terms += (i ? " x " : "") + std::string(names_[i]) + "=" + std::to_string(extents_[i]);
+      if (i) terms += " x ";
+      terms += std::string(names_[i]) + "=" + std::to_string(extents_[i]);
     }
     WEFT_REQUIRE(product == all_.size(), ConfigError, signature(), ": the extents ", terms, " = ", product,
                  " do not match the ", all_.size(), " ranks of communicator '", all_.name(),
@@ -328,7 +332,8 @@ class Mesh {
     for (std::size_t i = 0; i < rank; ++i) {
       if (mask & (1u << i)) {
         key = key * extents_[i] + coords_[i];
-        name += (name.empty() ? "" : "*") + std::string(names_[i]);
+        if (!name.empty()) name += '*';
+        name += names_[i];
       } else {
         color = color * extents_[i] + coords_[i];
       }

@@ -95,8 +95,10 @@ struct GPTConfig {
     std::string s;
     for (std::size_t t = 1; t <= heads; ++t)
       if (heads % t == 0 && kv() % t == 0 && d_model % t == 0 && hidden() % t == 0 && vocab % t == 0 &&
-          (!sequence_parallel || tokens() % t == 0))
-        s += (s.empty() ? "" : ", ") + std::to_string(t);
+          (!sequence_parallel || tokens() % t == 0)) {
+        if (!s.empty()) s += ", ";
+        s += std::to_string(t);
+      }
     return s;
   }
 

@@ -45,7 +45,10 @@ Kokkos::RangePolicy<exec_t<V>> range(const V&, std::size_t n) {
 template <class V>
 std::string shape_string(const V& v) {
   std::string s = "[";
-  for (unsigned r = 0; r < V::rank; ++r) s += (r ? ", " : "") + std::to_string(v.extent(r));
+  for (unsigned r = 0; r < V::rank; ++r) {
+    if (r) s += ", ";
+    s += std::to_string(v.extent(r));
+  }
   return s + "]";
 }
 

@@ -76,8 +76,12 @@ struct AxisTable {
   }
   std::string describe() const {
     std::string s;
-    for (std::size_t i = 0; i < count; ++i)
-      s += (i ? " x " : "") + std::string(names[i]) + "=" + std::to_string(comms[i]->size());
+    for (std::size_t i = 0; i < count; ++i) {
+      if (i) s += " x ";
+      s += names[i];
+      s += '=';
+      s += std::to_string(comms[i]->size());
+    }
     return s;
   }
 };
@@ -295,7 +299,10 @@ class BasicDistView {
 
   static std::string extents_text(const std::array<std::size_t, rank>& e) {
     std::string s = "(";
-    for (std::size_t d = 0; d < rank; ++d) s += (d ? ", " : "") + std::to_string(e[d]);
+    for (std::size_t d = 0; d < rank; ++d) {
+      if (d) s += ", ";
+      s += std::to_string(e[d]);
+    }
     return s + ")";
   }
 
@@ -341,7 +348,7 @@ class BasicDistView {
         Comm& c = comm<typename O::axis>();
         parts[d] *= static_cast<std::size_t>(c.size());
         block[d] = block[d] * static_cast<std::size_t>(c.size()) + static_cast<std::size_t>(c.rank());
-        axes_text[d] += (axes_text[d].empty() ? "'" : " x '") + std::string(O::axis::name) + "'";
+        axes_text[d] += std::string(axes_text[d].empty() ? "'" : " x '") + O::axis::name + "'";
       }
     };
     (visit(std::type_identity<Ons>{}), ...);

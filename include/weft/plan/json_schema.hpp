@@ -114,7 +114,7 @@ inline void schema_check(const JsonValue& schema, const JsonValue& v, const std:
     std::string list;
     for (const auto& x : e->array) {
       found = found || json_equal(x, v);
-      list += (list.empty() ? "" : ", ") + json_brief(x);
+      list += std::string(list.empty() ? "" : ", ").append(json_brief(x));
     }
     if (!found) errors.push_back(path + ": " + json_brief(v) + " is not one of " + list);
   }

@@ -248,7 +248,7 @@ class Executor {
       const bool grad = a.op == PipeOp::recv_gradient || a.op == PipeOp::send_gradient;
       return std::string(send ? "send" : "receive") + " the " + (grad ? "gradient" : "activation") + " of microbatch " +
              std::to_string(a.microbatch) + " chunk " + std::to_string(a.chunk) +
-             (a.peer >= 0 ? (send ? " to rank " : " from rank ") + std::to_string(a.peer) : std::string());
+             (a.peer >= 0 ? std::string(send ? " to rank " : " from rank ").append(std::to_string(a.peer)) : std::string());
     });
   }
 

@@ -41,7 +41,10 @@ struct StagePartition {
   /// "L1,L2,..." (blocks per stage; the embedding goes with the first stage, the head with the last).
   std::string to_string(std::size_t layers) const {
     std::string s;
-    for (std::size_t i = 0; i < stages(); ++i) s += (i ? "," : "") + std::to_string(blocks(i, layers));
+    for (std::size_t i = 0; i < stages(); ++i) {
+      if (i) s += ',';
+      s += std::to_string(blocks(i, layers));
+    }
     return s;
   }
   friend bool operator==(const StagePartition&, const StagePartition&) = default;
