@@ -16,6 +16,8 @@
 // 8-byte messages. --check makes a missed target the exit status.
 #include <weft/weft.hpp>
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -40,39 +42,25 @@ struct Options {
   bool check = false;
 };
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> double {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_collectives: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return std::atof(argv[++i]);
-    };
-    if (a == "--min-bytes") o.min_bytes = static_cast<std::size_t>(value());
-    else if (a == "--max-bytes") o.max_bytes = static_cast<std::size_t>(value());
-    else if (a == "--step") o.step = static_cast<std::size_t>(value());
-    else if (a == "--reps") o.reps = static_cast<int>(value());
-    else if (a == "--batch-ms") o.batch_s = value() / 1000.0;
-    else if (a == "--overhead-reps") o.overhead_reps = static_cast<int>(value());
-    else if (a == "--overhead-iters") o.overhead_iters = static_cast<int>(value());
-    else if (a == "--check") o.check = true;
-    else {
-      std::fprintf(stderr,
-                   "bench_collectives: unknown option '%s'\n"
-                   "options: --min-bytes N --max-bytes N --step K --reps N --batch-ms X "
-                   "--overhead-reps N --overhead-iters N --check\n",
-                   a.c_str());
-      std::exit(2);
-    }
+// 0: run; 1: --help was printed; 2: bad flags (said on rank 0).
+int parse(int argc, char** argv, bool print, Options& o) {
+  double batch_ms = o.batch_s * 1000.0;
+  weft::bench::Flags f("bench_collectives");
+  f.add("--min-bytes", o.min_bytes, "smallest size", 8)
+      .add("--max-bytes", o.max_bytes, "largest size", 8)
+      .add("--step", o.step, "factor between sizes", 2)
+      .add("--reps", o.reps, "groups of weft,raw,raw,weft batches per size", 1)
+      .add("--batch-ms", batch_ms, "length of one timed batch in ms", 0.001)
+      .add("--overhead-reps", o.overhead_reps, "groups for the 8-byte per-call cost", 1)
+      .add("--overhead-iters", o.overhead_iters, "calls per 8-byte batch", 1)
+      .add_switch("--check", o.check, "also check every result");
+  if (const int rc = f.parse(argc, argv, print)) return rc;
+  o.batch_s = batch_ms / 1000.0;
+  if (o.max_bytes < o.min_bytes) {
+    if (print) std::fprintf(stderr, "bench_collectives: --max-bytes %zu is below --min-bytes %zu\n", o.max_bytes, o.min_bytes);
+    return 2;
   }
-  if (o.step < 2 || o.reps < 1 || o.min_bytes < 8 || o.max_bytes < o.min_bytes) {
-    std::fprintf(stderr, "bench_collectives: need --step >= 2, --reps >= 1, 8 <= --min-bytes <= --max-bytes\n");
-    std::exit(2);
-  }
-  return o;
+  return 0;
 }
 
 double median(std::vector<double> v) {
@@ -185,9 +173,10 @@ std::string human(std::size_t bytes) {
 
 int main(int argc, char** argv) {
   weft::Environment env(argc, argv);
-  const Options o = parse(argc, argv);
   weft::Comm& world = env.world();
   const int me = world.rank(), p = world.size();
+  Options o;
+  if (const int rc = parse(argc, argv, me == 0, o)) return rc == 1 ? 0 : rc;
   MPI_Comm_dup(MPI_COMM_WORLD, &g_sync);
 
   // Buffers for the largest size, touched before any timing.

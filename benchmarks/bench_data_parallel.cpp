@@ -13,11 +13,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include <weft/weft.hpp>
+
+#include "bench_args.hpp"
 
 namespace {
 
@@ -27,7 +28,8 @@ using weft::parallel::DPMode;
 struct Args {
   bool profile = false;  // print where each phase's time goes
   double bucket_mb = weft::parallel::DPOptions{}.bucket_mb;
-  std::size_t steps = 4, warmup = 1, layers = 8, d_model = 512, heads = 8, seq = 256, micro = 4, vocab = 8192;
+  std::size_t steps = 4, warmup = 1;
+  weft::bench::ModelFlags model;  // batch: sequences per rank per step (--micro)
 };
 
 struct Result {
@@ -49,13 +51,7 @@ double median(std::vector<double> v) {
 
 // Trains `steps` steps after `warmup` on the given communicator and mode.
 Result run(weft::Comm& comm, DPMode mode, bool overlap, const Args& a, const weft::data::TokenStream& data) {
-  weft::nn::GPTConfig c;
-  c.layers = a.layers;
-  c.d_model = a.d_model;
-  c.heads = a.heads;
-  c.seq = a.seq;
-  c.vocab = a.vocab;
-  c.batch = a.micro;
+  const weft::nn::GPTConfig c = a.model.config();
   weft::nn::GPT<float, Space> gpt(c);
   weft::parallel::DPOptions o;
   o.mode = mode;
@@ -67,7 +63,7 @@ Result run(weft::Comm& comm, DPMode mode, bool overlap, const Args& a, const wef
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("tg", c.tokens());
   weft::metrics::Profiler prof;
   if (a.profile) gpt.set_profiler(&prof);
-  const std::size_t global = a.micro * std::size_t(comm.size());
+  const std::size_t global = a.model.batch * std::size_t(comm.size());
   std::vector<double> times;
   double exposed = 0, total = 0;
   for (std::size_t s = 0; s < a.warmup + a.steps; ++s) {
@@ -106,43 +102,22 @@ int main(int argc, char** argv) {
   weft::Environment env(argc, argv);
   auto& world = env.world();
   Args a;
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--profile") == 0) {
-      a.profile = true;
-      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
-      --argc;
-      break;
-    }
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string f = argv[i];
-    if (f == "--bucket-mb") {
-      a.bucket_mb = std::stod(argv[i + 1]);
-      continue;
-    }
-    const std::size_t v = std::stoul(argv[i + 1]);
-    if (f == "--steps") a.steps = v;
-    else if (f == "--warmup") a.warmup = v;
-    else if (f == "--layers") a.layers = v;
-    else if (f == "--d-model") a.d_model = v;
-    else if (f == "--heads") a.heads = v;
-    else if (f == "--seq") a.seq = v;
-    else if (f == "--micro") a.micro = v;
-    else if (f == "--vocab") a.vocab = v;
-    else {
-      if (world.rank() == 0) std::fprintf(stderr, "bench_data_parallel: unknown flag %s\n", f.c_str());
-      return 2;
-    }
-  }
+  weft::bench::Flags flags("bench_data_parallel");
+  flags.add("--steps", a.steps, "measured steps", 1).add("--warmup", a.warmup, "steps before measuring");
+  a.model.add_to(flags, "--micro", "sequences per rank per step");
+  flags.add("--bucket-mb", a.bucket_mb, "replicate's gradient bucket size in MiB")
+      .add_switch("--profile", a.profile, "print where each phase's time goes");
+  if (const int rc = flags.parse(argc, argv, world.rank() == 0)) return rc == 1 ? 0 : rc;
   if (world.size() != 2) {
     if (world.rank() == 0) std::fprintf(stderr, "bench_data_parallel: run it on 2 ranks (mpirun -n 2), not %d\n", world.size());
     return 2;
   }
   const auto bt = weft::ops::set_blas_threads(1, 2);
   const bool root = world.rank() == 0;
-  weft::data::TokenStream data(weft::data::synthetic_corpus(1 << 20, 0), a.seq, 1);
+  weft::data::TokenStream data(weft::data::synthetic_corpus(1 << 20, 0), a.model.seq, 1);
   if (root)
     std::printf("bench_data_parallel: L=%zu D=%zu H=%zu T=%zu micro-batch %zu per rank V=%zu; %zu steps after %zu warm-up; BLAS threads %d; buckets %.3g MiB\n",
-                a.layers, a.d_model, a.heads, a.seq, a.micro, a.vocab, a.steps, a.warmup, bt.threads, a.bucket_mb);
+                a.model.layers, a.model.d_model, a.model.heads, a.model.seq, a.model.batch, a.model.vocab, a.steps, a.warmup, bt.threads, a.bucket_mb);
 
   weft::Comm self = world.split(world.rank(), 0, "self");
   Result alone;

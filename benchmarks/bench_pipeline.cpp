@@ -26,6 +26,8 @@
 
 #include <weft/weft.hpp>
 
+#include "bench_args.hpp"
+
 namespace {
 
 using Space = Kokkos::DefaultExecutionSpace;
@@ -264,27 +266,18 @@ int main(int argc, char** argv) {
   weft::Environment env(argc, argv);
   auto& world = env.world();
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string f = argv[i];
-    if (f == "--trace-dir") {
-      a.trace_dir = argv[i + 1];
-      continue;
-    }
-    const std::size_t v = std::stoul(argv[i + 1]);
-    if (f == "--steps") a.steps = v;
-    else if (f == "--warmup") a.warmup = v;
-    else if (f == "--microbatches") a.microbatches = v;
-    else if (f == "--micro") a.micro = v;
-    else if (f == "--layers") a.layers = v;
-    else if (f == "--d-model") a.d_model = v;
-    else if (f == "--heads") a.heads = v;
-    else if (f == "--seq") a.seq = v;
-    else if (f == "--vocab") a.vocab = v;
-    else {
-      if (world.rank() == 0) std::fprintf(stderr, "bench_pipeline: unknown flag %s\n", f.c_str());
-      return 2;
-    }
-  }
+  weft::bench::Flags flags("bench_pipeline");
+  flags.add("--trace-dir", a.trace_dir, "folder for the Chrome traces (4 ranks)")
+      .add("--steps", a.steps, "measured steps (0: 5 on 4 ranks, 3 on 2)")
+      .add("--warmup", a.warmup, "steps before measuring")
+      .add("--microbatches", a.microbatches, "microbatches per step (0: 8 on 4 ranks, 4 on 2)")
+      .add("--micro", a.micro, "sequences per microbatch (0: 4 on 4 ranks, 2 on 2)")
+      .add("--layers", a.layers, "transformer blocks", 1)
+      .add("--d-model", a.d_model, "model width (0: 256 on 4 ranks, 512 on 2)")
+      .add("--heads", a.heads, "attention heads (0: 4 on 4 ranks, 8 on 2)")
+      .add("--seq", a.seq, "tokens per sequence (0: 128 on 4 ranks, 256 on 2)")
+      .add("--vocab", a.vocab, "vocabulary size (0: 256 on 4 ranks, 8192 on 2)");
+  if (const int rc = flags.parse(argc, argv, world.rank() == 0)) return rc == 1 ? 0 : rc;
   const auto bt = weft::ops::set_blas_threads(1, world.size());
   if (world.rank() == 0) std::printf("bench_pipeline: %d ranks, BLAS threads %d\n", world.size(), bt.threads);
   if (world.size() == 4) return bubble_part(world, a);

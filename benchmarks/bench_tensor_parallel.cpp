@@ -19,12 +19,15 @@
 
 #include <weft/weft.hpp>
 
+#include "bench_args.hpp"
+
 namespace {
 
 using Space = Kokkos::DefaultExecutionSpace;
 
 struct Args {
-  std::size_t steps = 4, warmup = 1, batch = 4, layers = 8, d_model = 512, heads = 8, seq = 256, vocab = 8192;
+  std::size_t steps = 4, warmup = 1;
+  weft::bench::ModelFlags model;  // batch: the global batch in sequences (--batch)
 };
 
 struct Result {
@@ -42,13 +45,7 @@ double median(std::vector<double> v) {
 
 // Trains `steps` steps after `warmup`; tp == nullptr: the single-process model.
 Result run(weft::Comm& sync, weft::Comm* tp, bool sp, const Args& a, const weft::data::TokenStream& data) {
-  weft::nn::GPTConfig c;
-  c.layers = a.layers;
-  c.d_model = a.d_model;
-  c.heads = a.heads;
-  c.seq = a.seq;
-  c.vocab = a.vocab;
-  c.batch = a.batch;
+  const weft::nn::GPTConfig c = a.model.config();
   weft::nn::GPT<float, Space> gpt(c, {tp, sp});
   weft::optim::AdamW<float, Space> opt(gpt.parameters());
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("tg", c.tokens());
@@ -79,22 +76,10 @@ int main(int argc, char** argv) {
   weft::Environment env(argc, argv);
   auto& world = env.world();
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string f = argv[i];
-    const std::size_t v = std::stoul(argv[i + 1]);
-    if (f == "--steps") a.steps = v;
-    else if (f == "--warmup") a.warmup = v;
-    else if (f == "--batch") a.batch = v;
-    else if (f == "--layers") a.layers = v;
-    else if (f == "--d-model") a.d_model = v;
-    else if (f == "--heads") a.heads = v;
-    else if (f == "--seq") a.seq = v;
-    else if (f == "--vocab") a.vocab = v;
-    else {
-      if (world.rank() == 0) std::fprintf(stderr, "bench_tensor_parallel: unknown flag %s\n", f.c_str());
-      return 2;
-    }
-  }
+  weft::bench::Flags flags("bench_tensor_parallel");
+  flags.add("--steps", a.steps, "measured steps", 1).add("--warmup", a.warmup, "steps before measuring");
+  a.model.add_to(flags, "--batch", "global batch in sequences");
+  if (const int rc = flags.parse(argc, argv, world.rank() == 0)) return rc == 1 ? 0 : rc;
   if (world.size() != 2) {
     if (world.rank() == 0)
       std::fprintf(stderr, "bench_tensor_parallel: run it on 2 ranks (mpirun -n 2), not %d\n", world.size());
@@ -102,11 +87,11 @@ int main(int argc, char** argv) {
   }
   const auto bt = weft::ops::set_blas_threads(1, 2);
   const bool root = world.rank() == 0;
-  weft::data::TokenStream data(weft::data::synthetic_corpus(1 << 20, 0), a.seq, 1);
+  weft::data::TokenStream data(weft::data::synthetic_corpus(1 << 20, 0), a.model.seq, 1);
   if (root)
     std::printf("bench_tensor_parallel: L=%zu D=%zu H=%zu T=%zu V=%zu, global batch %zu sequences (%zu tokens) per "
                 "step; %zu steps after %zu warm-up; BLAS threads %d per rank\n",
-                a.layers, a.d_model, a.heads, a.seq, a.vocab, a.batch, a.batch * a.seq, a.steps, a.warmup, bt.threads);
+                a.model.layers, a.model.d_model, a.model.heads, a.model.seq, a.model.vocab, a.model.batch, a.model.batch * a.model.seq, a.steps, a.warmup, bt.threads);
   weft::Comm self = world.split(world.rank(), 0, "self");
   Result alone;
   if (root) alone = run(self, nullptr, false, a, data);
