@@ -108,6 +108,9 @@ inline SharedPeers find_shared_peers(Comm& comm, const void* mine, std::size_t b
     const std::int64_t* q = &all[5 * r];
     if (q[0] < 0 || q[0] != all[0] || q[1] != all[1] || q[4] != all[4]) return out;
   }
+  // This rank's entry passed too, so seg is its window (the same on every rank).
+  for (std::size_t r = 0; r < p; ++r)
+    if (all[5 * r + 2] < 0 || static_cast<std::size_t>(all[5 * r + 2]) >= seg->bases.size()) return out;
   // Every rank's input is in the window this rank found (see SharedRegistry).
   out.ptrs.resize(p);
   for (std::size_t r = 0; r < p; ++r) {
