@@ -173,6 +173,17 @@ TEST_CASE("node-shared inputs at different offsets inside a window") {
   }
 }
 
+TEST_CASE("node-shared inputs in checked mode") {
+  auto& world = weft::test::world();
+  Mesh<TP> mesh(world, world.size());
+  NodeShared shm(mesh);
+  mesh.axis<TP>().set_checked(true, 30.0);
+  const std::array<std::size_t, 3> g{4, 8, 4 * static_cast<std::size_t>(world.size())};
+  check_direct<float, TP, Shard<2>, Replicate>(shm, mesh, g);
+  check_direct<float, TP, Shard<2>, Shard<1>>(shm, mesh, g);
+  mesh.axis<TP>().set_checked(false);
+}
+
 TEST_CASE("NodeShared misuse gives errors that say what to do") {
   auto& world = weft::test::world();
   Mesh<TP> mesh(world, world.size());

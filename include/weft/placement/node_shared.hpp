@@ -77,6 +77,34 @@ struct SharedPeers {
   explicit operator bool() const noexcept { return seg != nullptr; }
 };
 
+// Completes a small collective of the node-shared path. In checked mode
+// (Comm::set_checked) the wait has the communicator's deadline and becomes a
+// CommError instead of a hang; otherwise the blocking call runs.
+template <class NonBlocking, class Blocking>
+void shared_collective(Comm& comm, const char* op, const std::string& what, NonBlocking&& nb, Blocking&& blocking) {
+  auto fail = [&](const std::string& why) {
+    throw CommError(op, comm.name(), "weft::redistribute on axis '" + comm.name() + "' (rank " +
+                                         std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + "): " +
+                                         what + ": " + why);
+  };
+  if (!comm.checked()) {
+    const int rc = blocking();
+    if (rc != MPI_SUCCESS) fail(mpi_error_text(rc));
+    return;
+  }
+  MPI_Request rq = MPI_REQUEST_NULL;
+  int rc = nb(&rq);
+  if (rc != MPI_SUCCESS) fail(mpi_error_text(rc));
+  const double end = MPI_Wtime() + comm.deadline();
+  for (int done = 0; !done;) {
+    rc = MPI_Test(&rq, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) fail(mpi_error_text(rc));
+    if (!done && MPI_Wtime() > end)
+      fail("not every rank arrived within the checked-mode deadline of " + std::to_string(comm.deadline()) +
+           " s; every rank of the axis must make the same redistribute calls");
+  }
+}
+
 // Collective over `comm` when comm.node_shared_peers() (otherwise no call at
 // all, on every rank alike): the ranks exchange where their `bytes` bytes at
 // `mine` lie (one small MPI_Allgather, which is also the point from which
@@ -99,11 +127,11 @@ inline SharedPeers find_shared_peers(Comm& comm, const void* mine, std::size_t b
   }
   const auto p = static_cast<std::size_t>(comm.size());
   std::vector<std::int64_t> all(5 * p);
-  const int rc = MPI_Allgather(info, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, comm.native());
-  if (rc != MPI_SUCCESS)
-    throw CommError("all_gather", comm.name(),
-                    "weft::redistribute on axis '" + comm.name() +
-                        "': agreeing on node-shared inputs failed: " + mpi_error_text(rc));
+  MPI_Comm c = comm.native();
+  shared_collective(
+      comm, "all_gather", "agreeing on node-shared inputs",
+      [&](MPI_Request* q) { return MPI_Iallgather(info, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, c, q); },
+      [&] { return MPI_Allgather(info, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, c); });
   for (std::size_t r = 0; r < p; ++r) {
     const std::int64_t* q = &all[5 * r];
     if (q[0] < 0 || q[0] != all[0] || q[1] != all[1] || q[4] != all[4]) return out;
@@ -126,11 +154,10 @@ inline SharedPeers find_shared_peers(Comm& comm, const void* mine, std::size_t b
 // before every rank has read it.
 inline void release_shared_peers(Comm& comm, const SharedPeers& peers) {
   MPI_Win_sync(peers.seg->win);
-  const int rc = MPI_Barrier(comm.native());
-  if (rc != MPI_SUCCESS)
-    throw CommError("barrier", comm.name(),
-                    "weft::redistribute on axis '" + comm.name() + "': the barrier after reading node-shared inputs failed: " +
-                        mpi_error_text(rc));
+  MPI_Comm c = comm.native();
+  shared_collective(
+      comm, "barrier", "the barrier after reading node-shared inputs",
+      [&](MPI_Request* q) { return MPI_Ibarrier(c, q); }, [&] { return MPI_Barrier(c); });
   MPI_Win_sync(peers.seg->win);
   ++SharedRegistry::get().direct;
 }
