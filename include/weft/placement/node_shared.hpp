@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <array>
 #include <concepts>
 #include <cstddef>
