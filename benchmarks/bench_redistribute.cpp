@@ -12,8 +12,11 @@
 // writes into a preallocated destination; "alloc" allocates the result each
 // call, as `auto y = redistribute<To>(x, axis)` does. Shard<1> pairs pack or
 // unpack blocks around the collective (work the bare call does not do), so
-// their ratio shows what a non-leading split costs. --check makes a missed
-// target the exit status.
+// their ratio shows what a non-leading split costs. The "node-shared" rows
+// run the same pairs with the input allocated in a weft::NodeShared window,
+// so that each rank copies its peers' blocks straight into its result; their
+// ratio is against the same bare contiguous collective (same bytes) and has
+// the target too. --check makes a missed target the exit status.
 #include <weft/weft.hpp>
 
 #include <algorithm>
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
   auto& world = env.world();
   weft::Mesh<weft::TP> mesh(world, world.size());
   auto& tp = mesh.axis<weft::TP>();
+  weft::NodeShared shm(mesh);
   const bool root = world.rank() == 0;
   if (root) {
     std::printf("# bench_redistribute: %d ranks, float, (rows x %zu) tensors over axis tp; ratio = bare / weft time\n",
@@ -172,6 +176,21 @@ int main(int argc, char** argv) {
       DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
       row("Shard<1> -> Replicate", "all_gather", false, [&] { redistribute<Replicate>(x, TP{}, y); },
           [&] { (void)redistribute<Replicate>(x, TP{}); }, [&] { tp.all_gather(x.local(), y.local()); });
+    }
+    using Host2 = BasicDistView<T, dextents<2>, Space, On<TP, Shard<1>>>;
+    {  // The same pairs from node-shared memory: one copy per peer block, no MPI transfer.
+      auto x = shm.dist_view<Host2>(mesh, rows, cols);
+      DistView<T, 2, On<TP, Shard<0>>> y(mesh, rows, cols);
+      DistView<T, 2, On<TP, Shard<1>>> bare_x(mesh, rows, cols);
+      row("Shard<1> -> Shard<0> shm", "all_to_all", true, [&] { redistribute<Shard<0>>(x, TP{}, y); },
+          [&] { (void)redistribute<Shard<0>>(x, TP{}); }, [&] { tp.all_to_all(bare_x.local(), y.local()); });
+    }
+    {
+      auto x = shm.dist_view<Host2>(mesh, rows, cols);
+      DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
+      DistView<T, 2, On<TP, Shard<1>>> bare_x(mesh, rows, cols);
+      row("Shard<1> -> Replicate shm", "all_gather", true, [&] { redistribute<Replicate>(x, TP{}, y); },
+          [&] { (void)redistribute<Replicate>(x, TP{}); }, [&] { tp.all_gather(bare_x.local(), y.local()); });
     }
   }
   if (root && o.check) std::printf(missed ? "# target missed\n" : "# every target met\n");

@@ -16,6 +16,7 @@
 #include <weft/ops/ops.hpp>
 #include <weft/placement/placement.hpp>
 #include <weft/placement/dist_view.hpp>
+#include <weft/placement/node_shared.hpp>
 #include <weft/placement/redistribute.hpp>
 #include <weft/placement/propagation.hpp>
 #include <weft/nn/nn.hpp>

@@ -198,6 +198,25 @@ class Comm {
   const CommStats& stats() const noexcept { return core_->stats; }
   /// Forgets the statistics.
   void reset_stats() noexcept { core_->stats.reset(); }
+  /// Counts an operation that moved this communicator's data without an MPI
+  /// call (redistribute copying peers' blocks out of node-shared memory), so
+  /// that stats() totals cover every transfer: one call of `kind`, `bytes`
+  /// (in the convention of the collective it replaces) and `seconds`, all of
+  /// them exposed.
+  void record(CommKind kind, std::uint64_t bytes, double seconds) noexcept {
+    core_->stats.record(kind, bytes, seconds, seconds);
+  }
+
+  /// Whether redistribute over this communicator looks for inputs held in
+  /// node-shared memory (weft::NodeShared turns it on for the mesh axes whose
+  /// groups lie within one node, and off again when released). It is the same
+  /// on every rank of the communicator, so that all of them take part in the
+  /// small agreement that step starts with.
+  bool node_shared_peers() const noexcept { return core_->node_shared_users > 0; }
+  /// Adds (on = true) or removes one user of node_shared_peers(). Call it at
+  /// the same point on every rank of the communicator, as weft::NodeShared
+  /// does; a rank that disagrees would leave the others waiting in redistribute.
+  void use_node_shared_peers(bool on) noexcept { core_->node_shared_users += on ? 1 : -1; }
 
   /// Checked mode: before each collective the ranks agree on operation,
   /// element type and count (a mismatch is a CommError on every rank naming

@@ -81,6 +81,7 @@ struct CommCore {
   CommStats stats;
   bool checked = checked_defaults().checked;
   double deadline_s = checked_defaults().deadline_s;
+  int node_shared_users = 0;  // see Comm::node_shared_peers
 
   std::string where(const char* op) const {
     return std::string("weft::Comm::") + op + " on axis '" + name + "' (rank " + std::to_string(rank) + " of " +

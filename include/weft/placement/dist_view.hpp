@@ -236,6 +236,20 @@ class BasicDistView {
     layout(global_extents);
   }
 
+  /// The local extents this rank's block has for a tensor of `global_extents`
+  /// on `mesh` (what the allocating constructor allocates), for callers that
+  /// allocate the block themselves and wrap it (weft::NodeShared). Throws
+  /// ShapeError as the constructors do.
+  template <class MeshT>
+    requires detail::mesh_traits<MeshT>::is_mesh
+  static std::array<std::size_t, rank> local_extents_on(MeshT& mesh, const std::array<std::size_t, rank>& global_extents) {
+    check_mesh<MeshT>();
+    BasicDistView probe;
+    probe.table_ = detail::mesh_traits<MeshT>::table(mesh);
+    probe.layout(global_extents);
+    return probe.local_extent_;
+  }
+
   /// This rank's block.
   const view_type& local() const noexcept { return local_; }
   /// Global extent of dimension d.

@@ -25,6 +25,7 @@
 #include <weft/comm/request.hpp>
 #include <weft/core/error.hpp>
 #include <weft/placement/dist_view.hpp>
+#include <weft/placement/node_shared.hpp>
 #include <weft/placement/placement.hpp>
 
 namespace weft {
@@ -288,6 +289,42 @@ Kokkos::View<T*, Space> scratch(std::size_t n, const char* label) {
   return ScratchCache<T, Space>::get().acquire(n, label);
 }
 
+// Puts the node-shared path in front of a Shard -> Replicate or Shard ->
+// Shard stage on host memory: when the axis has it on (NodeShared) and every
+// rank's input lies in one node-shared window, each rank copies its peers'
+// chunks straight into its result (detail::copy_peer_chunks with n, a, pa,
+// ca, b) and the collective, and its finish, are skipped; otherwise the
+// stage runs as planned. Decided in start, when the input is ready, by every
+// rank alike. The copy is recorded in the axis' statistics as one call of
+// `kind` moving `bytes`.
+template <class Exec, class T, class Src, class Dst>
+Stage with_node_shared(Stage planned, Comm* cm, Src src, Dst dst, CommKind kind, std::uint64_t bytes, std::size_t n,
+                       std::size_t a, std::size_t pa, std::size_t ca, std::size_t b) {
+  auto took = std::make_shared<bool>(false);
+  Stage s;
+  s.start = [=, start = std::move(planned.start)](bool nb) {
+    *took = false;
+    if (cm->node_shared_peers()) {
+      const double t0 = now_seconds();
+      Exec().fence();
+      const SharedPeers peers = find_shared_peers(*cm, src.data(), src.size() * sizeof(T));
+      if (peers) {
+        copy_peer_chunks<T>(peers.ptrs, dst.data(), n, a, pa, ca, b);
+        release_shared_peers(*cm, peers);
+        cm->record(kind, bytes, now_seconds() - t0);
+        *took = true;
+        return Request();
+      }
+    }
+    return start(nb);
+  };
+  if (planned.finish)
+    s.finish = [took, finish = std::move(planned.finish)] {
+      if (!*took) finish();
+    };
+  return s;
+}
+
 // Plans one step over Axis from x into out (already allocated, of the result
 // type). The branch taken is fixed at compile time by (From, To).
 template <class Axis, class To, class DV, class Out>
@@ -334,6 +371,9 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
       };
       s.finish = [buf, dst, sp, p] { unpack_blocks<Exec>(buf, flat(dst), sp, p); };
     }
+    if constexpr (blocked_layouts<Space>)
+      s = with_node_shared<Exec, T>(std::move(s), cm, src, dst, CommKind::all_gather, dst.size() * sizeof(T),
+                                    src.size(), src.size(), 1, 0, sp.mid * sp.inner);
   } else if constexpr (is_partial_v<From> && is_replicate_v<To>) {
     constexpr ReduceOp op = From::op::op;
     s.start = [cm, src, dst](bool nb) {
@@ -376,7 +416,9 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
         cm->all_to_all(flat(src), send_layout, flat(dst), recv_layout);
         return Request();
       };
-      return s;
+      return with_node_shared<Exec, T>(std::move(s), cm, src, dst, CommKind::all_to_all, src.size() * sizeof(T),
+                                       src.size() / p, send_split.mid / p * send_split.inner, p, c,
+                                       recv_split.mid * recv_split.inner);
     }
     Buf send_buf = send_split.outer == 1 ? Buf() : scratch<Exec, T, Space>(src.size(), "weft::redistribute::packed");
     Buf recv_buf = recv_split.outer == 1 ? Buf() : scratch<Exec, T, Space>(dst.size(), "weft::redistribute::received");
@@ -392,6 +434,10 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
       return Request();
     };
     if (recv_buf.data()) s.finish = [recv_buf, dst, recv_split, p] { unpack_blocks<Exec>(recv_buf, flat(dst), recv_split, p); };
+    if constexpr (blocked_layouts<Space>)
+      s = with_node_shared<Exec, T>(std::move(s), cm, src, dst, CommKind::all_to_all, src.size() * sizeof(T),
+                                    src.size() / p, send_split.mid / p * send_split.inner, p, c,
+                                    recv_split.mid * recv_split.inner);
   } else if constexpr (is_replicate_v<From> && is_shard_v<To>) {
     const Split3 sp = split3(x.local_extents(), To::dim);
     s.start = [src, dst, sp, p, c](bool) {
