@@ -202,8 +202,27 @@ TEST_CASE("tensor parallelism: the predicted bytes per collective kind equal a r
     }
 }
 
-TEST_CASE("the planner's bubble equals the simulated idle fraction of every schedule") {
+TEST_CASE("schedules: the planner's bubble equals the simulated idle fraction; rejections; no pipeline, no schedule") {
   using weft::plan::Schedule;
+  {
+    // Without a pipeline the schedule changes nothing.
+    ModelSpec spec;
+    const auto plain = weft::plan::training_memory(spec, MeshSpec{}, 0.0);
+    const auto inter = weft::plan::training_memory(spec, MeshSpec{.schedule = Schedule::interleaved, .chunks = 2}, 0.0);
+    CHECK(inter.total() == plain.total());
+    CHECK(inter.activations == plain.activations);
+    // A schedule that cannot run the layout is a rejection naming it.
+    spec.layers = 8;
+    spec.micro_batch = 1;
+    spec.global_batch = 6;  // m = 6 microbatches: not a multiple of pp = 4
+    const weft::plan::Topology t;
+    const auto r = weft::plan::rejection_reasons(spec, MeshSpec{.pp = 4, .schedule = Schedule::interleaved, .chunks = 2}, t);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].find("interleaved:2: ") == 0);
+    CHECK(r[0].find("multiple of the stage count") != std::string::npos);
+    CHECK(weft::plan::rejection_reasons(spec, MeshSpec{.pp = 4, .schedule = Schedule::gpipe}, t).empty());
+    CHECK(weft::plan::rejection_reasons(spec, MeshSpec{.pp = 4, .schedule = Schedule::interleaved, .chunks = 4}, t).size() == 2);
+  }
   struct Case {
     Schedule s;
     std::size_t chunks;

@@ -187,7 +187,7 @@ inline std::vector<std::size_t> executor_slots(const std::vector<PipeAction>& pl
 /// single slot: the one microbatch of a plain training step.
 inline std::vector<ChunkLayout> pipeline_rank_layout(std::size_t layers, Schedule s, std::size_t chunks, std::size_t p,
                                                      std::size_t m, std::size_t rank) {
-  const std::size_t v = s == Schedule::interleaved ? chunks : 1;
+  const std::size_t v = s == Schedule::interleaved && p > 1 ? chunks : 1;  // no pipeline: one chunk
   auto out = chunk_layouts(layers, p, v, rank);
   if (p <= 1) {
     for (auto& k : out) k.slots = 1;
