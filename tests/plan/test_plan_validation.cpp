@@ -3,9 +3,12 @@
 // schedule) against what its Stage and optimizer allocate, category by
 // category; the pipeline's point-to-point bytes and the tensor-parallel bytes
 // per collective kind (with and without sequence parallelism) against the
-// CommStats of a real step; and the planner's bubble against the pipeline
-// simulator. Every comparison is exact: the budgets and volumes are formulas
-// of weft's own allocation and communication (docs/plan.md).
+// CommStats of a real step; the planner's bubble against the pipeline
+// simulator; and dp x pp = 2 x 2 in every dp mode. Every comparison is exact
+// (the budgets and volumes are formulas of weft's own allocation and
+// communication, docs/plan.md) except the transient DP buffers whose peak
+// depends on when MPI completes a request (zero2's group gradients, fsdp's
+// gathered groups in a pipeline), which are checked between bounds.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -248,4 +251,71 @@ TEST_CASE("schedules: the planner's bubble equals the simulated idle fraction; r
           std::printf("validation bubble %-13s p=%d m=%d predicted %.4f simulated %.4f\n",
                       weft::plan::schedule_name(k.s, k.chunks).c_str(), p, m, predicted, sim.idle_fraction());
       }
+}
+
+TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel and optimizer, per dp mode") {
+  auto& w = weft::test::world();
+  if (w.size() != 4) return;
+  using M = weft::Mesh<weft::DP, weft::PP>;
+  M mesh(w, {.dp = 2, .pp = 2});
+  auto& ppc = mesh.axis<weft::PP>();
+  auto& dpc = mesh.axis<weft::DP>();
+  const std::size_t m = 2, mb = 2, dp = 2;  // microbatches per dp rank, sequences per microbatch
+  const auto cfg = pipe_gpt(mb);
+  ModelSpec spec = spec_of(cfg, m);
+  spec.global_batch = dp * m * mb;
+  for (auto mode : {weft::parallel::DPMode::replicate, weft::parallel::DPMode::zero1, weft::parallel::DPMode::zero2,
+                    weft::parallel::DPMode::fsdp}) {
+    CAPTURE(weft::parallel::to_string(mode));
+    const auto sched = weft::pipeline::parse_schedule("1f1b");
+    const auto part = weft::pipeline::equal_partition(cfg.layers, 2);
+    weft::pipeline::Stage<float> stage(cfg, part, ppc.size(), ppc.rank(), 1);
+    weft::parallel::DataParallel<float> ddp(dpc, stage.parameter_groups(), {.mode = mode});
+    stage.set_hooks(&ddp);
+    weft::optim::AdamW<float, Space> opt(ddp.optimizer_parameters());
+    weft::pipeline::Executor<float> ex(stage, ppc, sched, int(m));
+    auto data = stream(int(cfg.vocab));
+    weft::pipeline::train_step(ex, &ddp, opt, data, 0, spec.global_batch, 1e-3, 1.0);
+
+    const MeshSpec s{.dp = dp, .pp = 2, .mode = mode};
+    const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
+    const auto d = ddp.memory();
+    const auto led = stage.memory();
+    const auto p = pooled_slots(stage, 0);
+    const double activations = double(label_bytes(led, "pipeline.slots") - p.message_bytes);
+    const double temporary =
+        double(label_bytes(led, "pipeline.backward_workspace") + label_bytes(d, "dp.gathered_groups_peak"));
+    const double communication = double(p.message_bytes + label_bytes(d, "dp.communication_buffers"));
+    CHECK(double(d.bytes(C::parameters)) == b.parameters);
+    CHECK(double(d.bytes(C::gradients)) == b.gradients);
+    CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
+    CHECK(activations == b.activations);
+    CHECK(communication == b.communication);
+    if (mode == weft::parallel::DPMode::zero2) {
+      // As without a pipeline (test_plan): the group gradients alive at once
+      // depend on when MPI completes their reduce-scatters; the budget is the
+      // upper bound.
+      CHECK(temporary <= b.temporary);
+    } else if (mode == weft::parallel::DPMode::fsdp) {
+      // The gathered parameters: root + 2 blocks, or + 3 when a prefetch is
+      // still in flight as the schedule turns from forward to backward; the
+      // budget is the upper bound.
+      const double block = weft::plan::stage_params(spec, s, std::size_t(ppc.rank())).block * 4;
+      CHECK(temporary <= b.temporary);
+      CHECK(temporary >= b.temporary - block);
+    } else {
+      CHECK(temporary == b.temporary);
+    }
+    for (int r = 0; r < w.size(); ++r) {
+      if (r == w.rank())
+        std::printf("validation dp=2 pp=2 1f1b %-9s rank %d (pp rank %d) parameters %zu/%.0f gradients %zu/%.0f "
+                    "optimizer %zu/%.0f activations %.0f/%.0f temporary %.0f/%.0f communication %.0f/%.0f\n",
+                    weft::parallel::to_string(mode), w.rank(), ppc.rank(), d.bytes(C::parameters), b.parameters,
+                    d.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
+                    activations, b.activations, temporary, b.temporary, communication, b.communication);
+      std::fflush(stdout);
+      w.barrier();
+    }
+    stage.set_hooks(nullptr);
+  }
 }

@@ -154,8 +154,12 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   const double two_groups = sp.root + std::min(2.0, sp.blocks) * sp.block;
   const double zero2_grads = s.dp > 1 ? S : two_groups;
   // fsdp gathers the root for the whole microbatch and a block plus the
-  // prefetched next one.
-  const double gathered = two_groups;
+  // prefetched next one. In a pipeline, forwards and backwards of different
+  // microbatches alternate, and a prefetch still in flight when the schedule
+  // turns keeps one more block gathered, depending on when MPI completes it
+  // (measured: root + 2 or root + 3 blocks, docs/plan.md): the budget takes
+  // the upper bound.
+  const double gathered = s.pp > 1 ? sp.root + std::min(3.0, sp.blocks) * sp.block : two_groups;
   switch (s.mode) {
     case DPMode::replicate:
       b.parameters = S * pb;
