@@ -275,7 +275,9 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
     weft::optim::AdamW<float, Space> opt(ddp.optimizer_parameters());
     weft::pipeline::Executor<float> ex(stage, ppc, sched, int(m));
     auto data = stream(int(cfg.vocab));
+    ppc.reset_stats();
     weft::pipeline::train_step(ex, &ddp, opt, data, 0, spec.global_batch, 1e-3, 1.0);
+    const auto pstats = ppc.stats();
 
     const MeshSpec s{.dp = dp, .pp = 2, .mode = mode};
     const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
@@ -291,6 +293,11 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
     CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
     CHECK(activations == b.activations);
     CHECK(communication == b.communication);
+    // The pipeline axis carries the same point-to-point volume as without DP.
+    const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
+    CHECK(double(pstats[weft::CommKind::send].bytes) == v.pp_send);
+    CHECK(double(pstats[weft::CommKind::recv].bytes) == v.pp_recv);
+    CHECK(double(pstats[weft::CommKind::all_reduce].bytes) == v.pp_all_reduce);
     if (mode == weft::parallel::DPMode::zero2) {
       // As without a pipeline (test_plan): the group gradients alive at once
       // depend on when MPI completes their reduce-scatters; the budget is the
