@@ -406,9 +406,10 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("%s: %.2fB parameters, %zu GPUs (%s: %zu per node, %.0f GB each); %zu valid layouts of %zu\n",
+  std::printf("%s: %.2fB parameters, %zu GPUs (%s: %zu per node, %.0f GB each); %zu valid layouts of %zu; "
+              "pipeline schedule %s\n",
               m.name.c_str(), double(m.total_params()) / 1e9, a.gpus, t.name.c_str(), t.gpus_per_node, t.memory_gb,
-              valid, ranked.size());
+              valid, ranked.size(), schedule_name(sched, chunks).c_str());
   std::printf("%-4s %-30s %-9s %5s %8s %7s %7s %7s %7s %7s %7s %7s %6s %9s %10s\n", "rank", "mesh", "dp-mode", "fits",
               "total", "params", "grads", "optim", "activ", "temp", "comm", "headrm", "bubble", "step s", "tok/s");
   std::size_t shown = 0;

@@ -98,7 +98,7 @@ inline std::string schedule_rejection(Schedule s, std::size_t chunks, int p, int
 
 /// What one chunk (virtual stage) of a pipeline rank holds.
 struct ChunkLayout {
-  std::size_t virtual_stage = 0;
+  std::size_t virtual_stage = 0;  ///< c * pp + rank for chunk c
   std::size_t blocks = 0;    ///< transformer blocks
   bool embedding = false;    ///< holds the embedding (unit 0): its input is token ids, it sends no gradient
   bool head = false;         ///< holds the final norm and LM head: it computes the loss, receives no gradient
