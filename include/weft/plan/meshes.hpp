@@ -101,11 +101,11 @@ inline std::vector<std::string> rejection_reasons(const ModelSpec& m, const Mesh
     r.push_back("pp " + str(s.pp) + " exceeds the " + str(m.global_batch / (s.dp * m.micro_batch)) + " microbatches per step");
   else if (s.pp > 1) {
     const std::string why = schedule_rejection(s.schedule, s.chunks, int(s.pp), int(m.global_batch / (s.dp * m.micro_batch)));
-    if (!why.empty()) r.push_back(schedule_name(s.schedule, s.chunks) + ": " + why);
+    if (!why.empty()) r.push_back(schedule_name(s.schedule, s.chunks).append(": ").append(why));
   }
   if (s.pp > 1 && s.schedule == Schedule::interleaved && s.pp * s.chunks > pipeline::unit_count(m.layers))
-    r.push_back("pp " + str(s.pp) + " x " + str(s.chunks) + " virtual stages exceed the " + str(m.layers) +
-                " layers plus embedding and head");
+    r.push_back(std::string("pp ").append(str(s.pp)).append(" x ").append(str(s.chunks))
+                    .append(" virtual stages exceed the ").append(str(m.layers)).append(" layers plus embedding and head"));
   if (s.cp > 1 && m.seq % (2 * s.cp)) r.push_back("cp " + str(s.cp) + ": seq " + str(m.seq) + " does not split into 2 x cp chunks");
   if (s.ep > 1 && (!m.experts || m.experts % s.ep)) r.push_back("ep " + str(s.ep) + " does not divide experts " + str(m.experts));
   if (s.dp % s.ep) r.push_back("ep " + str(s.ep) + " does not divide dp " + str(s.dp));

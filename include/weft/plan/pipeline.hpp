@@ -29,7 +29,7 @@ inline std::string schedule_name(Schedule s, std::size_t chunks) {
   switch (s) {
     case Schedule::gpipe: return "gpipe";
     case Schedule::one_f_one_b: return "1f1b";
-    case Schedule::interleaved: return "interleaved:" + std::to_string(chunks);
+    case Schedule::interleaved: return std::string("interleaved:").append(std::to_string(chunks));
     case Schedule::zero_bubble: return "zb";
   }
   return "?";
