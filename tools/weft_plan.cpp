@@ -2,15 +2,18 @@
 // the serving layouts of a replica (serving), as a table or as JSON.
 //   weft-plan --preset NAME|--model FILE.json --gpus N [--topology FILE.json]
 //             [--train|--serve] [--json] [--top K] [--batch B --context C]
+//             [--schedule gpipe|1f1b|interleaved:V|zb]
 //             [--run-top K [--train-gpt PATH] [--launcher "mpirun -n {n}"] [--steps N] [--workdir DIR]]
 // --run-top: "heuristics pick candidates, benchmarks pick the winner" -- the
 // top K fitting layouts that this build of train_gpt accepts (it is asked with
 // train_gpt --check, so the filter grows with train_gpt) are trained for a few
 // steps, and their measured step time and memory are printed beside the
-// predicted ones.
+// predicted ones (a table, or with --json one document, schema
+// docs/schema/run_top.schema.json).
 #include <stdlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -38,12 +41,13 @@ struct Args {
   std::string train_gpt = WEFT_TRAIN_GPT_PATH;  // the train_gpt executable
   std::string launcher = "mpirun -n {n}";    // {n}: the ranks; split at spaces
   std::string workdir;                        // records and logs (default: a new /tmp directory)
+  std::string schedule = "1f1b";              // pipeline schedule of layouts with pp > 1
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "weft-plan: " << why << "\n"
             << "usage: weft-plan --preset NAME|--model FILE.json --gpus N [--topology FILE.json] [--train|--serve]\n"
-               "                 [--json] [--top K] [--rejected] [--batch B] [--context C]\n"
+               "                 [--json] [--top K] [--rejected] [--batch B] [--context C] [--schedule gpipe|1f1b|interleaved:V|zb]\n"
                "                 [--run-top K [--train-gpt PATH] [--launcher 'mpirun -n {n}'] [--steps N] [--workdir DIR]]\n"
                "presets:";
   for (const auto& n : preset_names()) std::cerr << ' ' << n;
@@ -78,6 +82,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--train-gpt") a.train_gpt = next();
     else if (f == "--launcher") a.launcher = next();
     else if (f == "--workdir") a.workdir = next();
+    else if (f == "--schedule") a.schedule = next();
     else if (f == "--train") a.serve = false;
     else if (f == "--serve") a.serve = true;
     else if (f == "--json") a.json = true;
@@ -87,7 +92,6 @@ Args parse(int argc, char** argv) {
   }
   if (a.preset.empty() == a.model_file.empty()) usage("give exactly one of --preset and --model");
   if (!a.gpus) usage("--gpus is required");
-  if (a.run_top && a.json) usage("--run-top prints a table; it does not combine with --json");
   if (a.run_top && a.serve) usage("--run-top measures training layouts; it does not combine with --serve");
   if (a.run_top && a.launcher.find("{n}") == std::string::npos) usage("--launcher must contain {n} (the rank count)");
   return a;
@@ -144,10 +148,10 @@ int launch(const Args& a, std::size_t n, const std::vector<std::string>& args, c
   std::string cmd, l = a.launcher;
   for (std::size_t p; (p = l.find("{n}")) != std::string::npos;) l.replace(p, 3, std::to_string(n));
   std::istringstream words(l);
-  for (std::string w; words >> w;) cmd += shell_quote(w) + " ";
-  cmd += shell_quote(a.train_gpt);
-  for (const auto& x : args) cmd += " " + shell_quote(x);
-  cmd += " > " + shell_quote(log) + " 2>&1";
+  for (std::string w; words >> w;) cmd.append(shell_quote(w)).append(" ");
+  cmd.append(shell_quote(a.train_gpt));
+  for (const auto& x : args) cmd.append(" ").append(shell_quote(x));
+  cmd.append(" > ").append(shell_quote(log)).append(" 2>&1");
   const int rc = std::system(cmd.c_str());
   return rc == -1 ? -1 : WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
 }
@@ -181,9 +185,30 @@ std::string mesh_flag(const MeshSpec& s) {
   return r;
 }
 
-int run_top(const Args& a, const ModelSpec& m, const Topology& t, const std::vector<Candidate>& ranked) {
+// One candidate --run-top trained (or skipped) and what its record says.
+struct TopRun {
+  const Candidate* c = nullptr;
+  std::size_t rank = 0;       // position among the valid candidates
+  std::string record, skip;   // record path; why it was not run (empty: it ran)
+  double step_s = 0;          // measured: median step after warm-up
+  bool has_memory = false;    // the record carries memory_bytes_per_rank
+  double meas[6] = {0, 0, 0, 0, 0, 0};
+};
+
+const char* const kMemoryKeys[6] = {"parameters", "gradients", "optimizer_state", "activations", "temporary", "communication"};
+
+std::array<double, 6> predicted_memory(const Candidate& c) {
+  const auto& b = c.memory;
+  return {b.parameters, b.gradients, b.optimizer_state, b.activations, b.temporary, b.communication};
+}
+
+std::string schedule_of(const MeshSpec& s) { return s.pp > 1 ? schedule_name(s.schedule, s.chunks) : "none"; }
+
+// Trains the top K fitting candidates train_gpt accepts; progress goes to `log`.
+std::vector<TopRun> run_candidates(const Args& a, const ModelSpec& m, const Topology& t, const std::vector<Candidate>& ranked,
+                                   std::string& dir, std::FILE* log) {
   const auto model_flags = train_gpt_model_flags(m);
-  std::string dir = a.workdir;
+  dir = a.workdir;
   if (dir.empty()) {
     char tmpl[] = "/tmp/weft-plan-XXXXXX";
     WEFT_REQUIRE(mkdtemp(tmpl), weft::ConfigError, "--run-top: cannot create a directory under /tmp");
@@ -192,21 +217,22 @@ int run_top(const Args& a, const ModelSpec& m, const Topology& t, const std::vec
     WEFT_REQUIRE(std::system(("mkdir -p " + shell_quote(dir)).c_str()) == 0, weft::ConfigError, "--workdir ", dir,
                  ": cannot create it");
   }
-  struct Run {
-    const Candidate* c;
-    std::string record;
-  };
-  std::vector<Run> runs;
-  std::printf("\n--run-top %zu: asking %s which layouts it accepts (train_gpt --check); records in %s\n", a.run_top,
-              a.train_gpt.c_str(), dir.c_str());
+  std::vector<TopRun> out;
+  std::size_t ran = 0;
+  std::fprintf(log, "\n--run-top %zu: asking %s which layouts it accepts (train_gpt --check); records in %s\n", a.run_top,
+               a.train_gpt.c_str(), dir.c_str());
   std::size_t rank = 0;
   for (const auto& c : ranked) {
     if (!c.valid()) continue;
     ++rank;
-    if (runs.size() >= a.run_top) break;
+    if (ran >= a.run_top) break;
+    TopRun r;
+    r.c = &c;
+    r.rank = rank;
     if (!c.fits) {
-      std::printf("  skip #%zu %s %s: does not fit in %.0f GB\n", rank, mesh_name(c.mesh).c_str(), to_string(c.mesh.mode),
-                  t.memory_gb);
+      r.skip = "does not fit in " + std::to_string(int(t.memory_gb)) + " GB";
+      std::fprintf(log, "  skip #%zu %s %s: %s\n", rank, mesh_name(c.mesh).c_str(), to_string(c.mesh.mode), r.skip.c_str());
+      out.push_back(r);
       continue;
     }
     const std::size_t mbs = microbatches(m, c.mesh);
@@ -214,29 +240,101 @@ int run_top(const Args& a, const ModelSpec& m, const Topology& t, const std::vec
     for (const auto& x : {std::string("--microbatches"), std::to_string(mbs), std::string("--mesh"), mesh_flag(c.mesh),
                           std::string("--dp"), std::string(to_string(c.mesh.mode))})
       args.push_back(x);
+    if (c.mesh.pp > 1) args.insert(args.end(), {"--schedule", schedule_name(c.mesh.schedule, c.mesh.chunks)});
     const std::string tag = dir + "/candidate" + std::to_string(rank);
     std::vector<std::string> check = args;
     check.push_back("--check");
     if (launch(a, 1, check, tag + ".check.log") != 0) {
-      std::printf("  skip #%zu %s %s: train_gpt refuses: %s\n", rank, mesh_name(c.mesh).c_str(), to_string(c.mesh.mode),
-                  refusal(tag + ".check.log").c_str());
+      r.skip = "train_gpt refuses: " + refusal(tag + ".check.log");
+      std::fprintf(log, "  skip #%zu %s %s: %s\n", rank, mesh_name(c.mesh).c_str(), to_string(c.mesh.mode), r.skip.c_str());
+      out.push_back(r);
       continue;
     }
     args.insert(args.end(), {"--steps", std::to_string(a.steps), "--record", tag + ".json"});
-    std::printf("  run  #%zu %s %s on %zu ranks, %zu steps ...\n", rank, mesh_name(c.mesh).c_str(),
-                to_string(c.mesh.mode), c.mesh.world(), a.steps);
-    std::fflush(stdout);
+    std::fprintf(log, "  run  #%zu %s %s on %zu ranks, %zu steps ...\n", rank, mesh_name(c.mesh).c_str(),
+                 to_string(c.mesh.mode), c.mesh.world(), a.steps);
+    std::fflush(log);
     const int rc = launch(a, c.mesh.world(), args, tag + ".log");
     WEFT_REQUIRE(rc == 0, weft::ConfigError, "--run-top: train_gpt failed (exit ", rc, ") for ", mesh_name(c.mesh), " ",
                  to_string(c.mesh.mode), ": ", refusal(tag + ".log"), " (log ", tag, ".log)");
-    runs.push_back({&c, tag + ".json"});
+    r.record = tag + ".json";
+    // Measured: median step time after warm-up (global tokens / tokens per
+    // second) and each category's largest value over the ranks, when the
+    // record has them (train_gpt's pipeline records do not yet).
+    const JsonValue rec = parse_json(read_text_file(r.record), r.record);
+    r.step_s = number_at(rec, {"tokens_per_step"}, r.record) / number_at(rec, {"tokens_per_second"}, r.record);
+    const JsonValue* per_rank = rec.find("memory_bytes_per_rank");
+    r.has_memory = per_rank && per_rank->kind == JsonValue::Kind::array && !per_rank->array.empty();
+    if (r.has_memory)
+      for (const auto& one : per_rank->array)
+        for (int k = 0; k < 6; ++k) r.meas[k] = std::max(r.meas[k], number_at(one, {kMemoryKeys[k]}, r.record));
+    out.push_back(r);
+    ++ran;
+  }
+  return out;
+}
+
+int run_top(const Args& a, const ModelSpec& m, const Topology& t, const std::vector<Candidate>& ranked) {
+  std::string dir;
+  const auto all = run_candidates(a, m, t, ranked, dir, a.json ? stderr : stdout);
+  std::vector<const TopRun*> runs;
+  for (const auto& r : all)
+    if (r.skip.empty()) runs.push_back(&r);
+  const TopRun* best = nullptr;
+  for (const auto* r : runs)
+    if (!best || r->step_s < best->step_s) best = r;
+  if (a.json) {
+    using weft::metrics::Json;
+    auto cats = [](const double* v) {
+      Json o = Json::object();
+      for (int k = 0; k < 6; ++k) o.set(kMemoryKeys[k], v[k]);
+      return o;
+    };
+    Json::Array ran, skipped;
+    for (const auto& r : all) {
+      Json j = Json::object();
+      j.set("rank", r.rank).set("mesh", mesh_name(r.c->mesh)).set("dp_mode", to_string(r.c->mesh.mode))
+          .set("schedule", schedule_of(r.c->mesh)).set("world_size", r.c->mesh.world());
+      if (!r.skip.empty()) {
+        skipped.push_back(j.set("reason", r.skip));
+        continue;
+      }
+      const auto pred = predicted_memory(*r.c);
+      Json predicted = Json::object();
+      predicted.set("step_s", r.c->step_s).set("memory_bytes", cats(pred.data()));
+      Json measured = Json::object();
+      measured.set("step_s", r.step_s).set("memory_recorded", r.has_memory);
+      Json ratio = Json::object();
+      ratio.set("step_s", r.step_s / r.c->step_s);
+      if (r.has_memory) {
+        measured.set("memory_bytes", cats(r.meas));
+        Json mr = Json::object();
+        for (int k = 0; k < 6; ++k)
+          mr.set(kMemoryKeys[k], pred[std::size_t(k)] > 0 ? Json(r.meas[k] / pred[std::size_t(k)]) : Json(nullptr));
+        ratio.set("memory_bytes", mr);
+      }
+      j.set("record", r.record).set("predicted", predicted).set("measured", measured)
+          .set("measured_over_predicted", ratio);
+      ran.push_back(j);
+    }
+    Json out = Json::object();
+    out.set("mode", "run_top").set("model", m.name).set("gpus", a.gpus).set("topology", t.name).set("steps", a.steps)
+        .set("workdir", dir).set("step_time_method", "median step after warm-up, tokens_per_step / tokens_per_second")
+        .set("memory_method", "measured: largest value over ranks of the record's memory_bytes_per_rank; "
+                              "predicted: the planner's per-rank budget without headroom")
+        .set("runs", Json(ran)).set("skipped", Json(skipped));
+    if (best)
+      out.set("fastest_measured", Json::object().set("mesh", mesh_name(best->c->mesh)).set("dp_mode", to_string(best->c->mesh.mode))
+                                      .set("step_s", best->step_s))
+          .set("planner_choice", Json::object().set("mesh", mesh_name(runs[0]->c->mesh))
+                                     .set("dp_mode", to_string(runs[0]->c->mesh.mode)).set("step_s", runs[0]->c->step_s));
+    std::cout << out.dump(2) << "\n";
+    return runs.empty() ? 1 : 0;
   }
   if (runs.empty()) {
     std::printf("no candidate could be run\n");
     return 1;
   }
-  // Measured: median step time after warm-up (global tokens / tokens per second) and
-  // each category's largest value over the ranks; predicted: the planner's budget.
   std::printf("\nmeasured against predicted (%zu steps each; step time: median after warm-up; memory: largest rank, kB = 1e3 B;\n"
               "temporary and communication are train_gpt's buffers split as the planner splits them; headroom is not measured)\n",
               a.steps);
@@ -244,41 +342,31 @@ int run_top(const Args& a, const ModelSpec& m, const Topology& t, const std::vec
               "pred s", "meas s", "ratio", "params kB", "grads kB", "optim kB", "activ kB", "temp kB", "comm kB");
   std::printf("%-4s %-22s %-9s %10s %10s %6s | %-15s %-15s %-15s %-15s %-15s %-15s\n", "", "", "", "", "", "m/p",
               "pred/meas", "pred/meas", "pred/meas", "pred/meas", "pred/meas", "pred/meas");
-  const Run* best = nullptr;
-  double best_s = 0;
   std::size_t shown = 0;
-  for (const auto& r : runs) {
-    const JsonValue rec = parse_json(read_text_file(r.record), r.record);
-    const double step = number_at(rec, {"tokens_per_step"}, r.record) / number_at(rec, {"tokens_per_second"}, r.record);
-    const JsonValue* per_rank = rec.find("memory_bytes_per_rank");
-    WEFT_REQUIRE(per_rank && per_rank->kind == JsonValue::Kind::array, weft::ConfigError, r.record,
-                 ": no memory_bytes_per_rank");
-    const char* keys[6] = {"parameters", "gradients", "optimizer_state", "activations", "temporary", "communication"};
-    const auto& b = r.c->memory;
-    const double pred[6] = {b.parameters, b.gradients, b.optimizer_state, b.activations, b.temporary, b.communication};
-    double meas[6] = {0, 0, 0, 0, 0, 0};
-    for (const auto& one : per_rank->array)
-      for (int k = 0; k < 6; ++k) meas[k] = std::max(meas[k], number_at(one, {keys[k]}, r.record));
-    std::printf("%-4zu %-22s %-9s %10.3g %10.3g %6.2f |", ++shown, mesh_name(r.c->mesh).c_str(), to_string(r.c->mesh.mode),
-                r.c->step_s, step, step / r.c->step_s);
+  for (const auto* r : runs) {
+    const auto pred = predicted_memory(*r->c);
+    std::printf("%-4zu %-22s %-9s %10.3g %10.3g %6.2f |", ++shown, mesh_name(r->c->mesh).c_str(), to_string(r->c->mesh.mode),
+                r->c->step_s, r->step_s, r->step_s / r->c->step_s);
     for (int k = 0; k < 6; ++k) {
       char cell[40];
-      std::snprintf(cell, sizeof cell, "%.1f/%.1f", pred[k] / 1e3, meas[k] / 1e3);
+      if (r->has_memory) std::snprintf(cell, sizeof cell, "%.1f/%.1f", pred[std::size_t(k)] / 1e3, r->meas[k] / 1e3);
+      else std::snprintf(cell, sizeof cell, "%.1f/-", pred[std::size_t(k)] / 1e3);
       std::printf(" %-15s", cell);
     }
     std::printf("\n");
-    if (!best || step < best_s) best = &r, best_s = step;
   }
   std::printf("fastest measured: %s %s, %.3g s per step (planner's choice among these: %s %s)\n",
-              mesh_name(best->c->mesh).c_str(), to_string(best->c->mesh.mode), best_s, mesh_name(runs[0].c->mesh).c_str(),
-              to_string(runs[0].c->mesh.mode));
+              mesh_name(best->c->mesh).c_str(), to_string(best->c->mesh.mode), best->step_s,
+              mesh_name(runs[0]->c->mesh).c_str(), to_string(runs[0]->c->mesh.mode));
   return 0;
 }
 
 int train(const Args& a, const ModelSpec& m, const Topology& t) {
-  const auto ranked = rank_meshes(m, a.gpus, t);
+  const auto [sched, chunks] = parse_schedule_name(a.schedule);
+  const auto ranked = rank_meshes(m, a.gpus, t, sched, chunks);
   std::size_t valid = 0;
   for (const auto& c : ranked) valid += c.valid();
+  if (a.run_top && a.json) return run_top(a, m, t, ranked);  // one JSON document: measured against predicted
   if (a.json) {
     using weft::metrics::Json;
     Json::Array cands, rej;
@@ -294,6 +382,16 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
         j.set("fits", c.fits).set("memory_bytes", mem).set("step_s", c.step_s).set("tokens_per_s", c.tokens_per_s)
             .set("compute_s", c.compute_s).set("bubble", c.bubble).set("tp_s", c.tp_s).set("cp_s", c.cp_s)
             .set("ep_s", c.ep_s).set("pp_s", c.pp_s).set("dp_s", c.dp_s);
+        // The busiest pipeline rank's bytes per collective kind (CommStats convention).
+        CommVolume v = comm_volume(m, c.mesh, 0);
+        for (std::size_t r = 1; r < c.mesh.pp; ++r) {
+          const CommVolume o = comm_volume(m, c.mesh, r);
+          if (o.pp_send + o.tp_all_reduce + o.tp_all_gather > v.pp_send + v.tp_all_reduce + v.tp_all_gather) v = o;
+        }
+        j.set("schedule", schedule_of(c.mesh))
+            .set("comm_bytes_per_step", Json::object().set("tp_all_reduce", v.tp_all_reduce).set("tp_all_gather", v.tp_all_gather)
+                                            .set("tp_reduce_scatter", v.tp_reduce_scatter).set("pp_send", v.pp_send)
+                                            .set("pp_recv", v.pp_recv));
         cands.push_back(j);
       } else {
         Json::Array rs;
@@ -308,9 +406,10 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("%s: %.2fB parameters, %zu GPUs (%s: %zu per node, %.0f GB each); %zu valid layouts of %zu\n",
+  std::printf("%s: %.2fB parameters, %zu GPUs (%s: %zu per node, %.0f GB each); %zu valid layouts of %zu; "
+              "pipeline schedule %s\n",
               m.name.c_str(), double(m.total_params()) / 1e9, a.gpus, t.name.c_str(), t.gpus_per_node, t.memory_gb,
-              valid, ranked.size());
+              valid, ranked.size(), schedule_name(sched, chunks).c_str());
   std::printf("%-4s %-30s %-9s %5s %8s %7s %7s %7s %7s %7s %7s %7s %6s %9s %10s\n", "rank", "mesh", "dp-mode", "fits",
               "total", "params", "grads", "optim", "activ", "temp", "comm", "headrm", "bubble", "step s", "tok/s");
   std::size_t shown = 0;

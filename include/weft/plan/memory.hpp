@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <vector>
 
 #include <weft/plan/model.hpp>
 
@@ -14,28 +15,65 @@ namespace weft::plan {
 /// way weft groups them (a block; the root: embeddings, final norm, head).
 struct StageParams {
   double block = 0;       ///< one block's elements on this rank (its experts and tensor shard)
-  double blocks = 0;      ///< blocks on this stage
-  double root = 0;        ///< root elements on the worst stage (embeddings first, head last)
+  double blocks = 0;      ///< blocks on this stage (all its chunks)
+  double root = 0;        ///< root elements on this stage (embedding on the first, final norm and head on the last)
   /// Elements of the stage.
   double total() const { return blocks * block + root; }
 };
 
-/// Parameter elements on the heaviest pipeline stage of one rank. Matrices
-/// and vocabulary tables split over tp; column-parallel biases too; norms and
-/// row-parallel biases are replicated; experts split over ep.
-inline StageParams stage_params(const ModelSpec& m, const MeshSpec& s) {
+/// Parameter elements of one block on one rank: matrices and column-parallel
+/// biases split over tp; norms and row-parallel biases replicated; experts
+/// split over ep.
+inline double block_params_here(const ModelSpec& m, const MeshSpec& s) {
   const double tp = double(s.tp), D = double(m.d_model);
   const double qkv = double(m.qkv_cols()), up = double(m.up_cols()), F = double(m.hidden());
   const double attn = (D * qkv + D * D) / tp + (m.bias ? qkv / tp + D : 0.0);
   const double mlp = (D * up + F * D) / tp + (m.bias ? up / tp + D : 0.0);
   const double experts_here = m.experts ? double(m.experts) / double(s.ep) : 1.0;
+  return attn + experts_here * mlp + double(m.norm_params(2)) + double(m.router_params());
+}
+/// Embedding elements on one rank (the vocabulary table splits over tp).
+inline double embedding_params_here(const ModelSpec& m, const MeshSpec& s) {
+  return double(m.vocab) * double(m.d_model) / double(s.tp) + (m.learned_positions ? double(m.seq * m.d_model) : 0.0);
+}
+/// Final norm and LM head elements on one rank.
+inline double head_params_here(const ModelSpec& m, const MeshSpec& s) {
+  return double(m.norm_params(1)) + double(m.d_model) * double(m.vocab) / double(s.tp);
+}
+
+/// Microbatches per step: global batch over dp ranks and the micro-batch size.
+inline std::size_t microbatches(const ModelSpec& m, const MeshSpec& s) {
+  const std::size_t per = s.dp * m.micro_batch;
+  return per ? std::max<std::size_t>(1, m.global_batch / per) : 1;
+}
+
+/// The chunks of pipeline rank `rank` (0 with pp = 1) and the activation
+/// slots each allocates in a step of the mesh's schedule.
+inline std::vector<ChunkLayout> rank_layout(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
+  return pipeline_rank_layout(m.layers, s.schedule, s.chunks, s.pp, microbatches(m, s), rank);
+}
+
+/// Parameter elements on pipeline rank `rank`, as weft's equal partition
+/// places the blocks, the embedding (first stage) and the head (last stage).
+inline StageParams stage_params(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
   StageParams p;
-  p.block = attn + experts_here * mlp + double(m.norm_params(2)) + double(m.router_params());
-  p.blocks = double(m.layers) / double(s.pp);
-  const double first = double(m.vocab) * D / tp + (m.learned_positions ? double(m.seq) * D : 0.0);
-  const double last = double(m.norm_params(1)) + D * double(m.vocab) / tp;
-  p.root = s.pp == 1 ? first + last : std::max(first, last);
+  p.block = block_params_here(m, s);
+  for (const auto& k : chunk_layouts(m.layers, s.pp, s.schedule == Schedule::interleaved && s.pp > 1 ? s.chunks : 1, rank)) {
+    p.blocks += double(k.blocks);
+    if (k.embedding) p.root += embedding_params_here(m, s);
+    if (k.head) p.root += head_params_here(m, s);
+  }
   return p;
+}
+
+/// Parameter elements on the heaviest pipeline stage of one rank.
+inline StageParams stage_params(const ModelSpec& m, const MeshSpec& s) {
+  StageParams best = stage_params(m, s, 0);
+  for (std::size_t r = 1; r < s.pp; ++r) {
+    const StageParams p = stage_params(m, s, r);
+    if (p.total() > best.total()) best = p;
+  }
+  return best;
 }
 
 /// Per-rank peak bytes of a training step, by category.
@@ -56,12 +94,6 @@ struct TrainingBudget {
 /// Tokens of one microbatch on one rank (the sequence splits over cp).
 inline double rank_tokens(const ModelSpec& m, const MeshSpec& s) {
   return double(m.micro_batch) * double(m.seq) / double(s.cp);
-}
-
-/// Microbatches per step: global batch over dp ranks and the micro-batch size.
-inline std::size_t microbatches(const ModelSpec& m, const MeshSpec& s) {
-  const std::size_t per = s.dp * m.micro_batch;
-  return per ? std::max<std::size_t>(1, m.global_batch / per) : 1;
 }
 
 /// Activation elements saved per block for one microbatch (what nn::Block,
@@ -100,11 +132,13 @@ inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
   return e;
 }
 
-/// The per-rank training peak of model m on layout s. headroom_fraction is the
-/// allocator and library allowance on top of everything weft allocates.
-inline TrainingBudget training_memory(const ModelSpec& m, const MeshSpec& s, double headroom_fraction = 0.10) {
+/// The training peak of pipeline rank `rank` (0 with pp = 1) of model m on
+/// layout s. headroom_fraction is the allocator and library allowance on top
+/// of everything weft allocates.
+inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::size_t rank,
+                                   double headroom_fraction = 0.10) {
   m.validate();
-  const StageParams sp = stage_params(m, s);
+  const StageParams sp = stage_params(m, s, rank);
   const double S = sp.total(), dp = double(s.dp), pb = double(m.param_bytes), gb = double(m.grad_bytes);
   TrainingBudget b;
   // Persistent state by mode (parallel::DataParallel's buffers).
@@ -120,8 +154,12 @@ inline TrainingBudget training_memory(const ModelSpec& m, const MeshSpec& s, dou
   const double two_groups = sp.root + std::min(2.0, sp.blocks) * sp.block;
   const double zero2_grads = s.dp > 1 ? S : two_groups;
   // fsdp gathers the root for the whole microbatch and a block plus the
-  // prefetched next one.
-  const double gathered = two_groups;
+  // prefetched next one. In a pipeline, forwards and backwards of different
+  // microbatches alternate, and a prefetch still in flight when the schedule
+  // turns keeps one more block gathered, depending on when MPI completes it
+  // (measured: root + 2 or root + 3 blocks, docs/plan.md): the budget takes
+  // the upper bound.
+  const double gathered = s.pp > 1 ? sp.root + std::min(3.0, sp.blocks) * sp.block : two_groups;
   switch (s.mode) {
     case DPMode::replicate:
       b.parameters = S * pb;
@@ -148,28 +186,47 @@ inline TrainingBudget training_memory(const ModelSpec& m, const MeshSpec& s, dou
   const double opt_elems = s.mode == DPMode::replicate ? S : shard;
   b.optimizer_state = opt_elems * double(m.optimizer_bytes_per_param());
 
-  // Activations: one microbatch's saved tensors per block (one set under
-  // recompute), the residual stream, the final norm and the logits. 1F1B keeps
-  // up to pp microbatches in flight on the first stage.
+  // Activations, per chunk of this rank: each activation slot (one in-flight
+  // microbatch) holds the saved tensors of the chunk's blocks (one set under
+  // recompute), its residual stream (the chunk's input and each block's
+  // output), and on the head chunk the final norm (output and statistics)
+  // and the logits; under sequence parallelism the residuals and norms are on
+  // token shards and the head keeps the gathered final-norm output too. A
+  // slot also holds the chunk's message buffers, counted as communication:
+  // the received output gradient (all but the head chunk) and the input
+  // gradient to send (all but the embedding chunk). The number of slots a
+  // chunk allocates is what the executor holds at its peak for the schedule
+  // (pipeline.hpp: executor_slots); a single process holds one.
   const double n = rank_tokens(m, s), D = double(m.d_model), a = double(m.act_bytes);
-  const double in_flight = double(std::min<std::size_t>(s.pp, microbatches(m, s)));
-  const double sets = m.recompute ? 1.0 : sp.blocks;
   const double seq_split = (s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0;
-  // Residual stream, final norm (output and statistics) on token shards under
-  // sequence parallelism, plus the gathered final-norm output the head needs.
-  const double per_mb = sets * block_saved_elements(m, s) + (sp.blocks + 1) * n * D / seq_split;
   const double head = (n * D + 2 * n) / seq_split + (seq_split > 1 ? n * D : 0.0) + n * double(m.vocab) / double(s.tp);
-  b.activations = (in_flight * per_mb + head) * a;
+  for (const ChunkLayout& k : rank_layout(m, s, rank)) {
+    const double blocks = double(k.blocks), sets = m.recompute ? std::min(1.0, blocks) : blocks;
+    const double slot = sets * block_saved_elements(m, s) + (blocks + 1) * n * D / seq_split + (k.head ? head : 0.0);
+    const double messages = (k.head ? 0.0 : n * D / seq_split) + (k.embedding ? 0.0 : n * D / seq_split);
+    b.activations += double(k.slots) * slot * a;
+    b.communication += double(k.slots) * messages * a;
+  }
   b.temporary += backward_scratch_elements(m, s) * a;
 
-  // Other strategies' staging: pipeline send/receive both ways, expert
-  // dispatch and combine, the ring's K/V double buffer.
-  if (s.pp > 1) b.communication += 4 * n * D * a;
+  // Other strategies' staging: expert dispatch and combine, the ring's K/V
+  // double buffer.
   if (m.experts && s.ep > 1) b.communication += 2 * n * double(m.top_k) * D * a;
   if (s.cp > 1) b.communication += 2 * n * 2 * double(m.kv()) * double(m.head_dim()) / double(s.tp) * a;
 
   b.headroom = headroom_fraction * (b.total());
   return b;
+}
+
+/// The per-rank training peak of model m on layout s: the heaviest pipeline
+/// stage's budget (the only one with pp = 1).
+inline TrainingBudget training_memory(const ModelSpec& m, const MeshSpec& s, double headroom_fraction = 0.10) {
+  TrainingBudget best = stage_memory(m, s, 0, headroom_fraction);
+  for (std::size_t r = 1; r < s.pp; ++r) {
+    const TrainingBudget b = stage_memory(m, s, r, headroom_fraction);
+    if (b.total() > best.total()) best = b;
+  }
+  return best;
 }
 
 /// What a serving replica must hold.

@@ -97,8 +97,15 @@ inline std::vector<std::string> rejection_reasons(const ModelSpec& m, const Mesh
   if (m.layers % s.pp) r.push_back("pp " + str(s.pp) + " does not divide layers " + str(m.layers));
   if (m.global_batch % (s.dp * m.micro_batch))
     r.push_back("dp " + str(s.dp) + " x micro_batch " + str(m.micro_batch) + " does not divide global_batch " + str(m.global_batch));
-  else if (s.pp > 1 && m.global_batch / (s.dp * m.micro_batch) < s.pp)
+  else if (s.pp > 1 && s.schedule != Schedule::gpipe && m.global_batch / (s.dp * m.micro_batch) < s.pp)
     r.push_back("pp " + str(s.pp) + " exceeds the " + str(m.global_batch / (s.dp * m.micro_batch)) + " microbatches per step");
+  else if (s.pp > 1) {
+    const std::string why = schedule_rejection(s.schedule, s.chunks, int(s.pp), int(m.global_batch / (s.dp * m.micro_batch)));
+    if (!why.empty()) r.push_back(schedule_name(s.schedule, s.chunks).append(": ").append(why));
+  }
+  if (s.pp > 1 && s.schedule == Schedule::interleaved && s.pp * s.chunks > pipeline::unit_count(m.layers))
+    r.push_back(std::string("pp ").append(str(s.pp)).append(" x ").append(str(s.chunks))
+                    .append(" virtual stages exceed the ").append(str(m.layers)).append(" layers plus embedding and head"));
   if (s.cp > 1 && m.seq % (2 * s.cp)) r.push_back("cp " + str(s.cp) + ": seq " + str(m.seq) + " does not split into 2 x cp chunks");
   if (s.ep > 1 && (!m.experts || m.experts % s.ep)) r.push_back("ep " + str(s.ep) + " does not divide experts " + str(m.experts));
   if (s.dp % s.ep) r.push_back("ep " + str(s.ep) + " does not divide dp " + str(s.dp));
@@ -110,7 +117,10 @@ inline std::vector<std::string> rejection_reasons(const ModelSpec& m, const Mesh
 /// four dp modes when dp > 1 (replicate only at dp = 1) and, for MoE models,
 /// every ep that divides dp; each with its rejection reasons. dp=1 with a
 /// sharding mode is not listed at all (it is the same layout as replicate).
-inline std::vector<Candidate> enumerate_meshes(const ModelSpec& m, std::size_t world, const Topology& t) {
+/// With pp > 1 the stages run `schedule` (`chunks` virtual stages per rank for
+/// the interleaved one).
+inline std::vector<Candidate> enumerate_meshes(const ModelSpec& m, std::size_t world, const Topology& t,
+                                               Schedule schedule = Schedule::one_f_one_b, std::size_t chunks = 1) {
   std::vector<Candidate> out;
   for (std::size_t tp : detail::divisors(world))
     for (std::size_t pp : detail::divisors(world / tp))
@@ -121,7 +131,8 @@ inline std::vector<Candidate> enumerate_meshes(const ModelSpec& m, std::size_t w
           for (DPMode mode : {DPMode::replicate, DPMode::zero1, DPMode::zero2, DPMode::fsdp}) {
             if (dp == 1 && mode != DPMode::replicate) continue;
             Candidate c;
-            c.mesh = MeshSpec{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .mode = mode};
+            c.mesh = MeshSpec{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .mode = mode,
+                              .schedule = schedule, .chunks = schedule == Schedule::interleaved ? chunks : 1};
             c.reasons = rejection_reasons(m, c.mesh, t);
             out.push_back(std::move(c));
           }
@@ -141,6 +152,78 @@ inline double collective_seconds(const char* kind, double bytes, std::size_t ran
   return vol / (bw_gbs * 1e9) + steps * lat_us * 1e-6;
 }
 
+/// Bytes one rank's collectives and messages carry in one training step, by
+/// strategy and kind, counted as weft's CommStats counts them: the size of
+/// the buffer each call passes (the full gathered or reduced buffer for
+/// all-gather and reduce-scatter), not the bytes on the wire.
+struct CommVolume {
+  double tp_all_reduce = 0;      ///< TP axis (gradient-norm term included)
+  double tp_all_gather = 0;      ///< TP axis, sequence parallelism
+  double tp_reduce_scatter = 0;  ///< TP axis, sequence parallelism
+  double pp_send = 0;            ///< PP axis: activations and input gradients sent
+  double pp_recv = 0;            ///< PP axis: activations and output gradients received
+  double pp_all_reduce = 0;      ///< PP axis: the step totals (gradient norm, loss)
+};
+
+/// The step's communication volume of pipeline rank `rank` (0 with pp = 1).
+/// Per microbatch, with n the rank's tokens and D the width, elements of
+/// act_bytes (formulas: docs/plan.md):
+///   TP without sequence parallelism: all-reduce 4 n D per block (two in
+///   forward, two in backward; two more under recompute), n D after the
+///   vocabulary-parallel embedding, n D for the head's input gradient, and
+///   3 n for the vocabulary-parallel cross-entropy (row maxima, sums of exp,
+///   target logits).
+///   TP with sequence parallelism: all-gather and reduce-scatter 4 n D per
+///   block, one n D each at the embedding and at the head; all-reduce of the
+///   cross-entropy's 3 n and of the gradients of the parameters the token
+///   shards share (norms, learned positions), in grad_bytes.
+///   Both: one 8-byte all-reduce of the gradient norm per step.
+///   PP: each chunk receives its input and sends its input gradient unless it
+///   holds the embedding, and sends its output and receives its output
+///   gradient unless it holds the head: n D / (sequence split) each; two
+///   8-byte all-reduces per step (gradient norm, loss).
+inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
+  CommVolume v;
+  const double mb = double(microbatches(m, s)), n = rank_tokens(m, s), D = double(m.d_model);
+  const double a = double(m.act_bytes), g = double(m.grad_bytes), nd = n * D * a;
+  const bool sp = s.sequence_parallel && s.tp > 1;
+  const auto chunks = rank_layout(m, s, rank);
+  if (s.tp > 1) {
+    double blocks = 0;
+    bool emb = false, head = false;
+    for (const auto& k : chunks) blocks += double(k.blocks), emb = emb || k.embedding, head = head || k.head;
+    const double ce = head ? 3 * n * a : 0.0;
+    const double ends = double(emb) + double(head);
+    if (!sp) {
+      v.tp_all_reduce = mb * ((4 + (m.recompute ? 2 : 0)) * blocks * nd + ends * nd + ce);
+    } else {
+      const double per = (4 + (m.recompute ? 2 : 0)) * blocks * nd + ends * nd;
+      v.tp_all_gather = mb * per;
+      v.tp_reduce_scatter = mb * per;
+      const double shared = blocks * double(m.norm_params(2)) + (head ? double(m.norm_params(1)) : 0.0) +
+                            (emb && m.learned_positions ? double(m.seq * m.d_model) : 0.0);
+      v.tp_all_reduce = mb * (ce + shared * g);
+    }
+    v.tp_all_reduce += 8;
+  }
+  if (s.pp > 1) {
+    const double msg = nd / (sp ? double(s.tp) : 1.0);
+    for (const auto& k : chunks) {
+      const double one_way = (k.embedding ? 0.0 : 1.0) + (k.head ? 0.0 : 1.0);
+      v.pp_send += mb * one_way * msg;
+      v.pp_recv += mb * one_way * msg;
+    }
+    v.pp_all_reduce = 16;
+  }
+  return v;
+}
+
+/// The step's bubble: the schedule's idle fraction (pipeline.hpp:
+/// schedule_bubble; a backward costs two forwards), 0 without a pipeline.
+inline double pipeline_bubble(const ModelSpec& m, const MeshSpec& s) {
+  return s.pp > 1 ? schedule_bubble(s.schedule, s.chunks, int(s.pp), int(microbatches(m, s))) : 0.0;
+}
+
 /// Fills c's memory and cost on topology t (c must be valid).
 inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
   const MeshSpec& s = c.mesh;
@@ -149,16 +232,31 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
   const double mb = double(microbatches(m, s)), world = double(s.world());
   const double tokens = double(m.global_batch) * double(m.seq);
   c.compute_s = m.train_flops_per_token() * tokens / world / (t.peak_tflops * 1e12 * t.compute_efficiency);
-  c.bubble = s.pp > 1 ? double(s.pp - 1) / (mb + double(s.pp) - 1) : 0.0;
+  c.bubble = pipeline_bubble(m, s);
   auto link = [&](std::size_t stride, std::size_t size, const char* kind, double bytes) {
     const Link l = size > 1 ? link_for_span(stride * size, t) : Link{t.intra_bw_gbs, t.intra_latency_us, 0};
     return collective_seconds(kind, bytes, size, l.bw_gbs, l.latency_us);
   };
   const double n = rank_tokens(m, s), D = double(m.d_model), a = double(m.act_bytes);
   const double layers_here = double(m.layers) / double(s.pp);
-  const double passes = m.recompute ? 3.0 : 2.0;  // all-reduces run again in a recomputed forward
-  // Megatron TP: two all-reduces of [n, D] per layer in forward, two in backward.
-  c.tp_s = mb * layers_here * 2 * passes * link(1, s.tp, "all_reduce", n * D * a);
+  // TP and PP from the step's volume on the busiest pipeline rank; each
+  // collective call pays its latency steps (4 calls per block per microbatch).
+  CommVolume vol = comm_volume(m, s, 0);
+  for (std::size_t r = 1; r < s.pp; ++r) {
+    const CommVolume o = comm_volume(m, s, r);
+    if (o.tp_all_reduce + o.tp_all_gather + o.pp_send > vol.tp_all_reduce + vol.tp_all_gather + vol.pp_send) vol = o;
+  }
+  if (s.tp > 1) {
+    const Link l = link_for_span(s.tp, t);
+    const double calls = mb * layers_here * (4 + (m.recompute ? 2 : 0));
+    // An all-reduce takes 2 (tp-1) ring steps; sequence parallelism's
+    // all-gather and reduce-scatter pair takes as many.
+    const double steps = 2.0 * double(s.tp - 1);
+    c.tp_s = collective_seconds("all_reduce", vol.tp_all_reduce, s.tp, l.bw_gbs, 0) +
+             collective_seconds("all_gather", vol.tp_all_gather, s.tp, l.bw_gbs, 0) +
+             collective_seconds("reduce_scatter", vol.tp_reduce_scatter, s.tp, l.bw_gbs, 0) +
+             calls * steps * l.latency_us * 1e-6;
+  }
   // Ring CP: each rank passes its K,V block around cp-1 times, forward and
   // twice in backward (K,V and their gradients).
   const double kv_block = n * 2 * double(m.kv()) * double(m.head_dim()) / double(s.tp) * a;
@@ -167,10 +265,11 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
   c.ep_s = m.experts && s.ep > 1
                ? mb * layers_here * 4 * link(s.tp * s.cp * s.pp, s.ep, "all_to_all", n * double(m.top_k) * D * a)
                : 0.0;
-  // PP: one activation forward and one gradient back per microbatch per boundary.
+  // PP: the busiest rank's sends (receives overlap them on a full-duplex link).
   if (s.pp > 1) {
     const Link l = link_for_span(s.tp * s.cp * s.pp, t);
-    c.pp_s = mb * 2 * (n * D * a / (l.bw_gbs * 1e9) + l.latency_us * 1e-6);
+    const double msgs = vol.pp_send / std::max(1.0, n * D * a / ((s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0));
+    c.pp_s = vol.pp_send / (l.bw_gbs * 1e9) + msgs * l.latency_us * 1e-6;
   }
   // DP: gradients reduced once per step (replicate, zero1) or per microbatch
   // (zero2), plus the parameter all-gather (zero1/2 once; fsdp twice per microbatch).
@@ -198,10 +297,12 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
 
 /// Valid candidates costed and ranked: fitting ones first, then by predicted
 /// step time, then by memory left. Rejected ones follow in enumeration order.
-inline std::vector<Candidate> rank_meshes(const ModelSpec& m, std::size_t world, const Topology& t) {
+/// With pp > 1 the stages run `schedule` (`chunks` virtual stages per rank).
+inline std::vector<Candidate> rank_meshes(const ModelSpec& m, std::size_t world, const Topology& t,
+                                          Schedule schedule = Schedule::one_f_one_b, std::size_t chunks = 1) {
   m.validate();
   WEFT_REQUIRE(world > 0, ConfigError, "--gpus ", world, ": expected a positive number of devices");
-  auto all = enumerate_meshes(m, world, t);
+  auto all = enumerate_meshes(m, world, t, schedule, chunks);
   std::vector<Candidate> ok, bad;
   for (auto& c : all) {
     if (c.valid()) {

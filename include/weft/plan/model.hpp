@@ -8,6 +8,7 @@
 
 #include <weft/core/error.hpp>
 #include <weft/parallel/dp_mode.hpp>
+#include <weft/plan/pipeline.hpp>
 
 namespace weft::plan {
 
@@ -141,6 +142,10 @@ struct MeshSpec {
   /// Sequence parallelism (with tp > 1): norms and residuals on token shards;
   /// each column-parallel matmul keeps its all-gathered input for backward.
   bool sequence_parallel = false;
+  /// The pipeline schedule (with pp > 1): it sets how many microbatches'
+  /// activations each stage holds, the point-to-point volume and the bubble.
+  Schedule schedule = Schedule::one_f_one_b;
+  std::size_t chunks = 1;  ///< virtual stages per rank (interleaved only)
   /// Number of ranks.
   std::size_t world() const { return dp * tp * pp * cp; }
 };

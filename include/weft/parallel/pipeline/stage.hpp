@@ -308,7 +308,7 @@ class Stage {
     using C = metrics::MemoryCategory;
     std::size_t act = 0;
     for (auto& [k, s] : live_) act += slot_bytes(*s);
-    for (auto& pool : pool_)
+    for (auto& [c, pool] : pool_)
       for (auto& s : pool) act += slot_bytes(*s);
     m.add(C::activations, "pipeline.slots", act);
     m.add(C::buffers, "pipeline.backward_workspace",

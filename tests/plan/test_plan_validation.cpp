@@ -1,0 +1,328 @@
+// The planner against measurement, for the strategies that need several
+// ranks: the memory budget of every pipeline rank (pp = world size, each
+// schedule) against what its Stage and optimizer allocate, category by
+// category; the pipeline's point-to-point bytes and the tensor-parallel bytes
+// per collective kind (with and without sequence parallelism) against the
+// CommStats of a real step; the planner's bubble against the pipeline
+// simulator; and dp x pp = 2 x 2 in every dp mode. Every comparison is exact
+// (the budgets and volumes are formulas of weft's own allocation and
+// communication, docs/plan.md) except the transient DP buffers whose peak
+// depends on when MPI completes a request (zero2's group gradients, fsdp's
+// gathered groups in a pipeline), which are checked between bounds.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <weft/parallel/pipeline/executor.hpp>
+#include <weft/parallel/pipeline/simulator.hpp>
+#include <weft/plan/meshes.hpp>
+#include <weft/plan/memory.hpp>
+
+#include "weft_test.hpp"
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using C = weft::metrics::MemoryCategory;
+using weft::plan::MeshSpec;
+using weft::plan::ModelSpec;
+
+// Eight blocks: interleaved:2 on four ranks has a block per virtual stage.
+weft::nn::GPTConfig pipe_gpt(std::size_t microbatch) {
+  weft::nn::GPTConfig c;
+  c.layers = 8;
+  c.d_model = 16;
+  c.heads = 2;
+  c.seq = 8;
+  c.vocab = 32;
+  c.batch = microbatch;
+  c.seed = 5;
+  return c;
+}
+
+ModelSpec spec_of(const weft::nn::GPTConfig& c, std::size_t microbatches) {
+  ModelSpec m;
+  m.layers = c.layers;
+  m.d_model = c.d_model;
+  m.heads = c.heads;
+  m.kv_heads = c.kv_heads;
+  m.seq = c.seq;
+  m.micro_batch = c.batch;
+  m.global_batch = c.batch * microbatches;
+  m.vocab = c.vocab;
+  m.recompute = c.recompute;
+  m.mlp = c.mlp == weft::nn::MlpKind::swiglu ? weft::plan::Mlp::swiglu : weft::plan::Mlp::gelu;
+  m.layernorm = c.norm == weft::nn::NormKind::layernorm;
+  m.learned_positions = c.position == weft::nn::PositionKind::learned;
+  return m;
+}
+
+weft::data::TokenStream stream(int vocab) {
+  std::vector<int> toks(2000);
+  std::uint64_t x = 99;
+  for (auto& t : toks) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t = int((x >> 33) % std::uint64_t(vocab));
+  }
+  return weft::data::TokenStream(std::move(toks), 8, 3);
+}
+
+std::size_t label_bytes(const weft::metrics::MemoryLedger& l, const std::string& label) {
+  std::size_t s = 0;
+  for (const auto& i : l.items())
+    if (i.label == label) s += i.bytes;
+  return s;
+}
+
+// The activation slots a chunk allocated in the step and their message
+// buffers (received output gradient, input gradient to send): taken back out
+// of the chunk's pool one by one until taking one allocates a new slot.
+struct PooledSlots {
+  std::size_t count = 0, message_bytes = 0;
+};
+PooledSlots pooled_slots(weft::pipeline::Stage<float>& st, int chunk) {
+  PooledSlots r;
+  const std::size_t base = label_bytes(st.memory(), "pipeline.slots");
+  for (int mb = 1000;; ++mb) {
+    auto& s = st.slot(mb, chunk);
+    if (label_bytes(st.memory(), "pipeline.slots") != base) break;  // the pool was empty: a fresh slot
+    ++r.count;
+    r.message_bytes += weft::nn::detail::bytes_of(s.dy) + weft::nn::detail::bytes_of(s.dx);
+  }
+  st.release_all();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per category, for every schedule") {
+  auto& w = weft::test::world();
+  const std::size_t pp = std::size_t(w.size());
+  if (pp < 2) return;
+  const std::size_t m = 4, mb = 2;  // microbatches per step (a multiple of pp), sequences per microbatch
+  const auto cfg = pipe_gpt(mb);
+  const ModelSpec spec = spec_of(cfg, m);
+  for (std::string name : {"gpipe", "1f1b", "interleaved:2", "zb"}) {
+    CAPTURE(name);
+    const auto sched = weft::pipeline::parse_schedule(name);
+    const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
+    const auto part = weft::pipeline::equal_partition(cfg.layers, pp * std::size_t(sched.chunks));
+    weft::pipeline::Stage<float> stage(cfg, part, int(pp), w.rank(), sched.chunks);
+    weft::optim::AdamW<float, Space> opt(stage.parameters());
+    weft::pipeline::Executor<float> ex(stage, w, sched, int(m));
+    auto data = stream(int(cfg.vocab));
+    w.reset_stats();
+    weft::pipeline::train_step(ex, static_cast<weft::parallel::DataParallel<float>*>(nullptr), opt, data, 0, m * mb, 1e-3, 1.0);
+    const auto stats = w.stats();
+
+    const MeshSpec mesh{.pp = pp, .schedule = kind, .chunks = chunks};
+    const auto b = weft::plan::stage_memory(spec, mesh, std::size_t(w.rank()), 0.0);
+    const auto layout = weft::plan::rank_layout(spec, mesh, std::size_t(w.rank()));
+    REQUIRE(layout.size() == std::size_t(sched.chunks));
+    const auto led = stage.memory();
+    std::size_t slots = 0, messages = 0;
+    for (int c = 0; c < sched.chunks; ++c) {
+      const auto p = pooled_slots(stage, c);
+      CAPTURE(c);
+      CHECK(p.count == layout[std::size_t(c)].slots);  // in-flight microbatches of this chunk
+      slots += p.count;
+      messages += p.message_bytes;
+    }
+    const double activations = double(label_bytes(led, "pipeline.slots") - messages);
+    CHECK(double(led.bytes(C::parameters)) == b.parameters);
+    CHECK(double(led.bytes(C::gradients)) == b.gradients);
+    CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
+    CHECK(activations == b.activations);
+    CHECK(double(label_bytes(led, "pipeline.backward_workspace")) == b.temporary);
+    CHECK(double(messages) == b.communication);
+
+    // Point-to-point volume of the step, and the two step totals.
+    const auto v = weft::plan::comm_volume(spec, mesh, std::size_t(w.rank()));
+    using K = weft::CommKind;
+    CHECK(double(stats[K::send].bytes) == v.pp_send);
+    CHECK(double(stats[K::recv].bytes) == v.pp_recv);
+    CHECK(double(stats[K::all_reduce].bytes) == v.pp_all_reduce);
+
+    // The figures docs/plan.md quotes, one line per rank.
+    for (int r = 0; r < w.size(); ++r) {
+      if (r == w.rank())
+        std::printf("validation pp=%zu %-13s rank %d slots %zu/%zu parameters %zu/%.0f gradients %zu/%.0f "
+                    "optimizer %zu/%.0f activations %.0f/%.0f temporary %zu/%.0f communication %zu/%.0f "
+                    "p2p-sent %llu/%.0f\n",
+                    pp, name.c_str(), w.rank(), slots, [&] {
+                      std::size_t n = 0;
+                      for (const auto& k : layout) n += k.slots;
+                      return n;
+                    }(), led.bytes(C::parameters), b.parameters, led.bytes(C::gradients), b.gradients,
+                    opt.memory().bytes(C::optimizer_state), b.optimizer_state, activations, b.activations,
+                    label_bytes(led, "pipeline.backward_workspace"), b.temporary, messages, b.communication,
+                    static_cast<unsigned long long>(stats[K::send].bytes), v.pp_send);
+      std::fflush(stdout);
+      w.barrier();
+    }
+  }
+}
+
+TEST_CASE("tensor parallelism: the predicted bytes per collective kind equal a real step's CommStats") {
+  auto& w = weft::test::world();
+  const std::size_t tp = std::size_t(w.size());
+  if (tp < 2 || 4 % tp != 0) return;
+  for (bool swiglu : {false, true})
+    for (bool sp : {false, true}) {
+      CAPTURE(swiglu);
+      CAPTURE(sp);
+      weft::nn::GPTConfig c;
+      c.layers = 2;
+      c.d_model = 32;
+      c.heads = 4;
+      c.seq = 8;
+      c.vocab = 64;
+      c.batch = 2;
+      if (swiglu) {
+        c.mlp = weft::nn::MlpKind::swiglu;
+        c.norm = weft::nn::NormKind::rmsnorm;
+        c.position = weft::nn::PositionKind::rotary;
+      }
+      const std::size_t M = 2;  // microbatches per step
+      weft::nn::GPT<float> gpt(c, {&w, sp});
+      weft::optim::AdamW<float, Space> opt(gpt.parameters());
+      auto data = stream(int(c.vocab));
+      Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
+      w.reset_stats();
+      weft::optim::train_step(gpt, opt, data, 0, M, ids, tg, 1e-3, 1.0);
+      const auto& st = w.stats();
+      const auto v = weft::plan::comm_volume(spec_of(c, M), MeshSpec{.tp = tp, .sequence_parallel = sp}, 0);
+      using K = weft::CommKind;
+      CHECK(double(st[K::all_reduce].bytes) == v.tp_all_reduce);
+      CHECK(double(st[K::all_gather].bytes) == v.tp_all_gather);
+      CHECK(double(st[K::reduce_scatter].bytes) == v.tp_reduce_scatter);
+      if (w.rank() == 0)
+        std::printf("validation tp=%zu sp=%d swiglu=%d all_reduce %llu/%.0f all_gather %llu/%.0f "
+                    "reduce_scatter %llu/%.0f\n",
+                    tp, int(sp), int(swiglu), static_cast<unsigned long long>(st[K::all_reduce].bytes), v.tp_all_reduce,
+                    static_cast<unsigned long long>(st[K::all_gather].bytes), v.tp_all_gather,
+                    static_cast<unsigned long long>(st[K::reduce_scatter].bytes), v.tp_reduce_scatter);
+    }
+}
+
+TEST_CASE("schedules: the planner's bubble equals the simulated idle fraction; rejections; no pipeline, no schedule") {
+  using weft::plan::Schedule;
+  {
+    // Without a pipeline the schedule changes nothing.
+    ModelSpec spec;
+    const auto plain = weft::plan::training_memory(spec, MeshSpec{}, 0.0);
+    const auto inter = weft::plan::training_memory(spec, MeshSpec{.schedule = Schedule::interleaved, .chunks = 2}, 0.0);
+    CHECK(inter.total() == plain.total());
+    CHECK(inter.activations == plain.activations);
+    // A schedule that cannot run the layout is a rejection naming it.
+    spec.layers = 8;
+    spec.micro_batch = 1;
+    spec.global_batch = 6;  // m = 6 microbatches: not a multiple of pp = 4
+    const weft::plan::Topology t;
+    const auto r = weft::plan::rejection_reasons(spec, MeshSpec{.pp = 4, .schedule = Schedule::interleaved, .chunks = 2}, t);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].find("interleaved:2: ") == 0);
+    CHECK(r[0].find("multiple of the stage count") != std::string::npos);
+    CHECK(weft::plan::rejection_reasons(spec, MeshSpec{.pp = 4, .schedule = Schedule::gpipe}, t).empty());
+    CHECK(weft::plan::rejection_reasons(spec, MeshSpec{.pp = 4, .schedule = Schedule::interleaved, .chunks = 4}, t).size() == 2);
+  }
+  struct Case {
+    Schedule s;
+    std::size_t chunks;
+  };
+  for (Case k : {Case{Schedule::gpipe, 1}, Case{Schedule::one_f_one_b, 1}, Case{Schedule::interleaved, 2},
+                 Case{Schedule::interleaved, 4}, Case{Schedule::zero_bubble, 1}})
+    for (int p : {2, 4})
+      for (int m : {4, 8, 16}) {
+        CAPTURE(weft::plan::schedule_name(k.s, k.chunks));
+        CAPTURE(p);
+        CAPTURE(m);
+        std::vector<std::vector<weft::PipeAction>> plans;
+        for (int r = 0; r < p; ++r) plans.push_back(weft::plan::schedule_plan(k.s, k.chunks, p, m, r));
+        const auto sim = weft::simulate_pipeline(plans, m, int(k.chunks), weft::PipeCosts{});
+        ModelSpec spec;
+        spec.layers = 16;
+        spec.micro_batch = 1;
+        spec.global_batch = std::size_t(m);
+        const double predicted =
+            weft::plan::pipeline_bubble(spec, MeshSpec{.pp = std::size_t(p), .schedule = k.s, .chunks = k.chunks});
+        CHECK(predicted == doctest::Approx(sim.idle_fraction()).epsilon(1e-12));
+        if (weft::test::world().rank() == 0 && m == 8)
+          std::printf("validation bubble %-13s p=%d m=%d predicted %.4f simulated %.4f\n",
+                      weft::plan::schedule_name(k.s, k.chunks).c_str(), p, m, predicted, sim.idle_fraction());
+      }
+}
+
+TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel and optimizer, per dp mode") {
+  auto& w = weft::test::world();
+  if (w.size() != 4) return;
+  using M = weft::Mesh<weft::DP, weft::PP>;
+  M mesh(w, {.dp = 2, .pp = 2});
+  auto& ppc = mesh.axis<weft::PP>();
+  auto& dpc = mesh.axis<weft::DP>();
+  const std::size_t m = 2, mb = 2, dp = 2;  // microbatches per dp rank, sequences per microbatch
+  const auto cfg = pipe_gpt(mb);
+  ModelSpec spec = spec_of(cfg, m);
+  spec.global_batch = dp * m * mb;
+  for (auto mode : {weft::parallel::DPMode::replicate, weft::parallel::DPMode::zero1, weft::parallel::DPMode::zero2,
+                    weft::parallel::DPMode::fsdp}) {
+    CAPTURE(weft::parallel::to_string(mode));
+    const auto sched = weft::pipeline::parse_schedule("1f1b");
+    const auto part = weft::pipeline::equal_partition(cfg.layers, 2);
+    weft::pipeline::Stage<float> stage(cfg, part, ppc.size(), ppc.rank(), 1);
+    weft::parallel::DataParallel<float> ddp(dpc, stage.parameter_groups(), {.mode = mode});
+    stage.set_hooks(&ddp);
+    weft::optim::AdamW<float, Space> opt(ddp.optimizer_parameters());
+    weft::pipeline::Executor<float> ex(stage, ppc, sched, int(m));
+    auto data = stream(int(cfg.vocab));
+    ppc.reset_stats();
+    weft::pipeline::train_step(ex, &ddp, opt, data, 0, spec.global_batch, 1e-3, 1.0);
+    const auto pstats = ppc.stats();
+
+    const MeshSpec s{.dp = dp, .pp = 2, .mode = mode};
+    const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
+    const auto d = ddp.memory();
+    const auto led = stage.memory();
+    const auto p = pooled_slots(stage, 0);
+    const double activations = double(label_bytes(led, "pipeline.slots") - p.message_bytes);
+    const double temporary =
+        double(label_bytes(led, "pipeline.backward_workspace") + label_bytes(d, "dp.gathered_groups_peak"));
+    const double communication = double(p.message_bytes + label_bytes(d, "dp.communication_buffers"));
+    CHECK(double(d.bytes(C::parameters)) == b.parameters);
+    CHECK(double(d.bytes(C::gradients)) == b.gradients);
+    CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
+    CHECK(activations == b.activations);
+    CHECK(communication == b.communication);
+    // The pipeline axis carries the same point-to-point volume as without DP.
+    const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
+    CHECK(double(pstats[weft::CommKind::send].bytes) == v.pp_send);
+    CHECK(double(pstats[weft::CommKind::recv].bytes) == v.pp_recv);
+    CHECK(double(pstats[weft::CommKind::all_reduce].bytes) == v.pp_all_reduce);
+    if (mode == weft::parallel::DPMode::zero2) {
+      // As without a pipeline (test_plan): the group gradients alive at once
+      // depend on when MPI completes their reduce-scatters; the budget is the
+      // upper bound.
+      CHECK(temporary <= b.temporary);
+    } else if (mode == weft::parallel::DPMode::fsdp) {
+      // The gathered parameters: root + 2 blocks, or + 3 when a prefetch is
+      // still in flight as the schedule turns from forward to backward; the
+      // budget is the upper bound.
+      const double block = weft::plan::stage_params(spec, s, std::size_t(ppc.rank())).block * 4;
+      CHECK(temporary <= b.temporary);
+      CHECK(temporary >= b.temporary - block);
+    } else {
+      CHECK(temporary == b.temporary);
+    }
+    for (int r = 0; r < w.size(); ++r) {
+      if (r == w.rank())
+        std::printf("validation dp=2 pp=2 1f1b %-9s rank %d (pp rank %d) parameters %zu/%.0f gradients %zu/%.0f "
+                    "optimizer %zu/%.0f activations %.0f/%.0f temporary %.0f/%.0f communication %.0f/%.0f\n",
+                    weft::parallel::to_string(mode), w.rank(), ppc.rank(), d.bytes(C::parameters), b.parameters,
+                    d.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
+                    activations, b.activations, temporary, b.temporary, communication, b.communication);
+      std::fflush(stdout);
+      w.barrier();
+    }
+    stage.set_hooks(nullptr);
+  }
+}
