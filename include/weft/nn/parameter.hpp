@@ -137,12 +137,17 @@ class DeferredWork {
     }
     V out(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), rows, cols);
     in_use_.emplace_back(out);
+    bytes_ += rows * cols * sizeof(typename V::value_type);
     return out;
   }
+  /// Bytes of every buffer this queue has taken so far (in use and pooled:
+  /// it keeps them all).
+  std::size_t bytes() const { return bytes_; }
 
  private:
   std::vector<std::function<void()>> work_;
   std::vector<std::any> in_use_, spare_;
+  std::size_t bytes_ = 0;
 };
 
 /// What every layer of one model shares: the profiler that kernel scopes

@@ -310,12 +310,7 @@ class Executor {
   void detach(Request& r, ops::Matrix<T, Space>& buf) {
     if (!r.active() || r.test()) return;
     sending_.push_back({std::move(r), buf});
-    if (!spare_.empty()) {
-      buf = spare_.back();
-      spare_.pop_back();
-    } else {
-      buf = ops::Matrix<T, Space>("pipeline.send_buffer", buf.extent(0), buf.extent(1));
-    }
+    buf = stage_.take_send_buffer(buf.extent(0), buf.extent(1));
   }
   // Returns the buffers of completed detached sends to the spares.
   void complete_sends(bool wait_all) {
@@ -325,7 +320,7 @@ class Executor {
         ++i;
         continue;
       }
-      spare_.push_back(sending_[i].buf);
+      stage_.return_send_buffer(sending_[i].buf);
       sending_.erase(sending_.begin() + long(i));
     }
   }
@@ -383,7 +378,6 @@ class Executor {
     ops::Matrix<T, Space> buf;
   };
   std::vector<InFlightSend> sending_;
-  std::vector<ops::Matrix<T, Space>> spare_;
   std::vector<StepEvent> timeline_;
   double t_begin_ = 0, t_end_ = 0;
 };
@@ -422,22 +416,23 @@ optim::StepResult train_step(Executor<T, Space>& ex, parallel::DataParallel<T, S
   const double local = ex.run(1.0 / double(global_batch * seq));
   if (dp) dp->finish_gradients();
   // The global gradient norm: stages hold disjoint parameters; sharded DP
-  // modes hold disjoint pieces, replicate holds copies.
+  // modes hold disjoint pieces, replicate holds copies; TP-sharded
+  // parameters are disjoint pieces over TP, TP-replicated ones copies.
   auto params = dp ? dp->optimizer_parameters() : stage.parameters();
-  double sq = 0;
+  const nn::TensorParallel& tp = stage.tensor_parallel();
+  double sums[2] = {0, 0};  // TP-sharded, the rest
   for (auto* p : params) {
     auto g = p->grad;
     double s = 0;
     Kokkos::parallel_reduce(
         "weft::pipeline_sumsq", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
         KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
-    sq += s;
+    sums[tp.active() && p->tp_sharded() ? 0 : 1] += s;
   }
-  if (dp && dp->mode() != parallel::DPMode::replicate && dp->comm().size() > 1) {
-    Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(&sq, 1);
-    dp->comm().all_reduce(v);
-  }
-  sq = ex.sum_over_pipeline(sq);
+  using HostSums = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  if (dp && dp->mode() != parallel::DPMode::replicate && dp->comm().size() > 1) dp->comm().all_reduce(HostSums(sums, 2));
+  if (tp.active()) tp.comm->all_reduce(HostSums(sums, 1));
+  const double sq = ex.sum_over_pipeline(sums[0] + sums[1]);
   optim::StepResult r;
   r.grad_norm = std::sqrt(sq);
   if (clip > 0 && r.grad_norm > clip) {
