@@ -148,17 +148,20 @@ TEST_CASE("pipeline x tp: sequence parallelism and the Llama-like shape follow t
   }
 }
 
-TEST_CASE("pipeline x tp: data-parallel zero1 and fsdp compose with tp in the stages") {
+TEST_CASE("pipeline x tp: data-parallel zero1, zero2 and fsdp compose with tp in the stages, zb included") {
   auto& w = weft::test::world();
   if (w.size() != 8) return;
   auto mesh = mesh_for_world();
   const auto ref = reference_losses(false);
-  for (auto mode : {weft::parallel::DPMode::zero1, weft::parallel::DPMode::fsdp}) {
-    CAPTURE(weft::parallel::to_string(mode));
-    const auto r = run_pp_tp(*mesh, "1f1b", 2, false, false, mode);
-    const double worst = worst_of(r.loss, ref);
-    CAPTURE(worst);
-    CHECK(worst <= 1e-5);
+  for (auto mode : {weft::parallel::DPMode::zero1, weft::parallel::DPMode::zero2, weft::parallel::DPMode::fsdp}) {
+    for (std::string s : {"1f1b", "zb"}) {
+      CAPTURE(weft::parallel::to_string(mode));
+      CAPTURE(s);
+      const auto r = run_pp_tp(*mesh, s, 2, false, false, mode);
+      const double worst = worst_of(r.loss, ref);
+      CAPTURE(worst);
+      CHECK(worst <= 1e-5);
+    }
   }
 }
 

@@ -174,6 +174,11 @@ struct GroupHooks {
   virtual void before_backward(std::size_t group) { (void)group; }
   /// After the group's gradients of this microbatch are complete.
   virtual void after_backward(std::size_t group) { (void)group; }
+  /// After the group's deferred weight-gradient work has run for every
+  /// microbatch of the step (a model whose backward is split calls it after
+  /// the last weight half that touches the group; its weight gradients are
+  /// complete only then, not at after_backward).
+  virtual void after_weight_gradients(std::size_t group) { (void)group; }
 };
 
 /// A shared context handle: the model owns it, its layers keep a copy.

@@ -126,6 +126,15 @@ class Executor {
       const PipeOp op = plan_[k].op;
       if (op == PipeOp::recv_activation || op == PipeOp::recv_gradient) recvs_.push_back(k);
     }
+    // The last action per chunk that adds weight gradients: after it the
+    // chunk's weight gradients of the step are complete.
+    last_weight_.assign(plan_.size(), false);
+    std::vector<std::size_t> last(std::size_t(schedule.chunks), plan_.size());
+    for (std::size_t k = 0; k < plan_.size(); ++k)
+      if (plan_[k].op == PipeOp::backward || plan_[k].op == PipeOp::backward_weight)
+        last[std::size_t(plan_[k].chunk)] = k;
+    for (std::size_t k : last)
+      if (k < plan_.size()) last_weight_[k] = true;
     next_compute_.assign(plan_.size() + 1, plan_.size());
     for (std::size_t k = plan_.size(); k-- > 0;)
       next_compute_[k] = is_compute(plan_[k].op) ? k : next_compute_[k + 1];
@@ -212,6 +221,7 @@ class Executor {
           stage_.backward(a.microbatch, a.chunk, ids, split);
           fence_and_record(a, t0);
           if (!split) retiring_.push_back({a.microbatch, a.chunk});
+          if (last_weight_[k]) stage_.weights_done(a.chunk);
           break;
         }
         case PipeOp::backward_weight: {
@@ -220,6 +230,7 @@ class Executor {
           stage_.backward_weight(a.microbatch, a.chunk);
           fence_and_record(a, t0);
           retiring_.push_back({a.microbatch, a.chunk});
+          if (last_weight_[k]) stage_.weights_done(a.chunk);
           break;
         }
       }
@@ -370,6 +381,7 @@ class Executor {
   ops::Tokens<Space> ids_, targets_;
   std::vector<PipeAction> plan_;
   std::vector<std::size_t> recvs_, next_compute_;
+  std::vector<bool> last_weight_;  // plan index: the chunk's last weight-gradient action of the step
   std::size_t next_post_ = 0;
   std::vector<std::pair<int, int>> retiring_;
   std::set<std::pair<int, int>> grad_sent_;
@@ -399,9 +411,9 @@ optim::StepResult train_step(Executor<T, Space>& ex, parallel::DataParallel<T, S
   const std::size_t mb = parallel::local_microbatch(global_batch, ndp, m);
   WEFT_REQUIRE(mb == stage.config().batch, ConfigError, "pipeline::train_step: the stage is built for microbatches of ",
                stage.config().batch, " sequences, but batch ", global_batch, " / dp ", ndp, " / microbatches ", m, " = ", mb);
-  WEFT_REQUIRE(!(ex.schedule().split && dp && (dp->mode() == parallel::DPMode::zero2 || dp->mode() == parallel::DPMode::fsdp)),
-               ConfigError, "--schedule ", ex.schedule().name, " with --dp ", parallel::to_string(dp ? dp->mode() : parallel::DPMode::replicate),
-               ": the zero-bubble schedule defers weight gradients past the group hooks that ", "zero2 and fsdp reduce them in; use --dp replicate or zero1, or another schedule");
+  // zb adds weight gradients after the group hooks' after_backward: zero2
+  // and fsdp then reduce-scatter each group once, after its last weight half.
+  if (dp) dp->set_weight_gradients_deferred(ex.schedule().split);
   const std::size_t seq = stage.config().seq, tok = stage.config().tokens();
   const std::size_t first = (dp ? std::size_t(dp->comm().rank()) : 0) * mb * m;
   for (std::size_t i = 0; i < m; ++i)

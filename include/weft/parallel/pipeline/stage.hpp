@@ -357,6 +357,23 @@ class Stage {
     s.deferred.run();
   }
 
+  /// Called once per step after the last action that adds weight gradients
+  /// on chunk c (its last backward or backward_weight): tells the hooks that
+  /// the weight gradients of its groups are complete (the root group's once
+  /// every chunk holding part of it is done).
+  void weights_done(int c) {
+    Chunk& k = chunks_.at(std::size_t(c));
+    if (!hooks_) return;
+    for (std::size_t g : k.block_group) hooks_->after_weight_gradients(g);
+    if (!has_root(k)) return;
+    std::size_t holders = 0;
+    for (const auto& x : chunks_) holders += has_root(x) ? 1 : 0;
+    if (++root_chunks_done_ == holders) {
+      root_chunks_done_ = 0;
+      hooks_->after_weight_gradients(root_group_);
+    }
+  }
+
   /// Bytes of parameters and gradients (at their current storage) and of the
   /// activation slots allocated so far (live and pooled), plus scratch.
   metrics::MemoryLedger memory() {
@@ -513,6 +530,7 @@ class Stage {
   std::map<std::pair<int, int>, std::unique_ptr<Slot>> live_;
   std::map<std::size_t, std::vector<std::unique_ptr<Slot>>> pool_;
   std::size_t peak_live_ = 0;
+  std::size_t root_chunks_done_ = 0;  // chunks holding root parameters whose weights are done this step
   std::vector<Matrix> spare_send_;     // send buffers free for reuse
   std::size_t send_buffer_bytes_ = 0;  // bytes of every send buffer allocated
 };
