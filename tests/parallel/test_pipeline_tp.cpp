@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <weft/parallel/pipeline/executor.hpp>
@@ -80,7 +81,7 @@ struct Run {
 
 // Trains on the mesh's pipeline with the stages split over its TP axis.
 Run run_pp_tp(Mesh3& mesh, const std::string& schedule, std::size_t microbatches, bool sp, bool llama,
-              weft::parallel::DPMode mode = weft::parallel::DPMode::replicate) {
+              weft::parallel::DPMode mode = weft::parallel::DPMode::replicate, std::size_t steps = kSteps) {
   auto& pp = mesh.axis<weft::PP>();
   auto& dpc = mesh.axis<weft::DP>();
   const auto sched = weft::pipeline::parse_schedule(schedule);
@@ -97,7 +98,7 @@ Run run_pp_tp(Mesh3& mesh, const std::string& schedule, std::size_t microbatches
   weft::pipeline::Executor<float> ex(stage, pp, sched, int(microbatches));
   auto data = stream();
   Run r;
-  for (std::size_t s = 0; s < kSteps; ++s)
+  for (std::size_t s = 0; s < steps; ++s)
     r.loss.push_back(weft::pipeline::train_step(ex, &dp, opt, data, s, kGlobalBatch, kLr, kClip).loss);
   r.memory = stage.memory();
   return r;
@@ -149,31 +150,34 @@ TEST_CASE("pipeline x tp: sequence parallelism and the Llama-like shape follow t
 }
 
 TEST_CASE("pipeline x tp: data-parallel zero1, zero2 and fsdp compose with tp in the stages, zb included") {
+  // zero1 with 1f1b, zero2 with zb, fsdp with both.
   auto& w = weft::test::world();
   if (w.size() != 8) return;
   auto mesh = mesh_for_world();
   const auto ref = reference_losses(false);
-  for (auto mode : {weft::parallel::DPMode::zero1, weft::parallel::DPMode::zero2, weft::parallel::DPMode::fsdp}) {
-    for (std::string s : {"1f1b", "zb"}) {
-      CAPTURE(weft::parallel::to_string(mode));
-      CAPTURE(s);
-      const auto r = run_pp_tp(*mesh, s, 2, false, false, mode);
-      const double worst = worst_of(r.loss, ref);
-      CAPTURE(worst);
-      CHECK(worst <= 1e-5);
-    }
+  using M = weft::parallel::DPMode;
+  const std::pair<M, const char*> runs[] = {{M::zero1, "1f1b"}, {M::zero2, "zb"}, {M::fsdp, "1f1b"}, {M::fsdp, "zb"}};
+  for (const auto& run : runs) {
+    const M mode = run.first;
+    const std::string s = run.second;
+    CAPTURE(weft::parallel::to_string(mode));
+    CAPTURE(s);
+    const auto r = run_pp_tp(*mesh, s, 2, false, false, mode);
+    const double worst = worst_of(r.loss, ref);
+    CAPTURE(worst);
+    CHECK(worst <= 1e-5);
   }
 }
 
 TEST_CASE("pipeline x tp: the stage's memory counts zb's deferred gradient copies") {
   auto mesh = mesh_for_world();
   if (!mesh) return;
-  const auto r = run_pp_tp(*mesh, "zb", 2, false, false);
+  const auto r = run_pp_tp(*mesh, "zb", 2, false, false, weft::parallel::DPMode::replicate, 2);
   bool deferred = false;
   for (const auto& item : r.memory.items())
     if (item.label == "pipeline.deferred_output_gradients") deferred = item.bytes > 0;
   CHECK(deferred);
-  const auto plain = run_pp_tp(*mesh, "1f1b", 2, false, false);
+  const auto plain = run_pp_tp(*mesh, "1f1b", 2, false, false, weft::parallel::DPMode::replicate, 2);
   for (const auto& item : plain.memory.items()) CHECK(item.label != "pipeline.deferred_output_gradients");
 }
 
