@@ -26,6 +26,11 @@
 // boundaries from --stages auto|equal|L1,L2,...
 //
 //   mpirun -n 4 train_gpt --mesh dp=2,pp=2 --schedule 1f1b --microbatches 4 --stages auto
+//
+// All three compose: --mesh dp=A,pp=B,tp=C splits each stage's layers over
+// C consecutive ranks (TP innermost), and the record is the same as for dp.
+//
+//   mpirun -n 8 train_gpt --mesh dp=2,pp=2,tp=2 --schedule 1f1b --record run.json
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +47,7 @@
 #include <numeric>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -97,7 +103,7 @@ const char* kUsage =
     "  --threads N       BLAS threads per rank (default: cores / ranks on the node)\n"
     "  --record FILE     write a JSON run record\n"
     "  --mesh dp=A,tp=B,pp=C  the mesh; axes left out have size 1 (default dp = ranks / (tp x pp));\n"
-    "                    tp and pp do not combine in train_gpt yet\n"
+    "                    with pp and tp both, each stage's layers are split over tp\n"
     "  --sequence-parallel  with tp > 1: norms and residuals on token shards (all-gather/reduce-scatter)\n"
     "  --schedule S      pipeline schedule with pp > 1: gpipe, 1f1b, interleaved:V or zb (1f1b)\n"
     "  --stages S        pipeline stage boundaries: auto (measured time and memory), equal, or blocks per stage L1,L2,... (equal)\n"
@@ -177,8 +183,6 @@ MeshFlags parse_mesh(const std::string& v) {
     }
     start = end + 1;
   }
-  WEFT_REQUIRE(m.tp == 1 || m.pp == 1, ConfigError, "--mesh ", v, ": tp=", m.tp, " with pp=", m.pp,
-               " is not available in train_gpt yet (pipeline stages do not split their layers over tp); use one of the two");
   return m;
 }
 
@@ -301,52 +305,64 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-// --compare: 0 when the loss curve follows the reference record, 3 otherwise.
-int compare_losses(const Options& o, const std::vector<double>& losses) {
-  if (!o.compare.empty()) {
-    const auto ref = read_losses(o.compare);
-    WEFT_REQUIRE(ref.size() >= losses.size(), ConfigError, "--compare ", o.compare, " has ", ref.size(),
-                 " steps, fewer than the ", losses.size(), " of this run");
-    double worst = 0;
-    for (std::size_t s = 0; s < losses.size(); ++s) {
-      const double rel = std::abs(losses[s] - ref[s]) / std::max(std::abs(ref[s]), 1e-30);
-      worst = std::max(worst, rel);
-      if (!(rel <= o.tolerance)) {
-        std::fprintf(stderr, "train_gpt: error: step %zu loss %.9g differs from %s's %.9g by %.3g relative, more than --tolerance %.3g\n",
-                     s, losses[s], o.compare.c_str(), ref[s], rel, o.tolerance);
-        return 3;
-      }
-    }
-    std::printf("train_gpt: the loss curve follows %s: max relative difference %.3g over %zu steps (tolerance %.3g)\n",
-                o.compare.c_str(), worst, losses.size(), o.tolerance);
-  }
-  return 0;
-}
-
 const char* name_of(weft::nn::NormKind k) { return k == weft::nn::NormKind::layernorm ? "layernorm" : "rmsnorm"; }
 const char* name_of(weft::nn::MlpKind k) { return k == weft::nn::MlpKind::gelu ? "gelu" : "swiglu"; }
 const char* name_of(weft::nn::PositionKind k) { return k == weft::nn::PositionKind::learned ? "learned" : "rotary"; }
 
-template <class Opt>
-int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::DataParallel<float, Space>& dp, Opt& opt,
+// The pipeline as train() sees it (the model of the pipeline path): this
+// rank's stage and the executor of its schedule over the PP axis, and the
+// stage boundaries for the record.
+struct PipelineJob {
+  weft::pipeline::Executor<float, Space>& ex;
+  std::string stages;  // blocks per virtual stage
+  const weft::nn::GPTConfig& config() const { return ex.stage().config(); }
+  auto parameter_groups() { return ex.stage().parameter_groups(); }
+  weft::metrics::MemoryLedger memory() { return ex.stage().memory(); }
+  const weft::nn::TensorParallel& tensor_parallel() const { return ex.stage().tensor_parallel(); }
+};
+
+// Trains `gpt` (the whole model, split over tp: nn::GPT; or this rank's
+// pipeline stage: PipelineJob) and writes the run record; one code path for
+// every mesh, so a pipeline run's record has the same fields (memory per
+// rank by category included) as a data-parallel one's.
+template <class Opt, class Model>
+int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Space>& dp, Opt& opt,
           weft::Comm& tpc,
           const weft::data::TokenStream& stream, const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram,
           const std::string& data_name) {
+  constexpr bool pipelined = std::is_same_v<Model, PipelineJob>;
   const auto& c = gpt.config();
   weft::Comm& comm = dp.comm();
-  const bool root = comm.rank() == 0 && tpc.rank() == 0;
-  const int ndp = comm.size(), ntp = tpc.size(), world = ndp * ntp;
+  weft::Comm* ppc = nullptr;  // the pipeline axis
+  if constexpr (pipelined) ppc = &gpt.ex.comm();
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  const bool root = world_rank == 0;
+  const int ndp = comm.size(), ntp = tpc.size(), npp = ppc ? ppc->size() : 1, world = ndp * ntp * npp;
   const std::size_t tokens_per_step = o.batch * c.seq;
   // The MFU yardstick: the best float gemm of the model's own MLP shape and a square one, measured now.
   const auto peak = weft::metrics::measure_sgemm_peak<Space>({{c.tokens(), 4 * c.d_model, c.d_model}, {512, 512, 512}}, 3);
   const double flops_per_token = c.flops_per_token();
-  std::size_t nparams = 0;
+  std::size_t nparams = 0;  // of one TP rank's share of the model (the whole model at tp = 1)
   for (auto& g : gpt.parameter_groups())
     for (auto* p : g) nparams += p->size();
+  if (ppc) {  // every stage holds different layers
+    Kokkos::View<std::size_t*, Kokkos::HostSpace> v("nparams", 1);
+    v(0) = nparams;
+    ppc->all_reduce(v);
+    nparams = v(0);
+  }
+  [[maybe_unused]] double bubble = 0;
+  if constexpr (pipelined) bubble = gpt.ex.schedule().bubble(npp, gpt.ex.microbatches(), {});
   if (root) {
     std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
                 nparams, flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
-    if (ntp == 1)
+    if constexpr (pipelined)
+      std::printf("train_gpt: mesh dp=%d (%s) x pp=%d x tp=%d%s, schedule %s, %d microbatches of %zu sequences per dp rank, "
+                  "stages (blocks per virtual stage) %s, analytic bubble %.3f\n",
+                  ndp, weft::parallel::to_string(dp.mode()), npp, ntp, gpt.tensor_parallel().sp() ? " (sequence parallel)" : "",
+                  gpt.ex.schedule().name.c_str(), gpt.ex.microbatches(), c.batch, gpt.stages.c_str(), bubble);
+    else if (ntp == 1)
       std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp,
                   weft::parallel::to_string(dp.mode()), c.batch);
     else
@@ -364,18 +380,24 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   const bool tty = root && isatty(STDOUT_FILENO) && !launched;
   comm.reset_stats();
   tpc.reset_stats();
+  if (ppc) ppc->reset_stats();
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("targets", c.tokens());
   std::vector<double> losses, norms, walls, cpus;
   weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
   weft::CommStats warm_stats;    // communication during the warm-up steps (excluded from the steady figures)
   weft::CommStats warm_tp_stats;  // the same on the tensor-parallel axis
+  weft::CommStats warm_pp_stats;  // and on the pipeline axis
   const std::size_t skip = o.steps > 1 ? std::min<std::size_t>(5, std::max<std::size_t>(1, o.steps / 10)) : 0;
   for (std::size_t s = 0; s < o.steps; ++s) {
     const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
     Kokkos::fence();
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = weft::metrics::process_cpu_seconds();
-    const auto r = weft::parallel::train_step(gpt, dp, opt, stream, s, o.batch, o.microbatches, ids, tg, lr, o.clip, &prof);
+    weft::optim::StepResult r;
+    if constexpr (pipelined)
+      r = weft::pipeline::train_step(gpt.ex, &dp, opt, stream, s, o.batch, lr, o.clip);
+    else
+      r = weft::parallel::train_step(gpt, dp, opt, stream, s, o.batch, o.microbatches, ids, tg, lr, o.clip, &prof);
     Kokkos::fence();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     cpus.push_back(weft::metrics::process_cpu_seconds() - c0);
@@ -383,6 +405,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     if (s + 1 == skip) {
       warm_stats = comm.stats();
       warm_tp_stats = tpc.stats();
+      if (ppc) warm_pp_stats = ppc->stats();
     }
     losses.push_back(r.loss);
     norms.push_back(r.grad_norm);
@@ -422,11 +445,13 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   // Exposed communication by the kinds (summed over all steps, this rank).
   const weft::CommStats stats = comm.stats();  // read before the gathers below add their own calls
   const weft::CommStats tp_now = tpc.stats();
+  const weft::CommStats pp_now = ppc ? ppc->stats() : weft::CommStats{};
   auto exposed = [&](std::initializer_list<weft::CommKind> kinds, bool steady_only) {
     double t = 0;
     for (auto k : kinds)
       t += stats[k].exposed_seconds - (steady_only ? warm_stats[k].exposed_seconds : 0.0) +
-           tp_now[k].exposed_seconds - (steady_only ? warm_tp_stats[k].exposed_seconds : 0.0);
+           tp_now[k].exposed_seconds - (steady_only ? warm_tp_stats[k].exposed_seconds : 0.0) +
+           pp_now[k].exposed_seconds - (steady_only ? warm_pp_stats[k].exposed_seconds : 0.0);
     return t;
   };
   using K = weft::CommKind;
@@ -454,9 +479,10 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
   mine(9) = std::accumulate(steady.begin(), steady.end(), 0.0) / double(std::max<std::size_t>(1, steady.size()));
   mine(10) = input_stall;
   for (int k = 0; k < 12; ++k) mine(std::size_t(11 + k)) = exposed_kinds[k];
-  // Every rank of the world (dp x tp), in world rank order.
+  // Every rank of the world (dp x pp x tp), in world rank order.
   MPI_Allgather(mine.data(), int(nfield), MPI_DOUBLE, all.data(), int(nfield), MPI_DOUBLE, MPI_COMM_WORLD);
   const weft::CommStats tp_stats = tpc.stats();
+  const weft::CommStats pp_stats = ppc ? ppc->stats() : weft::CommStats{};
   // The hosts of the ranks (topology identity): processor names, fixed width.
   char host[MPI_MAX_PROCESSOR_NAME] = {};
   int host_len = 0;
@@ -556,7 +582,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     rec.set("record_version", 1);
     rec.set("program", "train_gpt").set("weft_version", WEFT_VERSION_STRING).set("git_commit", WEFT_BUILD_COMMIT);
     rec.set("model", Json::object()
-                         .set("name", "weft GPT (nn::GPT)").set("parameters", Json(nparams))
+                         .set("name", pipelined ? "weft GPT (pipeline::Stage)" : "weft GPT (nn::GPT)").set("parameters", Json(nparams))
                          .set("matmul_parameters", c.matmul_params()).set("layers", Json(c.layers))
                          .set("d_model", Json(c.d_model)).set("heads", Json(c.heads)).set("kv_heads", Json(c.kv()))
                          .set("ffn_hidden", Json(c.hidden())).set("vocab", Json(c.vocab)).set("seq", Json(c.seq))
@@ -571,10 +597,13 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
                           .set("weight_decay", o.weight_decay).set("clip", o.clip).set("seed", Json(c.seed))
                           .set("data", data_name).set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp))
                           .set("position", name_of(c.position)).set("recompute", c.recompute).set("dtype", "float32"));
-    rec.set("mesh", Json::object().set("dp", ndp).set("tp", ntp).set("pp", 1).set("cp", 1).set("ep", 1).set("world_size", world)
-                        .set("sequence_parallel", gpt.tensor_parallel().sp())
-                        .set("dp_mode", weft::parallel::to_string(dp.mode())).set("bucket_mb", o.dp_options.bucket_mb)
-                        .set("overlap", o.dp_options.overlap));
+    Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", 1).set("ep", 1).set("world_size", world)
+                    .set("sequence_parallel", gpt.tensor_parallel().sp())
+                    .set("dp_mode", weft::parallel::to_string(dp.mode())).set("bucket_mb", o.dp_options.bucket_mb)
+                    .set("overlap", o.dp_options.overlap);
+    if constexpr (pipelined)
+      mesh.set("schedule", gpt.ex.schedule().name).set("stages", gpt.stages).set("bubble_analytic", bubble);
+    rec.set("mesh", mesh);
     rec.set("runtime", Json::object()
                            .set("execution_space", Space::name()).set("kokkos_version", Json(KOKKOS_VERSION))
                            .set("kokkos_version_string", kokkos_version).set("kokkos_backend", Space::name())
@@ -620,7 +649,8 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     rec.set("exposed_comm_seconds_per_rank", Json(exposed_per_rank));
     rec.set("exposed_comm_note", "seconds a rank was blocked in communication, summed over all steps; the top-level figure is the maximum over ranks; all_to_all includes all_to_allv, point_to_point is send + recv + sendrecv, other is broadcast + barrier; _after_warmup: the same over the steps after warmup_steps_excluded (those behind tokens_per_second)");
     rec.set("input_stall_seconds", stall_max);
-    rec.set("input_stall_note", "time filling token batches from the data stream, summed over all steps, maximum over ranks (batches are prepared synchronously, so all of it stalls the step)");
+    rec.set("input_stall_note", pipelined ? "not measured on the pipeline path (0): its step fills every microbatch's tokens before the schedule runs"
+                                          : "time filling token batches from the data stream, summed over all steps, maximum over ranks (batches are prepared synchronously, so all of it stalls the step)");
     rec.set("checkpoint_seconds", Json(nullptr));
     rec.set("checkpoint_note", "train_gpt writes no checkpoints");
     rec.set("step_time_seconds",
@@ -642,6 +672,7 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
     rec.set("collectives", collectives);
     rec.set("collectives_note", "dp axis, rank 0, all steps: bytes as nccl-tests' size; exposed = time the rank was blocked");
     rec.set("collectives_tp", collectives_of(tp_stats));
+    if (ppc) rec.set("collectives_pp", collectives_of(pp_stats));
     rec.set("unigram_entropy", unigram);
     std::ofstream f(o.record);
     WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot open the file for writing (", std::strerror(errno), ")");
@@ -663,76 +694,12 @@ int train(const Options& o, weft::nn::GPT<float, Space>& gpt, weft::parallel::Da
 }
 
 // The pipeline path (--mesh ...,pp=B with B > 1): a Stage of this rank's
-// layers, data parallelism over the DP axis, the schedule's executor over the
-// PP axis. Prints one line per step; --record and --compare as for dp only.
-template <class Opt>
-int train_pipeline(const Options& o, weft::pipeline::Executor<float, Space>& ex,
-                   weft::parallel::DataParallel<float, Space>& dp, Opt& opt, const weft::data::TokenStream& stream,
-                   const weft::ops::BlasThreads& bt, weft::Comm& world, const std::string& stages,
-                   const std::string& data_name) {
-  const auto& c = ex.stage().config();
-  const bool root = world.rank() == 0;
-  const int npp = ex.comm().size(), ndp = dp.comm().size();
-  const std::size_t tokens_per_step = o.batch * c.seq;
-  const double bubble = ex.schedule().bubble(npp, ex.microbatches(), {});
-  if (root) {
-    std::printf("train_gpt: mesh dp=%d (%s) x pp=%d, schedule %s, %d microbatches of %zu sequences per dp rank, "
-                "stages (blocks per virtual stage) %s, analytic bubble %.3f, data %s\n",
-                ndp, weft::parallel::to_string(dp.mode()), npp, ex.schedule().name.c_str(), ex.microbatches(), c.batch,
-                stages.c_str(), bubble, data_name.c_str());
-    std::printf("train_gpt: BLAS threads %d (%s)\n", bt.threads, bt.reason.c_str());
-  }
-  std::fflush(stdout);
-  std::vector<double> losses, norms, walls;
-  for (std::size_t s = 0; s < o.steps; ++s) {
-    const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
-    Kokkos::fence();
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto r = weft::pipeline::train_step(ex, &dp, opt, stream, s, o.batch, lr, o.clip);
-    Kokkos::fence();
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    walls.push_back(wall);
-    losses.push_back(r.loss);
-    norms.push_back(r.grad_norm);
-    if (root)
-      std::printf("step %zu loss %.4f tok/s %.0f grad_norm %.4f lr %.3g ms %.1f\n", s, r.loss,
-                  double(tokens_per_step) / wall, r.grad_norm, lr, wall * 1e3);
-    std::fflush(stdout);
-  }
-  const std::size_t skip = o.steps > 1 ? std::min<std::size_t>(5, std::max<std::size_t>(1, o.steps / 10)) : 0;
-  const double tps = double(tokens_per_step) / median(std::vector<double>(walls.begin() + long(skip), walls.end()));
-  if (!root) return 0;
-  std::printf("train_gpt: final loss %.4f; %.0f tok/s\n", losses.back(), tps);
-  if (!o.record.empty()) {
-    using weft::metrics::Json;
-    Json rec = Json::object();
-    rec.set("program", "train_gpt").set("weft_version", WEFT_VERSION_STRING);
-    rec.set("config", Json::object()
-                          .set("layers", Json(c.layers)).set("d_model", Json(c.d_model)).set("heads", Json(c.heads))
-                          .set("seq", Json(c.seq)).set("batch", Json(o.batch)).set("microbatches", Json(o.microbatches))
-                          .set("microbatch", Json(c.batch)).set("vocab", Json(c.vocab)).set("steps", Json(o.steps))
-                          .set("lr", o.lr).set("optimizer", o.optimizer).set("clip", o.clip).set("seed", Json(c.seed))
-                          .set("data", data_name).set("dtype", "float32"));
-    rec.set("mesh", Json::object().set("dp", ndp).set("tp", 1).set("pp", npp).set("cp", 1).set("ep", 1)
-                        .set("world_size", ndp * npp).set("dp_mode", weft::parallel::to_string(dp.mode()))
-                        .set("schedule", ex.schedule().name).set("stages", stages).set("bubble_analytic", bubble));
-    rec.set("tokens_per_step", Json(tokens_per_step));
-    rec.set("loss", Json(losses));
-    rec.set("grad_norm", Json(norms));
-    rec.set("step_seconds", Json(walls));
-    rec.set("warmup_steps_excluded", Json(skip));
-    rec.set("tokens_per_second", tps);
-    std::ofstream f(o.record);
-    WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot open the file for writing (", std::strerror(errno), ")");
-    f << rec.dump() << "\n";
-    std::printf("train_gpt: run record written to %s\n", o.record.c_str());
-  }
-  return compare_losses(o, losses);
-}
-
+// layers (split over the TP axis when tp > 1), data parallelism over the DP
+// axis, the schedule's executor over the PP axis; the mesh is DP x PP x TP
+// with TP innermost, so a stage's TP group is consecutive ranks.
 int run_pipeline(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
-                 const weft::ops::BlasThreads& bt, const std::string& data_name) {
-  weft::Mesh<weft::DP, weft::PP> mesh(env.world(), {.dp = ndp, .pp = o.pp});
+                 const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+  weft::Mesh<weft::DP, weft::PP, weft::TP> mesh(env.world(), {.dp = ndp, .pp = o.pp, .tp = o.tp});
   const auto sched = weft::pipeline::parse_schedule(o.schedule);
   sched.check(o.pp, int(o.microbatches));
   const std::size_t L = o.model.layers, S = std::size_t(o.pp * sched.chunks);
@@ -768,17 +735,18 @@ int run_pipeline(const Options& o, weft::Environment& env, int ndp, const weft::
                   weft::pipeline::slowest_stage(weft::pipeline::equal_partition(L, S), u) * 1e3);
     }
   }
-  weft::pipeline::Stage<float, Space> stage(o.model, part, o.pp, mesh.coord<weft::PP>(), sched.chunks);
+  weft::pipeline::Stage<float, Space> stage(o.model, part, o.pp, mesh.coord<weft::PP>(), sched.chunks,
+                                            {&mesh.axis<weft::TP>(), o.sequence_parallel});
   weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), o.dp_options);
   stage.set_hooks(&dp);
   weft::pipeline::Executor<float, Space> ex(stage, mesh.axis<weft::PP>(), sched, int(o.microbatches));
-  const std::string stages = part.to_string(L);
+  PipelineJob job{ex, part.to_string(L)};
   if (o.optimizer == "adamw") {
     weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters(), {.weight_decay = o.weight_decay});
-    return train_pipeline(o, ex, dp, opt, stream, bt, env.world(), stages, data_name);
+    return train(o, job, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
   }
   weft::optim::SGD<float, Space> opt(dp.optimizer_parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
-  return train_pipeline(o, ex, dp, opt, stream, bt, env.world(), stages, data_name);
+  return train(o, job, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
 }
 
 int run(int argc, char** argv, weft::Environment& env) {
@@ -836,7 +804,7 @@ int run(int argc, char** argv, weft::Environment& env) {
                " bytes, fewer than --seq + 1 = ", o.model.seq + 1, "; use a longer file or a shorter --seq");
   const double unigram = weft::data::unigram_entropy(bytes);
   weft::data::TokenStream stream(bytes, opts.model.seq, opts.model.seed);
-  if (o.pp > 1) return run_pipeline(opts, env, ndp, stream, bt, data_name);
+  if (o.pp > 1) return run_pipeline(opts, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
   weft::Mesh<weft::DP, weft::TP> mesh(env.world(), ndp, ntp);
   weft::nn::GPT<float, Space> gpt(opts.model, {&mesh.axis<weft::TP>(), o.sequence_parallel});
   weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), opts.dp_options);

@@ -137,12 +137,17 @@ class DeferredWork {
     }
     V out(Kokkos::view_alloc(Kokkos::WithoutInitializing, label), rows, cols);
     in_use_.emplace_back(out);
+    bytes_ += rows * cols * sizeof(typename V::value_type);
     return out;
   }
+  /// Bytes of every buffer this queue has taken so far (in use and pooled:
+  /// it keeps them all).
+  std::size_t bytes() const { return bytes_; }
 
  private:
   std::vector<std::function<void()>> work_;
   std::vector<std::any> in_use_, spare_;
+  std::size_t bytes_ = 0;
 };
 
 /// What every layer of one model shares: the profiler that kernel scopes
@@ -169,6 +174,11 @@ struct GroupHooks {
   virtual void before_backward(std::size_t group) { (void)group; }
   /// After the group's gradients of this microbatch are complete.
   virtual void after_backward(std::size_t group) { (void)group; }
+  /// After the group's deferred weight-gradient work has run for every
+  /// microbatch of the step (a model whose backward is split calls it after
+  /// the last weight half that touches the group; its weight gradients are
+  /// complete only then, not at after_backward).
+  virtual void after_weight_gradients(std::size_t group) { (void)group; }
 };
 
 /// A shared context handle: the model owns it, its layers keep a copy.

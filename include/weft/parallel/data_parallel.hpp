@@ -217,6 +217,18 @@ class DataParallel final : public nn::GroupHooks {
   void after_forward(std::size_t g) override {
     if (o_.mode == DPMode::fsdp && o_.reshard_after_forward && g != root_) release(g);
   }
+  /// Split backwards (zero-bubble pipeline schedules) add weight gradients
+  /// after after_backward, and run the input half of a group's next
+  /// microbatch before the weight half of the previous one. With `on`, zero2
+  /// and fsdp keep each group's full gradient buffer from the group's first
+  /// backward of the step to after_weight_gradients, and reduce-scatter it
+  /// there, once per step, instead of once per microbatch in after_backward
+  /// (more gradient memory: every group's full gradient may be held at once).
+  /// No effect in the other modes.
+  void set_weight_gradients_deferred(bool on) { defer_weight_grads_ = on; }
+  /// Whether zero2/fsdp wait for after_weight_gradients (see set_weight_gradients_deferred).
+  bool weight_gradients_deferred() const { return defer_weight_grads_; }
+
   void before_backward(std::size_t g) override {
     if (o_.mode == DPMode::fsdp) {
       gather(g);
@@ -225,18 +237,24 @@ class DataParallel final : public nn::GroupHooks {
         else if (g != root_ && g > 0) start_gather(g - 1);
       }
     }
-    if (o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp) allocate_group_grad(g);
+    if ((o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp) &&
+        !(defer_weight_grads_ && group_state_[g].full_grad.extent(0)))
+      allocate_group_grad(g);
     progress();
   }
   void after_backward(std::size_t g) override {
     if (o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp) {
-      post_group_reduce_scatter(g);
-      if (o_.mode == DPMode::fsdp) release(g);
+      if (!defer_weight_grads_) post_group_reduce_scatter(g);
+      if (o_.mode == DPMode::fsdp) release(g);  // the deferred weight gemms read inputs and dy, not the weights
     } else if (o_.overlap && last_microbatch_) {
       for (auto bi : group_buckets_[g]) buckets_[bi].done_groups += 1;
       while (next_post_ < buckets_.size() && buckets_[next_post_].done_groups == buckets_[next_post_].groups.size())
         post_bucket(next_post_++);
     }
+    progress();
+  }
+  void after_weight_gradients(std::size_t g) override {
+    if (defer_weight_grads_ && (o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp)) post_group_reduce_scatter(g);
     progress();
   }
 
@@ -509,6 +527,7 @@ class DataParallel final : public nn::GroupHooks {
   std::deque<Pending> pending_;
   std::size_t next_post_ = 0;
   bool last_microbatch_ = true;
+  bool defer_weight_grads_ = false;  // zero2/fsdp reduce-scatter in after_weight_gradients
   std::size_t transient_ = 0, peak_transient_ = 0;
 };
 

@@ -126,6 +126,15 @@ class Executor {
       const PipeOp op = plan_[k].op;
       if (op == PipeOp::recv_activation || op == PipeOp::recv_gradient) recvs_.push_back(k);
     }
+    // The last action per chunk that adds weight gradients: after it the
+    // chunk's weight gradients of the step are complete.
+    last_weight_.assign(plan_.size(), false);
+    std::vector<std::size_t> last(std::size_t(schedule.chunks), plan_.size());
+    for (std::size_t k = 0; k < plan_.size(); ++k)
+      if (plan_[k].op == PipeOp::backward || plan_[k].op == PipeOp::backward_weight)
+        last[std::size_t(plan_[k].chunk)] = k;
+    for (std::size_t k : last)
+      if (k < plan_.size()) last_weight_[k] = true;
     next_compute_.assign(plan_.size() + 1, plan_.size());
     for (std::size_t k = plan_.size(); k-- > 0;)
       next_compute_[k] = is_compute(plan_[k].op) ? k : next_compute_[k + 1];
@@ -212,6 +221,7 @@ class Executor {
           stage_.backward(a.microbatch, a.chunk, ids, split);
           fence_and_record(a, t0);
           if (!split) retiring_.push_back({a.microbatch, a.chunk});
+          if (last_weight_[k]) stage_.weights_done(a.chunk);
           break;
         }
         case PipeOp::backward_weight: {
@@ -220,6 +230,7 @@ class Executor {
           stage_.backward_weight(a.microbatch, a.chunk);
           fence_and_record(a, t0);
           retiring_.push_back({a.microbatch, a.chunk});
+          if (last_weight_[k]) stage_.weights_done(a.chunk);
           break;
         }
       }
@@ -310,12 +321,7 @@ class Executor {
   void detach(Request& r, ops::Matrix<T, Space>& buf) {
     if (!r.active() || r.test()) return;
     sending_.push_back({std::move(r), buf});
-    if (!spare_.empty()) {
-      buf = spare_.back();
-      spare_.pop_back();
-    } else {
-      buf = ops::Matrix<T, Space>("pipeline.send_buffer", buf.extent(0), buf.extent(1));
-    }
+    buf = stage_.take_send_buffer(buf.extent(0), buf.extent(1));
   }
   // Returns the buffers of completed detached sends to the spares.
   void complete_sends(bool wait_all) {
@@ -325,7 +331,7 @@ class Executor {
         ++i;
         continue;
       }
-      spare_.push_back(sending_[i].buf);
+      stage_.return_send_buffer(sending_[i].buf);
       sending_.erase(sending_.begin() + long(i));
     }
   }
@@ -375,6 +381,7 @@ class Executor {
   ops::Tokens<Space> ids_, targets_;
   std::vector<PipeAction> plan_;
   std::vector<std::size_t> recvs_, next_compute_;
+  std::vector<bool> last_weight_;  // plan index: the chunk's last weight-gradient action of the step
   std::size_t next_post_ = 0;
   std::vector<std::pair<int, int>> retiring_;
   std::set<std::pair<int, int>> grad_sent_;
@@ -383,7 +390,6 @@ class Executor {
     ops::Matrix<T, Space> buf;
   };
   std::vector<InFlightSend> sending_;
-  std::vector<ops::Matrix<T, Space>> spare_;
   std::vector<StepEvent> timeline_;
   double t_begin_ = 0, t_end_ = 0;
 };
@@ -405,9 +411,9 @@ optim::StepResult train_step(Executor<T, Space>& ex, parallel::DataParallel<T, S
   const std::size_t mb = parallel::local_microbatch(global_batch, ndp, m);
   WEFT_REQUIRE(mb == stage.config().batch, ConfigError, "pipeline::train_step: the stage is built for microbatches of ",
                stage.config().batch, " sequences, but batch ", global_batch, " / dp ", ndp, " / microbatches ", m, " = ", mb);
-  WEFT_REQUIRE(!(ex.schedule().split && dp && (dp->mode() == parallel::DPMode::zero2 || dp->mode() == parallel::DPMode::fsdp)),
-               ConfigError, "--schedule ", ex.schedule().name, " with --dp ", parallel::to_string(dp ? dp->mode() : parallel::DPMode::replicate),
-               ": the zero-bubble schedule defers weight gradients past the group hooks that ", "zero2 and fsdp reduce them in; use --dp replicate or zero1, or another schedule");
+  // zb adds weight gradients after the group hooks' after_backward: zero2
+  // and fsdp then reduce-scatter each group once, after its last weight half.
+  if (dp) dp->set_weight_gradients_deferred(ex.schedule().split);
   const std::size_t seq = stage.config().seq, tok = stage.config().tokens();
   const std::size_t first = (dp ? std::size_t(dp->comm().rank()) : 0) * mb * m;
   for (std::size_t i = 0; i < m; ++i)
@@ -422,22 +428,23 @@ optim::StepResult train_step(Executor<T, Space>& ex, parallel::DataParallel<T, S
   const double local = ex.run(1.0 / double(global_batch * seq));
   if (dp) dp->finish_gradients();
   // The global gradient norm: stages hold disjoint parameters; sharded DP
-  // modes hold disjoint pieces, replicate holds copies.
+  // modes hold disjoint pieces, replicate holds copies; TP-sharded
+  // parameters are disjoint pieces over TP, TP-replicated ones copies.
   auto params = dp ? dp->optimizer_parameters() : stage.parameters();
-  double sq = 0;
+  const nn::TensorParallel& tp = stage.tensor_parallel();
+  double sums[2] = {0, 0};  // TP-sharded, the rest
   for (auto* p : params) {
     auto g = p->grad;
     double s = 0;
     Kokkos::parallel_reduce(
         "weft::pipeline_sumsq", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
         KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
-    sq += s;
+    sums[tp.active() && p->tp_sharded() ? 0 : 1] += s;
   }
-  if (dp && dp->mode() != parallel::DPMode::replicate && dp->comm().size() > 1) {
-    Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(&sq, 1);
-    dp->comm().all_reduce(v);
-  }
-  sq = ex.sum_over_pipeline(sq);
+  using HostSums = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  if (dp && dp->mode() != parallel::DPMode::replicate && dp->comm().size() > 1) dp->comm().all_reduce(HostSums(sums, 2));
+  if (tp.active()) tp.comm->all_reduce(HostSums(sums, 1));
+  const double sq = ex.sum_over_pipeline(sums[0] + sums[1]);
   optim::StepResult r;
   r.grad_norm = std::sqrt(sq);
   if (clip > 0 && r.grad_norm > clip) {

@@ -5,6 +5,15 @@
 // parameter the value it has in the single-process nn::GPT. Activations are
 // kept per in-flight microbatch (a slot), which is what lets a schedule run
 // several microbatches' forwards before their backwards.
+//
+// Given a tensor-parallel axis (nn::TensorParallel: the TP communicator of a
+// DP x PP x TP mesh), a stage holds the TP-split layers instead: its blocks'
+// heads and MLP hidden units, the embedding's and the head's vocabulary rows
+// are this TP rank's share, the loss is the vocabulary-parallel
+// cross-entropy, and with sequence parallelism the residual stream between
+// stages is this rank's token shard. Parameter names and initial values are
+// still the single-process model's (each shard holds the values the whole
+// tensor has at its global indices).
 #pragma once
 
 #include <algorithm>
@@ -21,6 +30,7 @@
 #include <weft/metrics/memory.hpp>
 #include <weft/nn/block.hpp>
 #include <weft/nn/embedding.hpp>
+#include <weft/nn/tp_comm.hpp>
 #include <weft/ops/cross_entropy.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
 
@@ -52,6 +62,7 @@ class Stage {
     std::vector<Matrix> xs;                      ///< residual stream: xs[0] the chunk input, xs.back() its output
     std::vector<typename BlockT::Saved> saved;   ///< each block's saved tensors
     Matrix hf, logits;                           ///< head chunk: final norm output; logits, then their gradient
+    Matrix hf_full;                              ///< head chunk, sequence parallelism: the gathered final norm output
     typename nn::Norm<T, Space>::Saved sf;
     Matrix dy, dx;                               ///< received output gradient; input gradient to send
     Request recv_activation, recv_gradient, send_activation, send_gradient;
@@ -60,9 +71,15 @@ class Stage {
 
   /// The chunks of pipeline rank `rank` of `ranks`: chunk c runs virtual stage
   /// c * ranks + rank of `part`, which must have ranks * chunks stages.
-  /// cfg.batch is the microbatch (sequences per forward).
-  Stage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks = 1)
-      : cfg_((cfg.validate(), cfg)), ctx_(std::make_shared<nn::Context>()), ranks_(ranks), rank_(rank) {
+  /// cfg.batch is the microbatch (sequences per forward). With `tp` (the TP
+  /// axis of this rank, optionally sequence parallel) the layers are split
+  /// over it; ConfigError when the model does not divide over tp (heads,
+  /// key/value heads, d_model, MLP width, vocabulary; with sequence
+  /// parallelism the tokens of a microbatch).
+  Stage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks = 1,
+        nn::TensorParallel tp = {})
+      : cfg_(checked(cfg, tp)), ctx_(std::make_shared<nn::Context>(nn::Context{nullptr, tp, nullptr})),
+        ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
     WEFT_REQUIRE(!cfg.recompute, ConfigError,
                  "pipeline::Stage: --recompute is not supported with pipeline parallelism yet; drop it or use pp=1");
     WEFT_REQUIRE(ranks >= 1 && rank >= 0 && rank < ranks && chunks >= 1, ConfigError, "pipeline::Stage: rank ", rank,
@@ -73,9 +90,14 @@ class Stage {
     WEFT_REQUIRE(part.bounds.front() == 0 && part.bounds.back() == unit_count(cfg.layers), ConfigError,
                  "pipeline::Stage: the partition covers units ", part.bounds.front(), "..", part.bounds.back(),
                  " but the model has units 0..", unit_count(cfg.layers));
-    ws_ = std::make_shared<typename BlockT::Workspace>(cfg_);
-    for (auto& g : g_) g = Matrix("pipeline.grad", cfg_.tokens(), cfg_.d_model);
-    dhf_ = Matrix("pipeline.ln_f.dout", cfg_.tokens(), cfg_.d_model);
+    ws_ = std::make_shared<typename BlockT::Workspace>(cfg_, tp);
+    for (auto& g : g_) g = Matrix("pipeline.grad", rows_, cfg_.d_model);
+    dhf_ = Matrix("pipeline.ln_f.dout", rows_, cfg_.d_model);
+    if (tp.sp()) dhf_full_ = Matrix("pipeline.ln_f.dout.partial", cfg_.tokens(), cfg_.d_model);
+    if (tp.active()) {
+      ce_max_ = ops::Vector<T, Space>("pipeline.cross_entropy.max", cfg_.tokens());
+      ce_sums_ = Matrix("pipeline.cross_entropy.sums", cfg_.tokens(), 2);
+    }
     nn::GPTConfig empty = cfg_;
     empty.batch = 0;  // a block's own Saved only receives each slot's tensors
     const std::size_t L = cfg_.layers;
@@ -93,18 +115,29 @@ class Stage {
       const std::size_t end_block = std::min(k.end_unit, L + 1) - 1;
       if (end_block > k.first_block) k.blocks.reserve(end_block - k.first_block);
       for (std::size_t b = k.first_block; b < end_block; ++b) {
-        k.blocks.emplace_back(ctx_, b, cfg_, std::make_shared<typename BlockT::Saved>("pipeline.bound", empty), ws_);
+        k.blocks.emplace_back(ctx_, b, cfg_, std::make_shared<typename BlockT::Saved>("pipeline.bound", empty, tp), ws_);
         k.block_group.push_back(groups++);
       }
       if (k.end_unit == L + 2) {
         k.ln_f = std::make_unique<nn::Norm<T, Space>>(ctx_, "ln_f", cfg_.norm, cfg_.d_model, cfg_.norm_eps);
         k.head = std::make_unique<nn::Linear<T, Space>>(ctx_, "lm_head", cfg_.d_model, cfg_.vocab, false, cfg_.seed,
-                                                        cfg_.init_std);
+                                                        cfg_.init_std, nn::LinearSplit::column(tp.size(), tp.rank()));
       }
     }
     std::vector<Param*> root;
     collect_root(root);
     root_group_ = root.empty() ? no_group : groups;
+    if (tp.sp()) {
+      // Gradients a sequence-parallel rank computes from its token shard only:
+      // the final norm's and the learned positions'.
+      std::vector<Param*> ln, pos;
+      for (auto& k : chunks_) {
+        if (k.ln_f) k.ln_f->collect(ln);
+        if (k.emb) k.emb->collect_sequence_partial(pos);
+      }
+      ln_f_partial_ = std::make_unique<nn::detail::PartialGrads<T, Space>>(ln);
+      pos_partial_ = std::make_unique<nn::detail::PartialGrads<T, Space>>(pos);
+    }
   }
   Stage(const Stage&) = delete;
   Stage& operator=(const Stage&) = delete;
@@ -119,6 +152,11 @@ class Stage {
   int ranks() const { return ranks_; }
   /// This rank's position in the pipeline.
   int rank() const { return rank_; }
+  /// The tensor-parallel split of the layers (inactive: not split).
+  const nn::TensorParallel& tensor_parallel() const { return ctx_->tp; }
+  /// Token rows of the residual stream (and of each activation message):
+  /// the microbatch's tokens, or tokens / tp under sequence parallelism.
+  std::size_t rows() const { return rows_; }
   /// The model context its layers share (profiler, deferred weight gradients).
   nn::Context& context() { return *ctx_; }
   /// Whether virtual stage `vs` is the first one (its input is token ids).
@@ -235,9 +273,15 @@ class Stage {
     if (k.head) {
       Timer t(this, cfg_.layers + 1);
       k.ln_f->forward(s.xs.back(), s.hf, s.sf);
-      k.head->forward(s.hf, s.logits);
+      if (ctx_->tp.sp()) {
+        nn::detail::tp_all_gather(*ctx_, s.hf, s.hf_full);
+        k.head->forward(s.hf_full, s.logits);
+      } else {
+        k.head->forward(s.hf, s.logits);
+      }
       metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
-      loss = ops::cross_entropy_forward_backward(s.logits, targets, T(grad_scale));
+      loss = ctx_->tp.active() ? vocab_parallel_loss(s.logits, targets, T(grad_scale))
+                               : ops::cross_entropy_forward_backward(s.logits, targets, T(grad_scale));
     }
     if (root && hooks_) hooks_->after_forward(root_group_);
     return loss;
@@ -272,9 +316,20 @@ class Stage {
     };
     if (k.head) {
       Timer t(this, cfg_.layers + 1);
-      k.head->backward(s.hf, s.logits, dhf_, false);
+      const nn::TensorParallel& tp = ctx_->tp;
+      if (!tp.active()) {
+        k.head->backward(s.hf, s.logits, dhf_, false);
+      } else if (!tp.sp()) {
+        k.head->backward(s.hf, s.logits, dhf_, false);  // this rank's vocabulary columns' part
+        nn::detail::tp_all_reduce(*ctx_, dhf_);
+      } else {
+        k.head->backward(s.hf_full, s.logits, dhf_full_, false);
+        nn::detail::tp_reduce_scatter(*ctx_, dhf_full_, dhf_);
+      }
       Matrix out = next_target(n == 0);
+      if (ln_f_partial_) ln_f_partial_->begin();
       k.ln_f->backward(dhf_, s.xs.back(), s.sf, out, false);
+      if (ln_f_partial_) ln_f_partial_->finish(*ctx_);
       cur = out;
     }
     for (std::size_t i = n; i-- > 0;) {
@@ -289,7 +344,9 @@ class Stage {
     }
     if (k.emb) {
       Timer t(this, 0);
+      if (pos_partial_) pos_partial_->begin();
       k.emb->backward(ids, cur);
+      if (pos_partial_) pos_partial_->finish(*ctx_);
     }
     if (root && hooks_) hooks_->after_backward(root_group_);
   }
@@ -300,6 +357,23 @@ class Stage {
     s.deferred.run();
   }
 
+  /// Called once per step after the last action that adds weight gradients
+  /// on chunk c (its last backward or backward_weight): tells the hooks that
+  /// the weight gradients of its groups are complete (the root group's once
+  /// every chunk holding part of it is done).
+  void weights_done(int c) {
+    Chunk& k = chunks_.at(std::size_t(c));
+    if (!hooks_) return;
+    for (std::size_t g : k.block_group) hooks_->after_weight_gradients(g);
+    if (!has_root(k)) return;
+    std::size_t holders = 0;
+    for (const auto& x : chunks_) holders += has_root(x) ? 1 : 0;
+    if (++root_chunks_done_ == holders) {
+      root_chunks_done_ = 0;
+      hooks_->after_weight_gradients(root_group_);
+    }
+  }
+
   /// Bytes of parameters and gradients (at their current storage) and of the
   /// activation slots allocated so far (live and pooled), plus scratch.
   metrics::MemoryLedger memory() {
@@ -308,13 +382,44 @@ class Stage {
     using C = metrics::MemoryCategory;
     std::size_t act = 0;
     for (auto& [k, s] : live_) act += slot_bytes(*s);
-    for (auto& [c, pool] : pool_)
+    for (auto& [chunk, pool] : pool_)
       for (auto& s : pool) act += slot_bytes(*s);
     m.add(C::activations, "pipeline.slots", act);
+    // Split backwards (zb): the copies of output gradients that deferred
+    // weight-gradient gemms read, pooled per slot.
+    std::size_t deferred = 0;
+    for (auto& [k, s] : live_) deferred += s->deferred.bytes();
+    for (auto& [chunk, pool] : pool_)
+      for (auto& s : pool) deferred += s->deferred.bytes();
+    if (deferred) m.add(C::activations, "pipeline.deferred_output_gradients", deferred);
     m.add(C::buffers, "pipeline.backward_workspace",
-          ws_->bytes() + nn::detail::bytes_of(g_[0]) * 2 + nn::detail::bytes_of(dhf_));
+          ws_->bytes() + nn::detail::bytes_of(g_[0]) * 2 + nn::detail::bytes_of(dhf_) + nn::detail::bytes_of(dhf_full_));
+    if (send_buffer_bytes_) m.add(C::buffers, "pipeline.send_buffers", send_buffer_bytes_);
+    if (ctx_->tp.active()) {
+      std::size_t emb = 0;
+      for (auto& k : chunks_)
+        if (k.emb) emb += k.emb->buffer_bytes();
+      m.add(C::buffers, "tensor-parallel buffers", emb + nn::detail::bytes_of(ce_max_) + nn::detail::bytes_of(ce_sums_));
+    }
     return m;
   }
+
+  /// A buffer of rows x cols for a send that outlives its slot (the
+  /// executor detaches in-flight sends from retired slots): a returned one
+  /// of that shape when there is one, else a new one, counted by memory().
+  Matrix take_send_buffer(std::size_t rows, std::size_t cols) {
+    for (auto it = spare_send_.begin(); it != spare_send_.end(); ++it)
+      if (it->extent(0) == rows && it->extent(1) == cols) {
+        Matrix m = *it;
+        spare_send_.erase(it);
+        return m;
+      }
+    send_buffer_bytes_ += rows * cols * sizeof(T);
+    return Matrix("pipeline.send_buffer", rows, cols);
+  }
+  /// Returns a buffer from take_send_buffer() (or a slot's, which it
+  /// replaced) whose send has completed, for reuse.
+  void return_send_buffer(const Matrix& m) { spare_send_.push_back(m); }
 
   /// Bytes of one slot of chunk c (its activations for one microbatch).
   std::size_t slot_bytes_of_chunk(int c) {
@@ -350,6 +455,26 @@ class Stage {
     }
   };
 
+  static nn::GPTConfig checked(const nn::GPTConfig& c, const nn::TensorParallel& tp) {
+    c.validate();
+    c.validate_tensor_parallel(tp.size(), tp.sequence_parallel);
+    return c;
+  }
+
+  // Cross-entropy over logits split by vocabulary columns (as nn::GPT): the
+  // row maxima, then the sums of exponentials and the target logits, are
+  // all-reduced over TP; the logits are never gathered. Returns the sum of
+  // the token losses; the logits then hold grad_scale times their gradient.
+  template <class TV>
+  double vocab_parallel_loss(const Matrix& logits, const TV& targets, T grad_scale) {
+    const std::size_t first = ctx_->tp.rank() * logits.extent(1);
+    ops::vocab_parallel_max(logits, ce_max_);
+    nn::detail::tp_all_reduce(*ctx_, ce_max_, ReduceOp::max);
+    ops::vocab_parallel_sums(logits, targets, first, cfg_.vocab, ce_max_, ce_sums_);
+    nn::detail::tp_all_reduce(*ctx_, ce_sums_);
+    return ops::vocab_parallel_finish(logits, targets, first, ce_max_, ce_sums_, grad_scale, true);
+  }
+
   bool has_root(const Chunk& k) const { return root_group_ != no_group && (k.emb || k.head); }
 
   void collect_root(std::vector<Param*>& out) {
@@ -362,13 +487,15 @@ class Stage {
 
   std::unique_ptr<Slot> make_slot(const Chunk& k) const {
     auto s = std::make_unique<Slot>();
-    const std::size_t n = k.blocks.size(), tok = cfg_.tokens(), d = cfg_.d_model;
+    const std::size_t n = k.blocks.size(), tok = rows_, d = cfg_.d_model;
+    const nn::TensorParallel& tp = ctx_->tp;
     for (std::size_t i = 0; i <= n; ++i) s->xs.emplace_back("pipeline.residual", tok, d);
-    for (std::size_t i = 0; i < n; ++i) s->saved.emplace_back("pipeline.block", cfg_);
+    for (std::size_t i = 0; i < n; ++i) s->saved.emplace_back("pipeline.block", cfg_, tp);
     if (k.head) {
       s->hf = Matrix("pipeline.ln_f.out", tok, d);
       s->sf = typename nn::Norm<T, Space>::Saved("pipeline.ln_f", tok);
-      s->logits = Matrix("pipeline.logits", tok, cfg_.vocab);
+      if (tp.sp()) s->hf_full = Matrix("pipeline.ln_f.out.gathered", cfg_.tokens(), d);
+      s->logits = Matrix("pipeline.logits", cfg_.tokens(), cfg_.vocab / tp.size());
     } else {
       s->dy = Matrix("pipeline.dy", tok, d);
     }
@@ -378,7 +505,8 @@ class Stage {
 
   static std::size_t slot_bytes(const Slot& s) {
     using nn::detail::bytes_of;
-    std::size_t b = bytes_of(s.hf) + bytes_of(s.logits) + s.sf.bytes() + bytes_of(s.dy) + bytes_of(s.dx);
+    std::size_t b = bytes_of(s.hf) + bytes_of(s.hf_full) + bytes_of(s.logits) + s.sf.bytes() + bytes_of(s.dy) +
+                    bytes_of(s.dx);
     for (const auto& x : s.xs) b += bytes_of(x);
     for (const auto& v : s.saved) b += v.bytes();
     return b;
@@ -387,16 +515,24 @@ class Stage {
   nn::GPTConfig cfg_;
   nn::ContextPtr ctx_;
   int ranks_, rank_;
+  std::size_t rows_;  // token rows of the residual stream on this rank
   std::vector<Chunk> chunks_;
   std::size_t root_group_ = no_group;
   std::shared_ptr<typename BlockT::Workspace> ws_;
   Matrix g_[2], dhf_;
+  Matrix dhf_full_;                 // sequence parallelism: the head's partial input gradient [tokens, D]
+  ops::Vector<T, Space> ce_max_;    // tensor parallelism: per-token maximum logit
+  Matrix ce_sums_;                  // tensor parallelism: per-token sum of exp and target logit
+  std::unique_ptr<nn::detail::PartialGrads<T, Space>> ln_f_partial_, pos_partial_;  // sequence parallelism
   nn::GroupHooks* hooks_ = nullptr;
   std::vector<double>* unit_time_ = nullptr;
   std::function<void()> progress_;
   std::map<std::pair<int, int>, std::unique_ptr<Slot>> live_;
   std::map<std::size_t, std::vector<std::unique_ptr<Slot>>> pool_;
   std::size_t peak_live_ = 0;
+  std::size_t root_chunks_done_ = 0;  // chunks holding root parameters whose weights are done this step
+  std::vector<Matrix> spare_send_;     // send buffers free for reuse
+  std::size_t send_buffer_bytes_ = 0;  // bytes of every send buffer allocated
 };
 
 /// Measures what --stages auto partitions by: for each unit (embedding,

@@ -1,0 +1,208 @@
+// Tensor parallelism inside pipeline stages: on a DP x PP x TP mesh (TP
+// innermost) every stage holds the TP-split layers of its blocks (and the
+// vocabulary-parallel embedding, head and loss), activations travel over PP
+// between ranks of equal TP coordinate, and the run follows the
+// single-process loss curve for 20 steps: pp x tp = 2 x 2 at 4 ranks and
+// dp x pp x tp = 2 x 2 x 2 at 8 ranks, for every schedule, with and without
+// sequence parallelism, for a GPT-2 and a Llama-like shape. Models that do
+// not divide over tp are ConfigErrors naming the quantity.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <weft/parallel/pipeline/executor.hpp>
+
+#include "weft_test.hpp"
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+constexpr std::size_t kGlobalBatch = 8;
+constexpr std::size_t kSteps = 20;
+constexpr double kLr = 3e-3, kClip = 1.0;
+
+// GPT-2 shaped (GELU, learned positions, LayerNorm) or Llama-like (SwiGLU,
+// rotary, RMSNorm, grouped-query heads); tiny either way.
+weft::nn::GPTConfig tiny(std::size_t microbatch, bool llama) {
+  weft::nn::GPTConfig c;
+  c.layers = 4;
+  c.d_model = 16;
+  c.heads = 2;
+  c.seq = 8;
+  c.vocab = 32;
+  c.batch = microbatch;
+  c.seed = 7;
+  if (llama) {
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.mlp = weft::nn::MlpKind::swiglu;
+    c.position = weft::nn::PositionKind::rotary;
+    c.norm = weft::nn::NormKind::rmsnorm;
+  }
+  return c;
+}
+
+weft::data::TokenStream stream() {
+  std::vector<int> toks(3000);
+  std::uint64_t x = 12345;
+  int prev = 0;
+  for (auto& t : toks) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t = (x >> 60) < 3 ? int((x >> 33) % 32) : (prev * 5 + 3) % 32;
+    prev = t;
+  }
+  return weft::data::TokenStream(std::move(toks), 8, 99);
+}
+
+// The single-process loss curve: the whole global batch as one microbatch.
+std::vector<double> reference_losses(bool llama) {
+  weft::nn::GPT<float> gpt(tiny(kGlobalBatch, llama));
+  weft::optim::AdamW<float, Space> opt(gpt.parameters());
+  auto data = stream();
+  Kokkos::View<int*> ids("ids", kGlobalBatch * 8), tg("tg", kGlobalBatch * 8);
+  std::vector<double> out;
+  for (std::size_t s = 0; s < kSteps; ++s)
+    out.push_back(weft::optim::train_step(gpt, opt, data, s, 1, ids, tg, kLr, kClip).loss);
+  return out;
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+using Mesh3 = weft::Mesh<weft::DP, weft::PP, weft::TP>;
+
+struct Run {
+  std::vector<double> loss;
+  weft::metrics::MemoryLedger memory;
+};
+
+// Trains on the mesh's pipeline with the stages split over its TP axis.
+Run run_pp_tp(Mesh3& mesh, const std::string& schedule, std::size_t microbatches, bool sp, bool llama,
+              weft::parallel::DPMode mode = weft::parallel::DPMode::replicate, std::size_t steps = kSteps) {
+  auto& pp = mesh.axis<weft::PP>();
+  auto& dpc = mesh.axis<weft::DP>();
+  const auto sched = weft::pipeline::parse_schedule(schedule);
+  const std::size_t mb = weft::parallel::local_microbatch(kGlobalBatch, std::size_t(dpc.size()), microbatches);
+  const auto cfg = tiny(mb, llama);
+  const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(pp.size() * sched.chunks));
+  weft::pipeline::Stage<float> stage(cfg, part, pp.size(), pp.rank(), sched.chunks, {&mesh.axis<weft::TP>(), sp});
+  weft::parallel::DPOptions o;
+  o.mode = mode;
+  o.bucket_mb = 0.004;
+  weft::parallel::DataParallel<float> dp(dpc, stage.parameter_groups(), o);
+  stage.set_hooks(&dp);
+  weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
+  weft::pipeline::Executor<float> ex(stage, pp, sched, int(microbatches));
+  auto data = stream();
+  Run r;
+  for (std::size_t s = 0; s < steps; ++s)
+    r.loss.push_back(weft::pipeline::train_step(ex, &dp, opt, data, s, kGlobalBatch, kLr, kClip).loss);
+  r.memory = stage.memory();
+  return r;
+}
+
+double worst_of(const std::vector<double>& a, const std::vector<double>& ref) {
+  double worst = 0;
+  for (std::size_t i = 0; i < kSteps; ++i) worst = std::max(worst, rel(a[i], ref[i]));
+  return worst;
+}
+
+// The mesh for this world: 4 ranks pp x tp = 2 x 2, 8 ranks dp x pp x tp = 2 x 2 x 2.
+std::unique_ptr<Mesh3> mesh_for_world() {
+  auto& w = weft::test::world();
+  if (w.size() != 4 && w.size() != 8) return nullptr;
+  return std::make_unique<Mesh3>(w, weft::MeshSizes{.dp = w.size() / 4, .pp = 2, .tp = 2});
+}
+
+}  // namespace
+
+TEST_CASE("pipeline x tp: every schedule follows the single-process loss curve") {
+  auto mesh = mesh_for_world();
+  if (!mesh) return;
+  const auto ref = reference_losses(false);
+  for (std::string s : {"gpipe", "1f1b", "interleaved:2", "zb"}) {
+    CAPTURE(s);
+    const auto r = run_pp_tp(*mesh, s, 2, false, false);
+    const double worst = worst_of(r.loss, ref);
+    CAPTURE(worst);
+    CHECK(worst <= 1e-5);
+    CHECK(r.loss.back() < r.loss.front());
+  }
+}
+
+TEST_CASE("pipeline x tp: sequence parallelism and the Llama-like shape follow the single-process curve") {
+  auto mesh = mesh_for_world();
+  if (!mesh) return;
+  for (bool llama : {false, true}) {
+    const auto ref = reference_losses(llama);
+    for (std::string s : {"1f1b", "zb"}) {
+      CAPTURE(s);
+      CAPTURE(llama);
+      const auto r = run_pp_tp(*mesh, s, 2, true, llama);
+      const double worst = worst_of(r.loss, ref);
+      CAPTURE(worst);
+      CHECK(worst <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("pipeline x tp: data-parallel zero1, zero2 and fsdp compose with tp in the stages, zb included") {
+  // zero1 with 1f1b, zero2 with zb, fsdp with both.
+  auto& w = weft::test::world();
+  if (w.size() != 8) return;
+  auto mesh = mesh_for_world();
+  const auto ref = reference_losses(false);
+  using M = weft::parallel::DPMode;
+  const std::pair<M, const char*> runs[] = {{M::zero1, "1f1b"}, {M::zero2, "zb"}, {M::fsdp, "1f1b"}, {M::fsdp, "zb"}};
+  for (const auto& run : runs) {
+    const M mode = run.first;
+    const std::string s = run.second;
+    CAPTURE(weft::parallel::to_string(mode));
+    CAPTURE(s);
+    const auto r = run_pp_tp(*mesh, s, 2, false, false, mode);
+    const double worst = worst_of(r.loss, ref);
+    CAPTURE(worst);
+    CHECK(worst <= 1e-5);
+  }
+}
+
+TEST_CASE("pipeline x tp: the stage's memory counts zb's deferred gradient copies") {
+  auto mesh = mesh_for_world();
+  if (!mesh) return;
+  const auto r = run_pp_tp(*mesh, "zb", 2, false, false, weft::parallel::DPMode::replicate, 2);
+  bool deferred = false;
+  for (const auto& item : r.memory.items())
+    if (item.label == "pipeline.deferred_output_gradients") deferred = item.bytes > 0;
+  CHECK(deferred);
+  const auto plain = run_pp_tp(*mesh, "1f1b", 2, false, false, weft::parallel::DPMode::replicate, 2);
+  for (const auto& item : plain.memory.items()) CHECK(item.label != "pipeline.deferred_output_gradients");
+}
+
+TEST_CASE("pipeline x tp: a model that does not divide over tp is a ConfigError naming the quantity") {
+  auto& w = weft::test::world();
+  if (w.size() < 2 || w.size() % 2) return;
+  Mesh3 mesh(w, weft::MeshSizes{.dp = w.size() / 2, .pp = 1, .tp = 2});
+  const auto part = weft::pipeline::equal_partition(4, 1);
+  weft::nn::TensorParallel tp{&mesh.axis<weft::TP>(), false};
+  auto cfg = tiny(2, false);
+  cfg.vocab = 33;
+  CHECK_THROWS_WITH_AS(weft::pipeline::Stage<float>(cfg, part, 1, 0, 1, tp),
+                       doctest::Contains("the vocabulary (--vocab) 33 is not divisible by tp 2"), weft::ConfigError);
+  cfg = tiny(2, true);
+  cfg.kv_heads = 1;
+  CHECK_THROWS_WITH_AS(weft::pipeline::Stage<float>(cfg, part, 1, 0, 1, tp),
+                       doctest::Contains("the key/value heads (--kv-heads) 1 is not divisible by tp 2"),
+                       weft::ConfigError);
+  cfg = tiny(2, false);
+  cfg.heads = 1;
+  CHECK_THROWS_WITH_AS(weft::pipeline::Stage<float>(cfg, part, 1, 0, 1, tp),
+                       doctest::Contains("the query heads (--heads) 1 is not divisible by tp 2"), weft::ConfigError);
+  // Sequence parallelism splits the tokens of a microbatch: 1 x 7 do not split in 2.
+  cfg = tiny(1, false);
+  cfg.seq = 7;
+  CHECK_THROWS_WITH_AS(weft::pipeline::Stage<float>(cfg, part, 1, 0, 1, {&mesh.axis<weft::TP>(), true}),
+                       doctest::Contains("the tokens of a microbatch"), weft::ConfigError);
+}
