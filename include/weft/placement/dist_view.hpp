@@ -362,7 +362,9 @@ class BasicDistView {
         Comm& c = comm<typename O::axis>();
         parts[d] *= static_cast<std::size_t>(c.size());
         block[d] = block[d] * static_cast<std::size_t>(c.size()) + static_cast<std::size_t>(c.rank());
-        axes_text[d] += std::string(axes_text[d].empty() ? "'" : " x '") + O::axis::name + "'";
+        axes_text[d] += axes_text[d].empty() ? "'" : " x '";
+        axes_text[d] += O::axis::name;
+        axes_text[d] += "'";
       }
     };
     (visit(std::type_identity<Ons>{}), ...);
