@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -304,25 +305,34 @@ struct StagingWindow {
     }
   }
 
-  // Each segment's data start at its first 64-byte boundary (Open MPI
-  // places segments 8 bytes past a page boundary; mappings keep the offset
-  // within the page, so every process finds the same boundaries), and every
-  // segment has `capacity` bytes from there.
+  // Each segment holds two buffers of `capacity` bytes, used by turns
+  // (`turn`, the same on every rank): a rank may fill one buffer while a
+  // slower peer still reads the other from the previous step, so a step
+  // needs no closing barrier (see stage_through_node_shared). The buffers
+  // start at the segment's first 64-byte boundary (Open MPI places segments
+  // 8 bytes past a page boundary; mappings keep the offset within the page,
+  // so every process finds the same boundaries).
   std::vector<char*> data;
   std::size_t capacity = 0;
+  int turn = 0;
   static constexpr std::size_t align = 64;
 
-  // Replaces the window by one with `bytes` usable bytes per rank. Collective
-  // over the communicator; every member must be done with the old window (it
-  // is, after the closing barrier of the previous staged step).
+  // Rank r's buffer of this turn.
+  char* buffer(std::size_t r) const { return data[r] + static_cast<std::size_t>(turn) * capacity; }
+
+  // Replaces the window by one with two buffers of `bytes` bytes (a multiple
+  // of 64) per rank. Collective over the communicator; every member must be
+  // done with the old window (it is, once every rank has entered the step
+  // that grows it).
   void grow(std::size_t bytes) {
     if (seg) free_shared_segment(*seg);
     seg.reset();
     data.clear();
     capacity = 0;
+    turn = 0;
     *bytes_out = 0;
     bool aligned = true;
-    seg = allocate_shared_segment(site.comm, site.name, bytes + align, 1, "weft::redistribute::staging", aligned);
+    seg = allocate_shared_segment(site.comm, site.name, 2 * bytes + align, 1, "weft::redistribute::staging", aligned);
     *bytes_out = seg->bytes;
     for (char* b : seg->bases) {
       const auto a = reinterpret_cast<std::uintptr_t>(b);
@@ -352,6 +362,28 @@ inline bool comm_within_node(Comm& comm) {
   return st.within_node == 1;
 }
 
+// The most bytes a rank copies into the staging window in one step (all of
+// its input for Shard -> Replicate, the (p - 1) / p of it its peers need for
+// Shard -> Shard) for the step to stage; larger steps take the MPI path.
+// 512 KiB by default: on 2 ranks of one node (docs/placement.md, "Node-shared
+// staging") staging beat the MPI path up to there and lost from 1 MiB per
+// rank on, where a peer's freshly written buffer no longer comes from a
+// nearby cache. The environment variable WEFT_NODE_SHARED_STAGING_MAX_BYTES
+// overrides it. Read once.
+inline std::size_t node_shared_staging_max_bytes() {
+  static const std::size_t v = [] {
+    if (const char* e = std::getenv("WEFT_NODE_SHARED_STAGING_MAX_BYTES")) {
+      char* end = nullptr;
+      const unsigned long long n = std::strtoull(e, &end, 10);
+      WEFT_REQUIRE(end != e && *end == '\0', ConfigError,
+                   "WEFT_NODE_SHARED_STAGING_MAX_BYTES must be a byte count such as 524288, got '", e, "'");
+      return static_cast<std::size_t>(n);
+    }
+    return std::size_t(512) << 10;
+  }();
+  return v;
+}
+
 // How many redistributions in this process took the staging path.
 inline std::uint64_t& staged_count() {
   static std::uint64_t n = 0;
@@ -359,33 +391,39 @@ inline std::uint64_t& staged_count() {
 }
 
 // The staging path of a Shard -> Replicate or Shard -> Shard step on host
-// memory: when comm.node_shared_staging() is on, the communicator has 2 or
-// more ranks and they all share a node (the same answer on every rank), each
-// rank copies its `bytes`-byte input `src` into its segment of the
-// communicator's staging window, the ranks synchronise (one MPI_Allreduce
-// that also agrees on the window's size: when any rank's input does not fit,
-// all of them grow the window to the largest input and copy again, then a
-// barrier), each copies its peers' chunks out of their segments into dst
-// (copy_peer_chunks with n, a, pa, ca, b; its own chunk straight from src),
-// and a closing barrier keeps any rank from overwriting its segment before
-// every peer has read it. Returns false, having done nothing collective
-// beyond comm_within_node, when staging does not apply: the caller then takes
-// its MPI path, on every rank alike.
+// memory (n, a, pa, ca, b as for copy_peer_chunks; pa is 1 for Replicate and
+// the axis size for Shard). When comm.node_shared_staging() is on, the
+// communicator has 2 or more ranks and they all share a node (the same answer
+// on every rank): each rank copies what its peers need of its `bytes`-byte
+// input `src` into its buffer of this turn in the communicator's staging
+// window (all of it for Replicate; for Shard, chunk r packed into region r,
+// for r != this rank); one MPI_Allreduce synchronises and agrees on the
+// window's size (when any rank's input does not fit, all grow the window to
+// the largest input, copy again and meet at a barrier); each rank copies its
+// peers' chunks out of their buffers into dst (its own straight from src).
+// Buffers alternate between steps (StagingWindow::turn), which stands in for
+// a closing barrier. Steps that would copy more than
+// node_shared_staging_max_bytes() into the window do not stage. Returns false, having done nothing collective beyond
+// comm_within_node, when staging does not apply: the caller then takes its
+// MPI path, on every rank alike.
 template <class T>
 bool stage_through_node_shared(Comm& comm, const T* src, std::size_t bytes, T* dst, std::size_t n, std::size_t a,
                                std::size_t pa, std::size_t ca, std::size_t b) {
-  if (bytes == 0 || !comm.node_shared_staging() || comm.size() < 2 || !comm_within_node(comm)) return false;
+  if (bytes == 0 || !comm.node_shared_staging() || comm.size() < 2) return false;
+  const std::size_t p = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
+  // Blocks are equal on every rank, so every rank decides alike.
+  if ((pa == 1 ? bytes : bytes / p * (p - 1)) > node_shared_staging_max_bytes() || !comm_within_node(comm))
+    return false;
   auto& st = comm.staging_state();
   if (!st.staging_window) st.staging_window = std::make_shared<StagingWindow>(sync_site(comm), &st.staging_bytes);
   auto& w = *static_cast<StagingWindow*>(st.staging_window.get());
   w.site = sync_site(comm);  // checked mode may have changed since
-  const std::size_t p = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
   // Shard -> Replicate (pa == 1): every peer needs the whole input, copied
   // as it is. Shard -> Shard (pa == p): peer r needs only chunk r, which is
   // packed into region r (n elements) of this rank's segment; this rank's
   // own chunk never goes through the window.
   auto copy_in = [&] {
-    T* mine = reinterpret_cast<T*>(w.data[me]);
+    T* mine = reinterpret_cast<T*>(w.buffer(me));
     if (pa == 1) {
       std::memcpy(mine, src, bytes);
     } else {
@@ -419,14 +457,15 @@ bool stage_through_node_shared(Comm& comm, const T* src, std::size_t bytes, T* d
     if (r == me)
       copy_chunk(src, dst, n, a, pa, ca, b, p, r);
     else if (pa == 1)
-      copy_chunk(reinterpret_cast<const T*>(w.data[r]), dst, n, a, 1, 0, b, p, r);
+      copy_chunk(reinterpret_cast<const T*>(w.buffer(r)), dst, n, a, 1, 0, b, p, r);
     else
-      copy_chunk(reinterpret_cast<const T*>(w.data[r]) + me * n, dst, n, n, 1, 0, b, p, r);
+      copy_chunk(reinterpret_cast<const T*>(w.buffer(r)) + me * n, dst, n, n, 1, 0, b, p, r);
   }
   Kokkos::DefaultHostExecutionSpace().fence();
-  MPI_Win_sync(w.seg->win);
-  shared_barrier(w.site, "the barrier after reading the node-shared staging window");
-  MPI_Win_sync(w.seg->win);
+  // No closing barrier: the next step writes the other buffer, and the step
+  // after it writes this one only after its allreduce, to which every peer
+  // contributes after finishing these reads.
+  w.turn ^= 1;
   ++staged_count();
   return true;
 }
