@@ -12,10 +12,12 @@
 // writes into a preallocated destination; "alloc" allocates the result each
 // call, as `auto y = redistribute<To>(x, axis)` does. Shard<1> pairs split a
 // non-leading dimension: by default they stage their inputs through the axis'
-// node-shared scratch window (Comm::node_shared_staging) and have the target;
-// their "mpi" rows turn staging off and show the MPI path, which packs or
-// unpacks blocks around the collective (work the bare call does not do) or
-// hands MPI a derived datatype, without a target. The "shm" rows
+// node-shared scratch window (Comm::node_shared_staging) while a rank copies
+// at most WEFT_NODE_SHARED_STAGING_MAX_BYTES (512 KiB) into it, and take the
+// MPI path above; these rows have the target. Their "mpi" rows turn staging
+// off and show the MPI path, which packs or unpacks blocks around the
+// collective (work the bare call does not do) or hands MPI a derived
+// datatype, without a target. The "shm" rows
 // run the same pairs with the input allocated in a weft::NodeShared window,
 // so that each rank copies its peers' blocks straight into its result; their
 // ratio is against the same bare contiguous collective (same bytes) and has
@@ -170,9 +172,9 @@ int main(int argc, char** argv) {
     }
     // The pairs that split a non-leading dimension: by default staged through
     // the axis' node-shared scratch window (one copy in, one copy of each
-    // peer chunk out); "mpi" rows turn staging off (set_node_shared_staging)
-    // and show the MPI path (pack kernels below 8 MiB, derived datatypes from
-    // 8 MiB on).
+    // peer chunk out) up to the staging limit; "mpi" rows turn staging off
+    // (set_node_shared_staging) and show the MPI path (pack kernels below
+    // 8 MiB, derived datatypes from 8 MiB on).
     for (const bool staged : {true, false}) {
       tp.set_node_shared_staging(staged);
       {  // Shard<1> -> Shard<0>: all-to-all, chunks along dim 0 are contiguous, received ones concatenate along dim 1.

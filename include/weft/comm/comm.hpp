@@ -220,9 +220,11 @@ class Comm {
 
   /// Whether redistribute over this communicator may stage ordinary host
   /// inputs through a node-shared scratch window (Shard<i> -> Replicate and
-  /// Shard<i> -> Shard<j>, when all ranks share one node; see
-  /// docs/placement.md, "Node-shared staging"). On by default; the
-  /// environment variable WEFT_NODE_SHARED_STAGING=0 turns the default off.
+  /// Shard<i> -> Shard<j> splitting a non-leading dimension, when all ranks
+  /// share one node and a rank copies at most
+  /// WEFT_NODE_SHARED_STAGING_MAX_BYTES (512 KiB by default) into the
+  /// window; see docs/placement.md, "Node-shared staging"). On by default;
+  /// the environment variable WEFT_NODE_SHARED_STAGING=0 turns the default off.
   bool node_shared_staging() const noexcept {
     return core_->staging < 0 ? detail::node_shared_staging_default() : core_->staging != 0;
   }
@@ -233,9 +235,9 @@ class Comm {
   /// allocated is kept until the communicator is freed.
   void set_node_shared_staging(bool on) noexcept { core_->staging = on ? 1 : 0; }
   /// Bytes of this rank's segment of the staging scratch window (0 until
-  /// a redistribution first staged over this communicator). The window
-  /// grows to the largest local input staged so far and is freed with the
-  /// communicator.
+  /// a redistribution first staged over this communicator): two buffers of
+  /// the largest local input staged so far (rounded up to 64 KiB) and 64
+  /// bytes of alignment. It never shrinks and is freed with the communicator.
   std::size_t node_shared_staging_bytes() const noexcept { return core_->staging_bytes; }
   /// Internal to weft (weft/placement/node_shared.hpp): the shared state
   /// redistribute keeps per communicator for staging — whether the ranks
