@@ -218,6 +218,33 @@ class Comm {
   /// does; a rank that disagrees would leave the others waiting in redistribute.
   void use_node_shared_peers(bool on) noexcept { core_->node_shared_users += on ? 1 : -1; }
 
+  /// Whether redistribute over this communicator may stage ordinary host
+  /// inputs through a node-shared scratch window (Shard<i> -> Replicate and
+  /// Shard<i> -> Shard<j> splitting a non-leading dimension, when all ranks
+  /// share one node and a rank copies at most
+  /// WEFT_NODE_SHARED_STAGING_MAX_BYTES (512 KiB by default) into the
+  /// window; see docs/placement.md, "Node-shared staging"). On by default;
+  /// the environment variable WEFT_NODE_SHARED_STAGING=0 turns the default off.
+  bool node_shared_staging() const noexcept {
+    return core_->staging < 0 ? detail::node_shared_staging_default() : core_->staging != 0;
+  }
+  /// Turns the staging of node_shared_staging() on or off for this
+  /// communicator. Every rank of the communicator must set the same value at
+  /// the same point of the program (redistribute is collective, and the path
+  /// it takes must be the same on every rank). The scratch window already
+  /// allocated is kept until the communicator is freed.
+  void set_node_shared_staging(bool on) noexcept { core_->staging = on ? 1 : 0; }
+  /// Bytes of this rank's segment of the staging scratch window (0 until
+  /// a redistribution first staged over this communicator): two buffers of
+  /// the largest local input staged so far (rounded up to 64 KiB) and 64
+  /// bytes of alignment. It never shrinks and is freed with the communicator.
+  std::size_t node_shared_staging_bytes() const noexcept { return core_->staging_bytes; }
+  /// Internal to weft (weft/placement/node_shared.hpp): the shared state
+  /// redistribute keeps per communicator for staging — whether the ranks
+  /// share one node, the scratch window and its size. The window is released
+  /// before the communicator is freed.
+  detail::CommCore& staging_state() noexcept { return *core_; }
+
   /// Checked mode: before each collective the ranks agree on operation,
   /// element type and count (a mismatch is a CommError on every rank naming
   /// each rank's call), and every wait has a deadline (a CommError instead of a
@@ -429,7 +456,9 @@ class Comm {
   Comm() : core_(std::make_unique<detail::CommCore>()) {}
 
   void release() noexcept {
-    if (!core_ || !core_->owned) return;
+    if (!core_) return;
+    core_->staging_window.reset();  // collective, like freeing the communicator: before it
+    if (!core_->owned) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) {

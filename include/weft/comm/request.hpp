@@ -51,6 +51,16 @@ inline CheckedDefaults& checked_defaults() {
 // Set when a deadline passed with operations still posted: MPI cannot cancel a
 // collective, so such a process must not call MPI_Finalize (it could block);
 // weft::Environment aborts the job instead.
+// The process-wide default of Comm::node_shared_staging(): on, unless the
+// environment variable WEFT_NODE_SHARED_STAGING is 0 (read once).
+inline bool node_shared_staging_default() {
+  static const bool on = [] {
+    const char* e = std::getenv("WEFT_NODE_SHARED_STAGING");
+    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
+  }();
+  return on;
+}
+
 inline bool& comm_poisoned() {
   static bool p = false;
   return p;
@@ -82,6 +92,10 @@ struct CommCore {
   bool checked = checked_defaults().checked;
   double deadline_s = checked_defaults().deadline_s;
   int node_shared_users = 0;  // see Comm::node_shared_peers
+  int staging = -1;           // Comm::node_shared_staging(): -1 = the process default
+  int within_node = -1;       // -1 = not asked yet; else whether all ranks share one node
+  std::size_t staging_bytes = 0;        // this rank's segment of the staging window
+  std::shared_ptr<void> staging_window;  // freed (collectively) before the communicator
 
   std::string where(const char* op) const {
     return std::string("weft::Comm::") + op + " on axis '" + name + "' (rank " + std::to_string(rank) + " of " +

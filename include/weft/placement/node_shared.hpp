@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -78,17 +79,30 @@ struct SharedPeers {
   explicit operator bool() const noexcept { return seg != nullptr; }
 };
 
-// Completes a small collective of the node-shared path. In checked mode
+// Where a small collective of the node-shared paths runs: the communicator
+// and what its messages and checked mode need, copied out of a Comm so that a
+// communicator being freed can still be synchronised on.
+struct SyncSite {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::string name;
+  int rank = 0, size = 1;
+  bool checked = false;
+  double deadline = 60.0;
+};
+inline SyncSite sync_site(const Comm& c) { return {c.native(), c.name(), c.rank(), c.size(), c.checked(), c.deadline()}; }
+
+// Completes a small collective of the node-shared paths. In checked mode
 // (Comm::set_checked) the wait has the communicator's deadline and becomes a
 // CommError instead of a hang; otherwise the blocking call runs.
 template <class NonBlocking, class Blocking>
-void shared_collective(Comm& comm, const char* op, const std::string& what, NonBlocking&& nb, Blocking&& blocking) {
+void shared_collective(const SyncSite& site, const char* op, const std::string& what, NonBlocking&& nb,
+                       Blocking&& blocking) {
   auto fail = [&](const std::string& why) {
-    throw CommError(op, comm.name(), "weft::redistribute on axis '" + comm.name() + "' (rank " +
-                                         std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + "): " +
-                                         what + ": " + why);
+    throw CommError(op, site.name, "weft::redistribute on axis '" + site.name + "' (rank " +
+                                       std::to_string(site.rank) + " of " + std::to_string(site.size) + "): " + what +
+                                       ": " + why);
   };
-  if (!comm.checked()) {
+  if (!site.checked) {
     const int rc = blocking();
     if (rc != MPI_SUCCESS) fail(mpi_error_text(rc));
     return;
@@ -96,14 +110,81 @@ void shared_collective(Comm& comm, const char* op, const std::string& what, NonB
   MPI_Request rq = MPI_REQUEST_NULL;
   int rc = nb(&rq);
   if (rc != MPI_SUCCESS) fail(mpi_error_text(rc));
-  const double end = MPI_Wtime() + comm.deadline();
+  const double end = MPI_Wtime() + site.deadline;
   for (int done = 0; !done;) {
     rc = MPI_Test(&rq, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) fail(mpi_error_text(rc));
     if (!done && MPI_Wtime() > end)
-      fail("not every rank arrived within the checked-mode deadline of " + std::to_string(comm.deadline()) +
+      fail("not every rank arrived within the checked-mode deadline of " + std::to_string(site.deadline) +
            " s; every rank of the axis must make the same redistribute calls");
   }
+}
+template <class NonBlocking, class Blocking>
+void shared_collective(Comm& comm, const char* op, const std::string& what, NonBlocking&& nb, Blocking&& blocking) {
+  shared_collective(sync_site(comm), op, what, std::forward<NonBlocking>(nb), std::forward<Blocking>(blocking));
+}
+
+// A barrier of the node-shared paths (with checked mode's deadline).
+inline void shared_barrier(const SyncSite& site, const std::string& what) {
+  MPI_Comm c = site.comm;
+  shared_collective(
+      site, "barrier", what, [&](MPI_Request* q) { return MPI_Ibarrier(c, q); }, [&] { return MPI_Barrier(c); });
+}
+
+// One MPI shared-memory window over `comm` (whose ranks must share a node)
+// with `bytes` bytes on this rank: its segment zero-filled by its owner (so
+// placed in its memory: alloc_shared_noncontig), every member's segment
+// queried, and a passive epoch open (MPI_Win_lock_all) for MPI_Win_sync until
+// free_shared_segment. `aligned` tells whether every segment starts on an
+// `align`-byte boundary. Collective over comm. Used by NodeShared and by the
+// staging window.
+inline std::unique_ptr<SharedSegment> allocate_shared_segment(MPI_Comm comm, const std::string& comm_name,
+                                                              std::size_t bytes, std::size_t align,
+                                                              const std::string& label, bool& aligned) {
+  auto seg = std::make_unique<SharedSegment>();
+  MPI_Info info = MPI_INFO_NULL;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "alloc_shared_noncontig", "true");
+  void* base = nullptr;
+  const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, info, comm, &base, &seg->win);
+  MPI_Info_free(&info);
+  if (rc != MPI_SUCCESS)
+    throw CommError("win_allocate_shared", comm_name,
+                    "weft: allocating '" + label + "' (" + std::to_string(bytes) +
+                        " bytes on this rank) in a node-shared window over '" + comm_name +
+                        "' failed: " + mpi_error_text(rc));
+  seg->base = static_cast<char*>(base);
+  seg->bytes = bytes;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  seg->rank = rank;
+  const auto p = static_cast<std::size_t>(size);
+  seg->bases.resize(p);
+  seg->sizes.resize(p);
+  aligned = true;
+  for (std::size_t r = 0; r < p; ++r) {
+    MPI_Aint sz = 0;
+    int unit = 0;
+    void* b = nullptr;
+    MPI_Win_shared_query(seg->win, static_cast<int>(r), &sz, &unit, &b);
+    seg->bases[r] = static_cast<char*>(b);
+    seg->sizes[r] = static_cast<std::size_t>(sz);
+    aligned = aligned && (sz == 0 || reinterpret_cast<std::uintptr_t>(b) % align == 0);
+  }
+  MPI_Win_lock_all(MPI_MODE_NOCHECK, seg->win);
+  if (bytes > 0) std::memset(seg->base, 0, bytes);  // first touch by the owner: its own memory
+  return seg;
+}
+
+// Ends the window's epoch and frees it. Collective over its communicator:
+// call it after a barrier that shows every member done with the window.
+inline void free_shared_segment(SharedSegment& seg) {
+  if (seg.win == MPI_WIN_NULL) return;
+  MPI_Win_unlock_all(seg.win);
+  MPI_Win_free(&seg.win);
+  seg.base = nullptr;
+  seg.bytes = 0;
 }
 
 // Collective over `comm` when comm.node_shared_peers() (otherwise no call at
@@ -155,38 +236,238 @@ inline SharedPeers find_shared_peers(Comm& comm, const void* mine, std::size_t b
 // before every rank has read it.
 inline void release_shared_peers(Comm& comm, const SharedPeers& peers) {
   MPI_Win_sync(peers.seg->win);
-  MPI_Comm c = comm.native();
-  shared_collective(
-      comm, "barrier", "the barrier after reading node-shared inputs",
-      [&](MPI_Request* q) { return MPI_Ibarrier(c, q); }, [&] { return MPI_Barrier(c); });
+  shared_barrier(sync_site(comm), "the barrier after reading node-shared inputs");
   MPI_Win_sync(peers.seg->win);
   ++SharedRegistry::get().direct;
 }
 
-// Copies p chunks of n elements, one per peer, into dst: element k of peer
-// r's chunk is src_r[(k / a * pa + ca) * a + k % a] (runs of `a` elements,
-// this rank's chunk ca of pa in each) and goes to dst[(k / b * p + r) * b +
-// k % b] (runs of `b`, block r of p). a and b are suffix products of the same
-// extents, so one divides the other and runs of min(a, b) are whole on both
-// sides: one std::copy_n per run.
+// Copies one chunk of n elements from src into dst: element k of the chunk
+// is src[(k / a * pa + ca) * a + k % a] (runs of `a` elements, chunk ca of
+// pa in each) and goes to dst[(k / b * p + r) * b + k % b] (runs of `b`,
+// block r of p). a and b are suffix products of the same extents, so one
+// divides the other and runs of min(a, b) are whole on both sides: one
+// std::copy_n per run. Does not fence.
+template <class T>
+void copy_chunk(const T* src, T* dst, std::size_t n, std::size_t a, std::size_t pa, std::size_t ca, std::size_t b,
+                std::size_t p, std::size_t r) {
+  using Exec = Kokkos::DefaultHostExecutionSpace;
+  const std::size_t run = a < b ? a : b;
+  if (n == 0 || run == 0) return;
+  Kokkos::parallel_for(
+      "weft::redistribute::node_shared",
+      Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, static_cast<std::int64_t>(n / run)),
+      [=](const std::int64_t i) {
+        const std::size_t k = static_cast<std::size_t>(i) * run;
+        std::copy_n(src + (k / a * pa + ca) * a + k % a, run, dst + (k / b * p + r) * b + k % b);
+      });
+}
+
+// Copies p chunks of n elements, one per peer, into dst: chunk r comes from
+// peers[r] (copy_chunk with a, pa, ca) and is block r of p in dst (runs of b).
 template <class T>
 void copy_peer_chunks(const std::vector<const char*>& peers, T* dst, std::size_t n, std::size_t a, std::size_t pa,
                       std::size_t ca, std::size_t b) {
-  using Exec = Kokkos::DefaultHostExecutionSpace;
-  const std::int64_t P = static_cast<std::int64_t>(peers.size());
-  const std::size_t run = a < b ? a : b;
-  const std::int64_t runs = static_cast<std::int64_t>(n / run);
-  const char* const* src = peers.data();
   const std::size_t p = peers.size();
-  Kokkos::parallel_for(
-      "weft::redistribute::node_shared", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, P * runs),
-      [=](const std::int64_t i) {
-        const std::size_t r = static_cast<std::size_t>(i / runs);
-        const std::size_t k = static_cast<std::size_t>(i % runs) * run;
-        const T* s = reinterpret_cast<const T*>(src[r]) + (k / a * pa + ca) * a + k % a;
-        std::copy_n(s, run, dst + (k / b * p + r) * b + k % b);
-      });
-  Exec().fence();
+  for (std::size_t r = 0; r < p; ++r) copy_chunk(reinterpret_cast<const T*>(peers[r]), dst, n, a, pa, ca, b, p, r);
+  Kokkos::DefaultHostExecutionSpace().fence();
+}
+
+// ---------------------------------------------------------------- staging
+// The node-shared staging window of one communicator (Comm::staging_state):
+// a scratch window over the communicator itself, of which each rank's
+// segment holds a copy of its input while its peers copy their chunks out.
+// It lives in the communicator's state and is freed, collectively, just
+// before the communicator (Comm::release), with NodeShared's lifetime rule:
+// a barrier (with checked mode's deadline) first, and when that fails, or the
+// process is leaving with an error (an exception unwinding, a communicator
+// whose deadline passed), or MPI is already finalised, the window is left
+// allocated and nothing is waited for.
+struct StagingWindow {
+  SyncSite site;
+  std::unique_ptr<SharedSegment> seg;
+  std::size_t* bytes_out = nullptr;  // CommCore::staging_bytes, kept equal to seg->bytes
+
+  StagingWindow(const StagingWindow&) = delete;
+  StagingWindow& operator=(const StagingWindow&) = delete;
+  StagingWindow(SyncSite s, std::size_t* out) : site(std::move(s)), bytes_out(out) {}
+  ~StagingWindow() {
+    if (!seg) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin || std::uncaught_exceptions() > 0 || comm_poisoned()) return;
+    try {
+      shared_barrier(site, "the barrier before freeing the node-shared staging window");
+      free_shared_segment(*seg);
+      *bytes_out = 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "weft: freeing the node-shared staging window of '%s' failed, leaving it allocated: %s\n",
+                   site.name.c_str(), e.what());
+    }
+  }
+
+  // Each segment holds two buffers of `capacity` bytes, used by turns
+  // (`turn`, the same on every rank): a rank may fill one buffer while a
+  // slower peer still reads the other from the previous step, so a step
+  // needs no closing barrier (see stage_through_node_shared). The buffers
+  // start at the segment's first 64-byte boundary (Open MPI places segments
+  // 8 bytes past a page boundary; mappings keep the offset within the page,
+  // so every process finds the same boundaries).
+  std::vector<char*> data;
+  std::size_t capacity = 0;
+  int turn = 0;
+  static constexpr std::size_t align = 64;
+
+  // Rank r's buffer of this turn.
+  char* buffer(std::size_t r) const { return data[r] + static_cast<std::size_t>(turn) * capacity; }
+
+  // Replaces the window by one with two buffers of `bytes` bytes (a multiple
+  // of 64) per rank. Collective over the communicator; every member must be
+  // done with the old window (it is, once every rank has entered the step
+  // that grows it).
+  void grow(std::size_t bytes) {
+    if (seg) free_shared_segment(*seg);
+    seg.reset();
+    data.clear();
+    capacity = 0;
+    turn = 0;
+    *bytes_out = 0;
+    bool aligned = true;
+    seg = allocate_shared_segment(site.comm, site.name, 2 * bytes + align, 1, "weft::redistribute::staging", aligned);
+    *bytes_out = seg->bytes;
+    for (char* b : seg->bases) {
+      const auto a = reinterpret_cast<std::uintptr_t>(b);
+      data.push_back(b + (align - a % align) % align);
+    }
+    capacity = bytes;
+  }
+};
+
+// Whether every rank of `comm` shares this rank's node. Collective over comm
+// the first time (MPI_Comm_split_type); the answer is kept in the
+// communicator's state, and is the same on every rank.
+inline bool comm_within_node(Comm& comm) {
+  auto& st = comm.staging_state();
+  if (st.within_node < 0) {
+    MPI_Comm node = MPI_COMM_NULL;
+    int rc = MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS)
+      throw CommError("comm_split_type", comm.name(),
+                      "weft::redistribute on axis '" + comm.name() +
+                          "': finding the ranks that share this node failed: " + mpi_error_text(rc));
+    int n = 0;
+    MPI_Comm_size(node, &n);
+    MPI_Comm_free(&node);
+    st.within_node = n == comm.size() ? 1 : 0;  // a group that spans nodes is smaller on every rank
+  }
+  return st.within_node == 1;
+}
+
+// The most bytes a rank copies into the staging window in one step (all of
+// its input for Shard -> Replicate, the (p - 1) / p of it its peers need for
+// Shard -> Shard) for the step to stage; larger steps take the MPI path.
+// 512 KiB by default: on 2 ranks of one node (docs/placement.md, "Node-shared
+// staging") staging beat the MPI path up to there and lost from 1 MiB per
+// rank on, where a peer's freshly written buffer no longer comes from a
+// nearby cache. The environment variable WEFT_NODE_SHARED_STAGING_MAX_BYTES
+// overrides it. Read once.
+inline std::size_t node_shared_staging_max_bytes() {
+  static const std::size_t v = [] {
+    if (const char* e = std::getenv("WEFT_NODE_SHARED_STAGING_MAX_BYTES")) {
+      char* end = nullptr;
+      const unsigned long long n = std::strtoull(e, &end, 10);
+      WEFT_REQUIRE(end != e && *end == '\0', ConfigError,
+                   "WEFT_NODE_SHARED_STAGING_MAX_BYTES must be a byte count such as 524288, got '", e, "'");
+      return static_cast<std::size_t>(n);
+    }
+    return std::size_t(512) << 10;
+  }();
+  return v;
+}
+
+// How many redistributions in this process took the staging path.
+inline std::uint64_t& staged_count() {
+  static std::uint64_t n = 0;
+  return n;
+}
+
+// The staging path of a Shard -> Replicate or Shard -> Shard step on host
+// memory (n, a, pa, ca, b as for copy_peer_chunks; pa is 1 for Replicate and
+// the axis size for Shard). When comm.node_shared_staging() is on, the
+// communicator has 2 or more ranks and they all share a node (the same answer
+// on every rank): each rank copies what its peers need of its `bytes`-byte
+// input `src` into its buffer of this turn in the communicator's staging
+// window (all of it for Replicate; for Shard, chunk r packed into region r,
+// for r != this rank); one MPI_Allreduce synchronises and agrees on the
+// window's size (when any rank's input does not fit, all grow the window to
+// the largest input, copy again and meet at a barrier); each rank copies its
+// peers' chunks out of their buffers into dst (its own straight from src).
+// Buffers alternate between steps (StagingWindow::turn), which stands in for
+// a closing barrier. Steps that would copy more than
+// node_shared_staging_max_bytes() into the window do not stage. Returns false, having done nothing collective beyond
+// comm_within_node, when staging does not apply: the caller then takes its
+// MPI path, on every rank alike.
+template <class T>
+bool stage_through_node_shared(Comm& comm, const T* src, std::size_t bytes, T* dst, std::size_t n, std::size_t a,
+                               std::size_t pa, std::size_t ca, std::size_t b) {
+  if (bytes == 0 || !comm.node_shared_staging() || comm.size() < 2) return false;
+  const std::size_t p = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
+  // Blocks are equal on every rank, so every rank decides alike.
+  if ((pa == 1 ? bytes : bytes / p * (p - 1)) > node_shared_staging_max_bytes() || !comm_within_node(comm))
+    return false;
+  auto& st = comm.staging_state();
+  if (!st.staging_window) st.staging_window = std::make_shared<StagingWindow>(sync_site(comm), &st.staging_bytes);
+  auto& w = *static_cast<StagingWindow*>(st.staging_window.get());
+  w.site = sync_site(comm);  // checked mode may have changed since
+  // Shard -> Replicate (pa == 1): every peer needs the whole input, copied
+  // as it is. Shard -> Shard (pa == p): peer r needs only chunk r, which is
+  // packed into region r (n elements) of this rank's segment; this rank's
+  // own chunk never goes through the window.
+  auto copy_in = [&] {
+    T* mine = reinterpret_cast<T*>(w.buffer(me));
+    if (pa == 1) {
+      std::memcpy(mine, src, bytes);
+    } else {
+      for (std::size_t r = 0; r < p; ++r)
+        if (r != me) copy_chunk(src, mine + r * n, n, a, pa, r, n, 1, 0);
+      Kokkos::DefaultHostExecutionSpace().fence();
+    }
+    MPI_Win_sync(w.seg->win);  // this rank's writes reach memory before the others read
+  };
+  static_assert(alignof(T) <= StagingWindow::align, "weft::redistribute: element alignment above 64 bytes");
+  const bool fits = w.seg && bytes <= w.capacity;
+  if (fits) copy_in();
+  // The largest input, and whether any rank's did not fit; the allreduce is
+  // also the point from which every rank's copy is complete.
+  std::int64_t v[2] = {static_cast<std::int64_t>(bytes), fits ? 0 : 1};
+  MPI_Comm c = comm.native();
+  shared_collective(
+      w.site, "all_reduce", "agreeing on the node-shared staging window",
+      [&](MPI_Request* q) { return MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, c, q); },
+      [&] { return MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, c); });
+  if (v[1] != 0) {
+    // Grown to the largest input, rounded up to whole 64 KiB: every rank
+    // computes the same size from the agreed values.
+    const std::size_t need = static_cast<std::size_t>(v[0]);
+    w.grow(std::max<std::size_t>((need + 65535) / 65536 * 65536, 65536));
+    copy_in();
+    shared_barrier(w.site, "the barrier after staging inputs in the node-shared window");
+  }
+  MPI_Win_sync(w.seg->win);  // and this rank sees theirs
+  for (std::size_t r = 0; r < p; ++r) {
+    if (r == me)
+      copy_chunk(src, dst, n, a, pa, ca, b, p, r);
+    else if (pa == 1)
+      copy_chunk(reinterpret_cast<const T*>(w.buffer(r)), dst, n, a, 1, 0, b, p, r);
+    else
+      copy_chunk(reinterpret_cast<const T*>(w.buffer(r)) + me * n, dst, n, n, 1, 0, b, p, r);
+  }
+  Kokkos::DefaultHostExecutionSpace().fence();
+  // No closing barrier: the next step writes the other buffer, and the step
+  // after it writes this one only after its allreduce, to which every peer
+  // contributes after finishing these reads.
+  w.turn ^= 1;
+  ++staged_count();
+  return true;
 }
 
 }  // namespace detail
@@ -313,8 +594,7 @@ class NodeShared {
     auto& reg = detail::SharedRegistry::get();
     for (auto& s : segments_) {
       if (s->bytes > 0) reg.by_base.erase(reinterpret_cast<std::uintptr_t>(s->base));
-      MPI_Win_unlock_all(s->win);
-      MPI_Win_free(&s->win);
+      detail::free_shared_segment(*s);
     }
     segments_.clear();
   }
@@ -351,33 +631,8 @@ class NodeShared {
   void* allocate(std::size_t bytes, std::size_t align, const std::string& label) {
     WEFT_REQUIRE(!released_, ConfigError, "weft::NodeShared: allocating '", label,
                  "' after release(); allocate before releasing, or make a new NodeShared");
-    auto seg = std::make_unique<detail::SharedSegment>();
-    MPI_Info info = MPI_INFO_NULL;
-    MPI_Info_create(&info);
-    MPI_Info_set(info, "alloc_shared_noncontig", "true");
-    void* base = nullptr;
-    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, info, node_.native(), &base, &seg->win);
-    MPI_Info_free(&info);
-    if (rc != MPI_SUCCESS)
-      throw CommError("win_allocate_shared", node_.name(),
-                      "weft::NodeShared: allocating '" + label + "' (" + std::to_string(bytes) +
-                          " bytes on this rank) in a node-shared window failed: " + detail::mpi_error_text(rc));
-    seg->base = static_cast<char*>(base);
-    seg->bytes = bytes;
-    seg->rank = node_.rank();
-    const auto p = static_cast<std::size_t>(node_.size());
-    seg->bases.resize(p);
-    seg->sizes.resize(p);
     bool aligned = true;
-    for (std::size_t r = 0; r < p; ++r) {
-      MPI_Aint size = 0;
-      int unit = 0;
-      void* b = nullptr;
-      MPI_Win_shared_query(seg->win, static_cast<int>(r), &size, &unit, &b);
-      seg->bases[r] = static_cast<char*>(b);
-      seg->sizes[r] = static_cast<std::size_t>(size);
-      aligned = aligned && (size == 0 || reinterpret_cast<std::uintptr_t>(b) % align == 0);
-    }
+    auto seg = detail::allocate_shared_segment(node_.native(), node_.name(), bytes, align, label, aligned);
     // Name the window (see SharedRegistry): the world rank of its rank 0 and
     // a serial the members agree on.
     auto& reg = detail::SharedRegistry::get();
@@ -390,14 +645,10 @@ class NodeShared {
     seg->serial = id[1];
     reg.next_serial = id[1] + 1;
     detail::SharedSegment* s = seg.get();
-    segments_.push_back(std::move(seg));
-    MPI_Win_lock_all(MPI_MODE_NOCHECK, s->win);  // a passive epoch for MPI_Win_sync, open until release
+    segments_.push_back(std::move(seg));  // freed by release() even if the check below fails
     WEFT_REQUIRE(aligned, ConfigError, "weft::NodeShared: MPI placed a segment of '", label,
                  "' at an address not aligned to ", align, " bytes; the element type cannot live there");
-    if (bytes > 0) {
-      std::memset(s->base, 0, bytes);  // first touch by the owner: its own memory
-      reg.by_base[reinterpret_cast<std::uintptr_t>(s->base)] = s;
-    }
+    if (bytes > 0) reg.by_base[reinterpret_cast<std::uintptr_t>(s->base)] = s;
     return s->base;
   }
 
@@ -407,5 +658,11 @@ class NodeShared {
   std::vector<std::unique_ptr<detail::SharedSegment>> segments_;
   bool released_ = false;
 };
+
+/// How many redistributions in this process staged ordinary host inputs
+/// through a communicator's node-shared scratch window
+/// (Comm::node_shared_staging) instead of calling an MPI collective (for
+/// tests and diagnostics).
+inline std::uint64_t staged_redistributions() noexcept { return detail::staged_count(); }
 
 }  // namespace weft

@@ -289,17 +289,22 @@ Kokkos::View<T*, Space> scratch(std::size_t n, const char* label) {
   return ScratchCache<T, Space>::get().acquire(n, label);
 }
 
-// Puts the node-shared path in front of a Shard -> Replicate or Shard ->
+// Puts the node-shared paths in front of a Shard -> Replicate or Shard ->
 // Shard stage on host memory: when the axis has it on (NodeShared) and every
 // rank's input lies in one node-shared window, each rank copies its peers'
 // chunks straight into its result (detail::copy_peer_chunks with n, a, pa,
-// ca, b) and the collective, and its finish, are skipped; otherwise the
-// stage runs as planned. Decided in start, when the input is ready, by every
+// ca, b) and the collective, and its finish, are skipped; otherwise, when
+// `stage` (the planned path packs, unpacks or hands MPI a derived datatype:
+// a split along a non-leading dimension), the axis stages
+// (Comm::node_shared_staging) and its ranks share a node,
+// the inputs go through the axis' staging window
+// (stage_through_node_shared) and the collective is skipped too; otherwise
+// the stage runs as planned. Decided in start, when the input is ready, by every
 // rank alike. The copy is recorded in the axis' statistics as one call of
 // `kind` moving `bytes`.
 template <class Exec, class T, class Src, class Dst>
 Stage with_node_shared(Stage planned, Comm* cm, Src src, Dst dst, CommKind kind, std::uint64_t bytes, std::size_t n,
-                       std::size_t a, std::size_t pa, std::size_t ca, std::size_t b) {
+                       std::size_t a, std::size_t pa, std::size_t ca, std::size_t b, bool stage) {
   auto took = std::make_shared<bool>(false);
   Stage s;
   s.start = [=, start = std::move(planned.start)](bool nb) {
@@ -311,6 +316,15 @@ Stage with_node_shared(Stage planned, Comm* cm, Src src, Dst dst, CommKind kind,
       if (peers) {
         copy_peer_chunks<T>(peers.ptrs, dst.data(), n, a, pa, ca, b);
         release_shared_peers(*cm, peers);
+        cm->record(kind, bytes, now_seconds() - t0);
+        *took = true;
+        return Request();
+      }
+    }
+    if (stage && cm->node_shared_staging()) {
+      const double t0 = now_seconds();
+      Exec().fence();
+      if (stage_through_node_shared<T>(*cm, src.data(), src.size() * sizeof(T), dst.data(), n, a, pa, ca, b)) {
         cm->record(kind, bytes, now_seconds() - t0);
         *took = true;
         return Request();
@@ -373,7 +387,7 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
     }
     if constexpr (blocked_layouts<Space>)
       s = with_node_shared<Exec, T>(std::move(s), cm, src, dst, CommKind::all_gather, dst.size() * sizeof(T),
-                                    src.size(), src.size(), 1, 0, sp.mid * sp.inner);
+                                    src.size(), src.size(), 1, 0, sp.mid * sp.inner, sp.outer != 1);
   } else if constexpr (is_partial_v<From> && is_replicate_v<To>) {
     constexpr ReduceOp op = From::op::op;
     s.start = [cm, src, dst](bool nb) {
@@ -418,7 +432,8 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
       };
       return with_node_shared<Exec, T>(std::move(s), cm, src, dst, CommKind::all_to_all, src.size() * sizeof(T),
                                        src.size() / p, send_split.mid / p * send_split.inner, p, c,
-                                       recv_split.mid * recv_split.inner);
+                                       recv_split.mid * recv_split.inner,
+                                       send_split.outer != 1 || recv_split.outer != 1);
     }
     Buf send_buf = send_split.outer == 1 ? Buf() : scratch<Exec, T, Space>(src.size(), "weft::redistribute::packed");
     Buf recv_buf = recv_split.outer == 1 ? Buf() : scratch<Exec, T, Space>(dst.size(), "weft::redistribute::received");
@@ -437,7 +452,7 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
     if constexpr (blocked_layouts<Space>)
       s = with_node_shared<Exec, T>(std::move(s), cm, src, dst, CommKind::all_to_all, src.size() * sizeof(T),
                                     src.size() / p, send_split.mid / p * send_split.inner, p, c,
-                                    recv_split.mid * recv_split.inner);
+                                    recv_split.mid * recv_split.inner, send_split.outer != 1 || recv_split.outer != 1);
   } else if constexpr (is_replicate_v<From> && is_shard_v<To>) {
     const Split3 sp = split3(x.local_extents(), To::dim);
     s.start = [src, dst, sp, p, c](bool) {
