@@ -98,7 +98,7 @@ PooledSlots pooled_slots(weft::pipeline::Stage<float>& st, int chunk) {
 TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per category, for every schedule") {
   auto& w = weft::test::world();
   const std::size_t pp = std::size_t(w.size());
-  if (pp < 2) return;
+  if (pp < 2 || pp > 4) return;  // 8 blocks: interleaved:2 at pp = 8 would have empty virtual stages
   const std::size_t m = 4, mb = 2;  // microbatches per step (a multiple of pp), sequences per microbatch
   const auto cfg = pipe_gpt(mb);
   const ModelSpec spec = spec_of(cfg, m);
@@ -438,4 +438,76 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
         w.barrier();
       }
     }
+}
+
+TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split stage, DataParallel and optimizer") {
+  auto& w = weft::test::world();
+  if (w.size() != 8) return;
+  using M3 = weft::Mesh<weft::DP, weft::PP, weft::TP>;
+  M3 mesh(w, weft::MeshSizes{.dp = 2, .pp = 2, .tp = 2});
+  auto& ppc = mesh.axis<weft::PP>();
+  auto& dpc = mesh.axis<weft::DP>();
+  const std::size_t m = 2, mb = 2, dp = 2, pp = 2, tp = 2;  // microbatches per dp rank, sequences per microbatch
+  const auto cfg = pipe_gpt(mb);
+  ModelSpec spec = spec_of(cfg, m);
+  spec.global_batch = dp * m * mb;
+  const auto mode = weft::parallel::DPMode::zero1;  // every category deterministic
+  struct Case {
+    const char* schedule;
+    bool sp;
+  };
+  for (Case k : {Case{"1f1b", false}, Case{"zb", true}}) {
+    const std::string name = k.schedule;
+    CAPTURE(name);
+    CAPTURE(k.sp);
+    const auto sched = weft::pipeline::parse_schedule(name);
+    const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
+    const auto part = weft::pipeline::equal_partition(cfg.layers, pp);
+    weft::pipeline::Stage<float> stage(cfg, part, ppc.size(), ppc.rank(), 1, {&mesh.axis<weft::TP>(), k.sp});
+    weft::parallel::DataParallel<float> ddp(dpc, stage.parameter_groups(), {.mode = mode});
+    stage.set_hooks(&ddp);
+    weft::optim::AdamW<float, Space> opt(ddp.optimizer_parameters());
+    weft::pipeline::Executor<float> ex(stage, ppc, sched, int(m));
+    auto data = stream(int(cfg.vocab));
+    ppc.reset_stats();
+    weft::pipeline::train_step(ex, &ddp, opt, data, 0, spec.global_batch, 1e-3, 1.0);
+    const auto pstats = ppc.stats();
+
+    const MeshSpec s{.dp = dp, .tp = tp, .pp = pp, .mode = mode, .sequence_parallel = k.sp, .schedule = kind,
+                     .chunks = chunks};
+    const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
+    const auto d = ddp.memory();
+    const auto led = stage.memory();
+    const auto p = pooled_slots(stage, 0);
+    const double activations = double(label_bytes(led, "pipeline.slots") - p.message_bytes +
+                                      label_bytes(led, "pipeline.deferred_output_gradients"));
+    const double temporary = double(label_bytes(led, "pipeline.backward_workspace") +
+                                    label_bytes(led, "tensor-parallel buffers") +
+                                    label_bytes(d, "dp.gathered_groups_peak"));
+    const double send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
+    const double communication = double(p.message_bytes + label_bytes(d, "dp.communication_buffers")) + send_buffers;
+    const double send_budget = weft::plan::pipeline_send_buffer_bytes(spec, s, std::size_t(ppc.rank()));
+    CHECK(double(d.bytes(C::parameters)) == b.parameters);
+    CHECK(double(d.bytes(C::gradients)) == b.gradients);
+    CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
+    CHECK(activations == b.activations);
+    CHECK(temporary == b.temporary);
+    CHECK(communication - send_buffers == b.communication - send_budget);
+    CHECK(send_buffers <= double(pstats[weft::CommKind::send].bytes));
+    const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
+    CHECK(double(pstats[weft::CommKind::send].bytes) == v.pp_send);
+    CHECK(double(pstats[weft::CommKind::recv].bytes) == v.pp_recv);
+    for (int r = 0; r < w.size(); ++r) {
+      if (r == w.rank())
+        std::printf("validation dp=2 pp=2 tp=2 sp=%d %-4s zero1 rank %d (pp rank %d) parameters %zu/%.0f "
+                    "gradients %zu/%.0f optimizer %zu/%.0f activations %.0f/%.0f temporary %.0f/%.0f "
+                    "communication %.0f/%.0f (send buffers %.0f)\n",
+                    int(k.sp), name.c_str(), w.rank(), ppc.rank(), d.bytes(C::parameters), b.parameters,
+                    d.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
+                    activations, b.activations, temporary, b.temporary, communication, b.communication, send_buffers);
+      std::fflush(stdout);
+      w.barrier();
+    }
+    stage.set_hooks(nullptr);
+  }
 }
