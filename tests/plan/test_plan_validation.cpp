@@ -4,11 +4,15 @@
 // category; the pipeline's point-to-point bytes and the tensor-parallel bytes
 // per collective kind (with and without sequence parallelism) against the
 // CommStats of a real step; the planner's bubble against the pipeline
-// simulator; and dp x pp = 2 x 2 in every dp mode. Every comparison is exact
+// simulator; dp x pp = 2 x 2 in every dp mode (and zb under zero2 and fsdp);
+// pp x tp = 2 x 2 with and without sequence parallelism for every schedule;
+// dp x pp x tp = 2 x 2 x 2 at 8 ranks. Every comparison is exact
 // (the budgets and volumes are formulas of weft's own allocation and
 // communication, docs/plan.md) except the transient DP buffers whose peak
 // depends on when MPI completes a request (zero2's group gradients, fsdp's
-// gathered groups in a pipeline), which are checked between bounds.
+// gathered groups in a pipeline) and the pipeline's send buffers (how many
+// sends are still in flight when their slots retire), which are checked
+// between bounds.
 #include <cstdio>
 #include <string>
 #include <vector>
