@@ -143,10 +143,11 @@ inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
 /// a slot retires while its output-gradient (or activation) send is still in
 /// flight, the executor moves the send to a spare buffer of the message's
 /// shape (Stage::take_send_buffer, "pipeline.send_buffers"). How many are in
-/// flight at once depends on when MPI completes the sends: measured 0 or 1
-/// message here (docs/plan.md), never more than the messages the rank sends
-/// in a step. The budget takes one message on a rank with a chunk that sends
-/// gradients (any but the embedding chunk), none without a pipeline.
+/// flight at once depends on when MPI completes the sends: measured 0 to 3
+/// messages on a rank here (docs/plan.md), never more than the messages the
+/// rank sends in a step. The budget takes one message on a rank with a chunk
+/// that sends gradients (any but the embedding chunk), none without a
+/// pipeline.
 inline double pipeline_send_buffer_bytes(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
   if (s.pp <= 1) return 0.0;
   const double seq_split = (s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0;
@@ -246,12 +247,12 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
     b.activations += double(k.slots) * slot * a;
     b.communication += double(k.slots) * messages * a;
   }
+  b.communication += pipeline_send_buffer_bytes(m, s, rank);
   b.temporary += backward_scratch_elements(m, s) * a;
   // Tensor parallelism: the vocabulary-parallel cross-entropy's per-token
   // maximum, sum of exponentials and target logit (every stage allocates
   // them), and under sequence parallelism the embedding's [tokens, D] buffer
   // of partial lookups and gathered gradients.
-  b.communication += pipeline_send_buffer_bytes(m, s, rank);
   if (s.tp > 1) {
     b.temporary += 3 * n * a;
     if (seq_split > 1)
