@@ -217,11 +217,15 @@ TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size
       within(b.gradients, double(m.bytes(C::gradients)), tag + "gradients");
       within(b.optimizer_state, double(opt.memory().bytes(C::optimizer_state)), tag + "optimizer state");
       within(b.activations, double(g.bytes(C::activations)), tag + "activations");
+      // The backward scratch and the tensor-parallel buffers (cross-entropy
+      // statistics; the embedding's gathered buffer under sp): exact.
+      CHECK(double(g.bytes(C::buffers)) == b.temporary);
       if (world.rank() == 0)
         std::printf("validation tp=%zu sp=%d swiglu=%d parameters %zu/%.0f gradients %zu/%.0f optimizer %zu/%.0f "
-                    "activations %zu/%.0f\n",
+                    "activations %zu/%.0f temporary %zu/%.0f\n",
                     tp, int(sp), int(swiglu), m.bytes(C::parameters), b.parameters, m.bytes(C::gradients), b.gradients,
-                    opt.memory().bytes(C::optimizer_state), b.optimizer_state, g.bytes(C::activations), b.activations);
+                    opt.memory().bytes(C::optimizer_state), b.optimizer_state, g.bytes(C::activations), b.activations,
+                    g.bytes(C::buffers), b.temporary);
       gpt.set_hooks(nullptr);
     }
 }

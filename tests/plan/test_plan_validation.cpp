@@ -4,11 +4,15 @@
 // category; the pipeline's point-to-point bytes and the tensor-parallel bytes
 // per collective kind (with and without sequence parallelism) against the
 // CommStats of a real step; the planner's bubble against the pipeline
-// simulator; and dp x pp = 2 x 2 in every dp mode. Every comparison is exact
+// simulator; dp x pp = 2 x 2 in every dp mode (and zb under zero2 and fsdp);
+// pp x tp = 2 x 2 with and without sequence parallelism for every schedule;
+// dp x pp x tp = 2 x 2 x 2 at 8 ranks. Every comparison is exact
 // (the budgets and volumes are formulas of weft's own allocation and
 // communication, docs/plan.md) except the transient DP buffers whose peak
 // depends on when MPI completes a request (zero2's group gradients, fsdp's
-// gathered groups in a pipeline), which are checked between bounds.
+// gathered groups in a pipeline) and the pipeline's send buffers (how many
+// sends are still in flight when their slots retire), which are checked
+// between bounds.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -98,7 +102,7 @@ PooledSlots pooled_slots(weft::pipeline::Stage<float>& st, int chunk) {
 TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per category, for every schedule") {
   auto& w = weft::test::world();
   const std::size_t pp = std::size_t(w.size());
-  if (pp < 2) return;
+  if (pp < 2 || pp > 4) return;  // 8 blocks: interleaved:2 at pp = 8 would have empty virtual stages
   const std::size_t m = 4, mb = 2;  // microbatches per step (a multiple of pp), sequences per microbatch
   const auto cfg = pipe_gpt(mb);
   const ModelSpec spec = spec_of(cfg, m);
@@ -128,13 +132,22 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
       slots += p.count;
       messages += p.message_bytes;
     }
-    const double activations = double(label_bytes(led, "pipeline.slots") - messages);
+    // zb's pooled copies of output gradients are activations; the send
+    // buffers that replace a retired slot's in-flight sends are messages.
+    const double activations =
+        double(label_bytes(led, "pipeline.slots") - messages + label_bytes(led, "pipeline.deferred_output_gradients"));
+    const double send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
     CHECK(double(led.bytes(C::parameters)) == b.parameters);
     CHECK(double(led.bytes(C::gradients)) == b.gradients);
     CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
     CHECK(activations == b.activations);
     CHECK(double(label_bytes(led, "pipeline.backward_workspace")) == b.temporary);
-    CHECK(double(messages) == b.communication);
+    // The slots' message buffers exactly; the send buffers depend on when
+    // MPI completes a send: budgeted as one message, bounded by the messages
+    // the rank sends in the step.
+    const double send_budget = weft::plan::pipeline_send_buffer_bytes(spec, mesh, std::size_t(w.rank()));
+    CHECK(double(messages) == b.communication - send_budget);
+    CHECK(send_buffers <= double(stats[weft::CommKind::send].bytes));
 
     // Point-to-point volume of the step, and the two step totals.
     const auto v = weft::plan::comm_volume(spec, mesh, std::size_t(w.rank()));
@@ -147,7 +160,7 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
     for (int r = 0; r < w.size(); ++r) {
       if (r == w.rank())
         std::printf("validation pp=%zu %-13s rank %d slots %zu/%zu parameters %zu/%.0f gradients %zu/%.0f "
-                    "optimizer %zu/%.0f activations %.0f/%.0f temporary %zu/%.0f communication %zu/%.0f "
+                    "optimizer %zu/%.0f activations %.0f/%.0f temporary %zu/%.0f communication %.0f/%.0f "
                     "p2p-sent %llu/%.0f\n",
                     pp, name.c_str(), w.rank(), slots, [&] {
                       std::size_t n = 0;
@@ -155,7 +168,8 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
                       return n;
                     }(), led.bytes(C::parameters), b.parameters, led.bytes(C::gradients), b.gradients,
                     opt.memory().bytes(C::optimizer_state), b.optimizer_state, activations, b.activations,
-                    label_bytes(led, "pipeline.backward_workspace"), b.temporary, messages, b.communication,
+                    label_bytes(led, "pipeline.backward_workspace"), b.temporary, double(messages) + send_buffers,
+                    b.communication,
                     static_cast<unsigned long long>(stats[K::send].bytes), v.pp_send);
       std::fflush(stdout);
       w.barrier();
@@ -264,10 +278,21 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
   const auto cfg = pipe_gpt(mb);
   ModelSpec spec = spec_of(cfg, m);
   spec.global_batch = dp * m * mb;
-  for (auto mode : {weft::parallel::DPMode::replicate, weft::parallel::DPMode::zero1, weft::parallel::DPMode::zero2,
-                    weft::parallel::DPMode::fsdp}) {
+  using weft::parallel::DPMode;
+  struct Case {
+    DPMode mode;
+    const char* schedule;
+  };
+  // 1F1B in every mode; zb with the modes whose gradients it changes (zero2
+  // and fsdp reduce-scatter once per step, after the deferred weight halves).
+  for (Case k : {Case{DPMode::replicate, "1f1b"}, Case{DPMode::zero1, "1f1b"}, Case{DPMode::zero2, "1f1b"},
+                 Case{DPMode::fsdp, "1f1b"}, Case{DPMode::zero2, "zb"}, Case{DPMode::fsdp, "zb"}}) {
+    const auto mode = k.mode;
+    const std::string name = k.schedule;
     CAPTURE(weft::parallel::to_string(mode));
-    const auto sched = weft::pipeline::parse_schedule("1f1b");
+    CAPTURE(name);
+    const auto sched = weft::pipeline::parse_schedule(name);
+    const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
     const auto part = weft::pipeline::equal_partition(cfg.layers, 2);
     weft::pipeline::Stage<float> stage(cfg, part, ppc.size(), ppc.rank(), 1);
     weft::parallel::DataParallel<float> ddp(dpc, stage.parameter_groups(), {.mode = mode});
@@ -279,26 +304,45 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
     weft::pipeline::train_step(ex, &ddp, opt, data, 0, spec.global_batch, 1e-3, 1.0);
     const auto pstats = ppc.stats();
 
-    const MeshSpec s{.dp = dp, .pp = 2, .mode = mode};
+    const MeshSpec s{.dp = dp, .pp = 2, .mode = mode, .schedule = kind, .chunks = chunks};
     const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
     const auto d = ddp.memory();
     const auto led = stage.memory();
     const auto p = pooled_slots(stage, 0);
-    const double activations = double(label_bytes(led, "pipeline.slots") - p.message_bytes);
+    const double activations = double(label_bytes(led, "pipeline.slots") - p.message_bytes +
+                                      label_bytes(led, "pipeline.deferred_output_gradients"));
     const double temporary =
         double(label_bytes(led, "pipeline.backward_workspace") + label_bytes(d, "dp.gathered_groups_peak"));
-    const double communication = double(p.message_bytes + label_bytes(d, "dp.communication_buffers"));
+    const double send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
+    const double communication = double(p.message_bytes + label_bytes(d, "dp.communication_buffers")) + send_buffers;
+    const double send_budget = weft::plan::pipeline_send_buffer_bytes(spec, s, std::size_t(ppc.rank()));
     CHECK(double(d.bytes(C::parameters)) == b.parameters);
     CHECK(double(d.bytes(C::gradients)) == b.gradients);
     CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
     CHECK(activations == b.activations);
-    CHECK(communication == b.communication);
+    // Exact but for the send buffers (timing-dependent: budgeted as one
+    // message, bounded by the step's sent bytes).
+    CHECK(communication - send_buffers == b.communication - send_budget);
+    CHECK(send_buffers <= double(pstats[weft::CommKind::send].bytes));
     // The pipeline axis carries the same point-to-point volume as without DP.
     const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
     CHECK(double(pstats[weft::CommKind::send].bytes) == v.pp_send);
     CHECK(double(pstats[weft::CommKind::recv].bytes) == v.pp_recv);
     CHECK(double(pstats[weft::CommKind::all_reduce].bytes) == v.pp_all_reduce);
-    if (mode == weft::parallel::DPMode::zero2) {
+    const double workspace = double(label_bytes(led, "pipeline.backward_workspace"));
+    const auto grads_all = weft::plan::stage_params(spec, s, std::size_t(ppc.rank())).total() * 4;
+    if (name == "zb" && mode == DPMode::zero2) {
+      // Deferred reduce-scatters: every group's full gradient is held at
+      // once at the end of the step, deterministically.
+      CHECK(temporary == b.temporary);
+      CHECK(temporary - workspace == grads_all);
+    } else if (name == "zb" && mode == DPMode::fsdp) {
+      // All full gradients at once, plus gathered parameters between none
+      // (the end of the step: only weight halves, which read no weights) and
+      // the root + 3 blocks the budget takes.
+      CHECK(temporary <= b.temporary);
+      CHECK(temporary - workspace >= grads_all);
+    } else if (mode == weft::parallel::DPMode::zero2) {
       // As without a pipeline (test_plan): the group gradients alive at once
       // depend on when MPI completes their reduce-scatters; the budget is the
       // upper bound.
@@ -315,11 +359,156 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
     }
     for (int r = 0; r < w.size(); ++r) {
       if (r == w.rank())
-        std::printf("validation dp=2 pp=2 1f1b %-9s rank %d (pp rank %d) parameters %zu/%.0f gradients %zu/%.0f "
+        std::printf("validation dp=2 pp=2 %-4s %-9s rank %d (pp rank %d) parameters %zu/%.0f gradients %zu/%.0f "
                     "optimizer %zu/%.0f activations %.0f/%.0f temporary %.0f/%.0f communication %.0f/%.0f\n",
-                    weft::parallel::to_string(mode), w.rank(), ppc.rank(), d.bytes(C::parameters), b.parameters,
+                    name.c_str(), weft::parallel::to_string(mode), w.rank(), ppc.rank(), d.bytes(C::parameters), b.parameters,
                     d.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
                     activations, b.activations, temporary, b.temporary, communication, b.communication);
+      std::fflush(stdout);
+      w.barrier();
+    }
+    stage.set_hooks(nullptr);
+  }
+}
+
+TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per category, with and without sp") {
+  auto& w = weft::test::world();
+  if (w.size() != 4) return;
+  using M3 = weft::Mesh<weft::DP, weft::PP, weft::TP>;
+  M3 mesh(w, weft::MeshSizes{.dp = 1, .pp = 2, .tp = 2});
+  auto& ppc = mesh.axis<weft::PP>();
+  const std::size_t m = 4, mb = 2, pp = 2, tp = 2;  // microbatches per step, sequences per microbatch
+  const auto cfg = pipe_gpt(mb);
+  const ModelSpec spec = spec_of(cfg, m);
+  for (bool sp : {false, true})
+    for (std::string name : {"1f1b", "zb", "gpipe", "interleaved:2"}) {
+      CAPTURE(sp);
+      CAPTURE(name);
+      const auto sched = weft::pipeline::parse_schedule(name);
+      const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
+      const auto part = weft::pipeline::equal_partition(cfg.layers, pp * std::size_t(sched.chunks));
+      weft::pipeline::Stage<float> stage(cfg, part, ppc.size(), ppc.rank(), sched.chunks,
+                                         {&mesh.axis<weft::TP>(), sp});
+      weft::optim::AdamW<float, Space> opt(stage.parameters());
+      weft::pipeline::Executor<float> ex(stage, ppc, sched, int(m));
+      auto data = stream(int(cfg.vocab));
+      ppc.reset_stats();
+      weft::pipeline::train_step(ex, static_cast<weft::parallel::DataParallel<float>*>(nullptr), opt, data, 0, m * mb,
+                                 1e-3, 1.0);
+      const auto pstats = ppc.stats();
+
+      const MeshSpec s{.tp = tp, .pp = pp, .sequence_parallel = sp, .schedule = kind, .chunks = chunks};
+      const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
+      const auto layout = weft::plan::rank_layout(spec, s, std::size_t(ppc.rank()));
+      REQUIRE(layout.size() == std::size_t(sched.chunks));
+      const auto led = stage.memory();
+      std::size_t messages = 0;
+      for (int c = 0; c < sched.chunks; ++c) {
+        const auto p = pooled_slots(stage, c);
+        CAPTURE(c);
+        CHECK(p.count == layout[std::size_t(c)].slots);
+        messages += p.message_bytes;
+      }
+      const double activations = double(label_bytes(led, "pipeline.slots") - messages +
+                                        label_bytes(led, "pipeline.deferred_output_gradients"));
+      const double temporary =
+          double(label_bytes(led, "pipeline.backward_workspace") + label_bytes(led, "tensor-parallel buffers"));
+      const double send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
+      const double communication = double(messages) + send_buffers;
+      const double send_budget = weft::plan::pipeline_send_buffer_bytes(spec, s, std::size_t(ppc.rank()));
+      CHECK(double(led.bytes(C::parameters)) == b.parameters);
+      CHECK(double(led.bytes(C::gradients)) == b.gradients);
+      CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
+      CHECK(activations == b.activations);
+      CHECK(temporary == b.temporary);
+      // Slot messages exactly; the send buffers between none and the step's
+      // sent bytes (timing-dependent, budgeted as one message).
+      CHECK(double(messages) == b.communication - send_budget);
+      CHECK(send_buffers <= double(pstats[weft::CommKind::send].bytes));
+      const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
+      CHECK(double(pstats[weft::CommKind::send].bytes) == v.pp_send);
+      CHECK(double(pstats[weft::CommKind::recv].bytes) == v.pp_recv);
+      for (int r = 0; r < w.size(); ++r) {
+        if (r == w.rank())
+          std::printf("validation pp=2 tp=2 sp=%d %-13s rank %d (pp rank %d) parameters %zu/%.0f gradients %zu/%.0f "
+                      "optimizer %zu/%.0f activations %.0f/%.0f (deferred dy %zu) temporary %.0f/%.0f "
+                      "communication %.0f/%.0f (send buffers %.0f) p2p-sent %llu/%.0f\n",
+                      int(sp), name.c_str(), w.rank(), ppc.rank(), led.bytes(C::parameters), b.parameters,
+                      led.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
+                      activations, b.activations, label_bytes(led, "pipeline.deferred_output_gradients"), temporary,
+                      b.temporary, communication, b.communication, send_buffers,
+                      static_cast<unsigned long long>(pstats[weft::CommKind::send].bytes), v.pp_send);
+        std::fflush(stdout);
+        w.barrier();
+      }
+    }
+}
+
+TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split stage, DataParallel and optimizer") {
+  auto& w = weft::test::world();
+  if (w.size() != 8) return;
+  using M3 = weft::Mesh<weft::DP, weft::PP, weft::TP>;
+  M3 mesh(w, weft::MeshSizes{.dp = 2, .pp = 2, .tp = 2});
+  auto& ppc = mesh.axis<weft::PP>();
+  auto& dpc = mesh.axis<weft::DP>();
+  const std::size_t m = 2, mb = 2, dp = 2, pp = 2, tp = 2;  // microbatches per dp rank, sequences per microbatch
+  const auto cfg = pipe_gpt(mb);
+  ModelSpec spec = spec_of(cfg, m);
+  spec.global_batch = dp * m * mb;
+  const auto mode = weft::parallel::DPMode::zero1;  // every category deterministic
+  struct Case {
+    const char* schedule;
+    bool sp;
+  };
+  for (Case k : {Case{"1f1b", false}, Case{"zb", true}}) {
+    const std::string name = k.schedule;
+    CAPTURE(name);
+    CAPTURE(k.sp);
+    const auto sched = weft::pipeline::parse_schedule(name);
+    const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
+    const auto part = weft::pipeline::equal_partition(cfg.layers, pp);
+    weft::pipeline::Stage<float> stage(cfg, part, ppc.size(), ppc.rank(), 1, {&mesh.axis<weft::TP>(), k.sp});
+    weft::parallel::DataParallel<float> ddp(dpc, stage.parameter_groups(), {.mode = mode});
+    stage.set_hooks(&ddp);
+    weft::optim::AdamW<float, Space> opt(ddp.optimizer_parameters());
+    weft::pipeline::Executor<float> ex(stage, ppc, sched, int(m));
+    auto data = stream(int(cfg.vocab));
+    ppc.reset_stats();
+    weft::pipeline::train_step(ex, &ddp, opt, data, 0, spec.global_batch, 1e-3, 1.0);
+    const auto pstats = ppc.stats();
+
+    const MeshSpec s{.dp = dp, .tp = tp, .pp = pp, .mode = mode, .sequence_parallel = k.sp, .schedule = kind,
+                     .chunks = chunks};
+    const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
+    const auto d = ddp.memory();
+    const auto led = stage.memory();
+    const auto p = pooled_slots(stage, 0);
+    const double activations = double(label_bytes(led, "pipeline.slots") - p.message_bytes +
+                                      label_bytes(led, "pipeline.deferred_output_gradients"));
+    const double temporary = double(label_bytes(led, "pipeline.backward_workspace") +
+                                    label_bytes(led, "tensor-parallel buffers") +
+                                    label_bytes(d, "dp.gathered_groups_peak"));
+    const double send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
+    const double communication = double(p.message_bytes + label_bytes(d, "dp.communication_buffers")) + send_buffers;
+    const double send_budget = weft::plan::pipeline_send_buffer_bytes(spec, s, std::size_t(ppc.rank()));
+    CHECK(double(d.bytes(C::parameters)) == b.parameters);
+    CHECK(double(d.bytes(C::gradients)) == b.gradients);
+    CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
+    CHECK(activations == b.activations);
+    CHECK(temporary == b.temporary);
+    CHECK(communication - send_buffers == b.communication - send_budget);
+    CHECK(send_buffers <= double(pstats[weft::CommKind::send].bytes));
+    const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
+    CHECK(double(pstats[weft::CommKind::send].bytes) == v.pp_send);
+    CHECK(double(pstats[weft::CommKind::recv].bytes) == v.pp_recv);
+    for (int r = 0; r < w.size(); ++r) {
+      if (r == w.rank())
+        std::printf("validation dp=2 pp=2 tp=2 sp=%d %-4s zero1 rank %d (pp rank %d) parameters %zu/%.0f "
+                    "gradients %zu/%.0f optimizer %zu/%.0f activations %.0f/%.0f temporary %.0f/%.0f "
+                    "communication %.0f/%.0f (send buffers %.0f)\n",
+                    int(k.sp), name.c_str(), w.rank(), ppc.rank(), d.bytes(C::parameters), b.parameters,
+                    d.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
+                    activations, b.activations, temporary, b.temporary, communication, b.communication, send_buffers);
       std::fflush(stdout);
       w.barrier();
     }

@@ -123,13 +123,37 @@ inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
   const double n = rank_tokens(m, s), D = double(m.d_model), tp = double(s.tp);
   const double heads = double(m.heads) / tp, T = double(m.seq), Tq = T / double(s.cp), B = double(m.micro_batch);
   const double routed = m.experts ? double(m.top_k) : 1.0;
+  // Sequence parallelism: the residual-stream gradients are on token shards;
+  // attention and MLP each keep a [tokens, D] buffer for the gathered output
+  // gradient and the partial input gradient, and the head one for its
+  // partial input gradient before the reduce-scatter.
+  const double sp = (s.sequence_parallel && s.tp > 1) ? tp : 1.0;
   double e = n * double(m.qkv_cols()) / tp + n * D / tp;    // dqkv, dheads
   if (!m.flash_attention) e += B * heads * Tq * T;           // dprobs
   e += routed * n * double(m.up_cols() + m.hidden()) / tp;   // dup, dact
-  e += 2 * n * D;                                            // dh, dmid
-  if (m.recompute) e += n * D;                               // recomputed block output
-  e += 3 * n * D;                                            // two residual gradients and the final norm's
+  if (sp > 1) e += 2 * n * D;                                // attention's and MLP's gathered gradients
+  e += 2 * n * D / sp;                                       // dh, dmid
+  if (m.recompute) e += n * D / sp;                          // recomputed block output
+  e += 3 * n * D / sp;                                       // two residual gradients and the final norm's
+  if (sp > 1) e += n * D;                                    // the head's partial input gradient
   return e;
+}
+
+/// Bytes of the pipeline send buffers budgeted for pipeline rank `rank`: when
+/// a slot retires while its output-gradient (or activation) send is still in
+/// flight, the executor moves the send to a spare buffer of the message's
+/// shape (Stage::take_send_buffer, "pipeline.send_buffers"). How many are in
+/// flight at once depends on when MPI completes the sends: measured 0 to 3
+/// messages on a rank here (docs/plan.md), never more than the messages the
+/// rank sends in a step. The budget takes one message on a rank with a chunk
+/// that sends gradients (any but the embedding chunk), none without a
+/// pipeline.
+inline double pipeline_send_buffer_bytes(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
+  if (s.pp <= 1) return 0.0;
+  const double seq_split = (s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0;
+  for (const ChunkLayout& k : rank_layout(m, s, rank))
+    if (!k.embedding) return rank_tokens(m, s) * double(m.d_model) / seq_split * double(m.act_bytes);
+  return 0.0;
 }
 
 /// The training peak of pipeline rank `rank` (0 with pp = 1) of model m on
@@ -152,7 +176,7 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   // them: between two groups and all of them. The budget takes the upper
   // bound (measured: docs/plan.md).
   const double two_groups = sp.root + std::min(2.0, sp.blocks) * sp.block;
-  const double zero2_grads = s.dp > 1 ? S : two_groups;
+  const double zero2_grads = s.dp > 1 ? S : two_groups;  // (under zb: S in any case, below)
   // fsdp gathers the root for the whole microbatch and a block plus the
   // prefetched next one. In a pipeline, forwards and backwards of different
   // microbatches alternate, and a prefetch still in flight when the schedule
@@ -160,6 +184,13 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   // (measured: root + 2 or root + 3 blocks, docs/plan.md): the budget takes
   // the upper bound.
   const double gathered = s.pp > 1 ? sp.root + std::min(3.0, sp.blocks) * sp.block : two_groups;
+  // A zero-bubble schedule splits each backward and runs the weight halves
+  // late: zero2 and fsdp then keep every group's full gradient from its first
+  // backward of the step to its last weight half, and reduce-scatter it once
+  // per step (DataParallel::set_weight_gradients_deferred), so all of the
+  // stage's gradients are held at once.
+  const bool split = s.pp > 1 && s.schedule == Schedule::zero_bubble;
+  const double held_grads = split ? S : two_groups;
   switch (s.mode) {
     case DPMode::replicate:
       b.parameters = S * pb;
@@ -173,13 +204,13 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
     case DPMode::zero2:
       b.parameters = S * pb;
       b.gradients = shard * gb;
-      b.temporary += zero2_grads * gb;
+      b.temporary += (split ? S : zero2_grads) * gb;
       b.communication += shard * pb + shard * gb;  // all-gather send, reduce-scatter receive
       break;
     case DPMode::fsdp:
       b.parameters = shard * pb;
       b.gradients = shard * gb;
-      b.temporary += gathered * pb + two_groups * gb;
+      b.temporary += gathered * pb + held_grads * gb;
       b.communication += shard * gb;  // reduce-scatter receive
       break;
   }
@@ -200,14 +231,34 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   const double n = rank_tokens(m, s), D = double(m.d_model), a = double(m.act_bytes);
   const double seq_split = (s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0;
   const double head = (n * D + 2 * n) / seq_split + (seq_split > 1 ? n * D : 0.0) + n * double(m.vocab) / double(s.tp);
+  // Under zb a slot also keeps, for the deferred weight halves, a copy of
+  // the output gradient of each of its linear layers (QKV, attention output,
+  // MLP up and down per block; the LM head), pooled with the slot
+  // (pipeline.deferred_output_gradients).
+  const double tp = double(s.tp);
+  const double deferred_block =
+      split ? n * (double(m.qkv_cols()) / tp + D + double(m.up_cols()) / tp + D) : 0.0;
+  const double deferred_head = split ? n * double(m.vocab) / tp : 0.0;
   for (const ChunkLayout& k : rank_layout(m, s, rank)) {
     const double blocks = double(k.blocks), sets = m.recompute ? std::min(1.0, blocks) : blocks;
-    const double slot = sets * block_saved_elements(m, s) + (blocks + 1) * n * D / seq_split + (k.head ? head : 0.0);
+    const double slot = sets * block_saved_elements(m, s) + (blocks + 1) * n * D / seq_split + (k.head ? head : 0.0) +
+                        blocks * deferred_block + (k.head ? deferred_head : 0.0);
     const double messages = (k.head ? 0.0 : n * D / seq_split) + (k.embedding ? 0.0 : n * D / seq_split);
     b.activations += double(k.slots) * slot * a;
     b.communication += double(k.slots) * messages * a;
   }
+  b.communication += pipeline_send_buffer_bytes(m, s, rank);
   b.temporary += backward_scratch_elements(m, s) * a;
+  // Tensor parallelism: the vocabulary-parallel cross-entropy's per-token
+  // maximum, sum of exponentials and target logit (every stage allocates
+  // them), and under sequence parallelism the embedding's [tokens, D] buffer
+  // of partial lookups and gathered gradients.
+  if (s.tp > 1) {
+    b.temporary += 3 * n * a;
+    if (seq_split > 1)
+      for (const ChunkLayout& k : rank_layout(m, s, rank))
+        if (k.embedding) b.temporary += n * D * a;
+  }
 
   // Other strategies' staging: expert dispatch and combine, the ring's K/V
   // double buffer.
