@@ -48,9 +48,6 @@ inline CheckedDefaults& checked_defaults() {
   return d;
 }
 
-// Set when a deadline passed with operations still posted: MPI cannot cancel a
-// collective, so such a process must not call MPI_Finalize (it could block);
-// weft::Environment aborts the job instead.
 // The process-wide default of Comm::node_shared_staging(): on, unless the
 // environment variable WEFT_NODE_SHARED_STAGING is 0 (read once).
 inline bool node_shared_staging_default() {
@@ -61,6 +58,9 @@ inline bool node_shared_staging_default() {
   return on;
 }
 
+// Set when a deadline passed with operations still posted: MPI cannot cancel a
+// collective, so such a process must not call MPI_Finalize (it could block);
+// weft::Environment aborts the job instead.
 inline bool& comm_poisoned() {
   static bool p = false;
   return p;
