@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tiny_gpt.hpp"
 #include "weft_test.hpp"
 
 namespace {
@@ -18,30 +19,9 @@ using weft::parallel::DPOptions;
 
 constexpr std::size_t kGlobalBatch = 8;
 
-weft::nn::GPTConfig tiny(std::size_t microbatch) {
-  weft::nn::GPTConfig c;
-  c.layers = 2;
-  c.d_model = 16;
-  c.heads = 2;
-  c.seq = 8;
-  c.vocab = 32;
-  c.batch = microbatch;
-  c.seed = 7;
-  return c;
-}
+weft::nn::GPTConfig tiny(std::size_t microbatch) { return weft::test::tiny_gpt(2, microbatch); }
 
-weft::data::TokenStream stream() {
-  // A learnable stream: mostly a fixed successor rule, sometimes a random token.
-  std::vector<int> toks(3000);
-  std::uint64_t x = 12345;
-  int prev = 0;
-  for (auto& t : toks) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = (x >> 60) < 3 ? int((x >> 33) % 32) : (prev * 5 + 3) % 32;
-    prev = t;
-  }
-  return weft::data::TokenStream(std::move(toks), 8, 99);
-}
+using weft::test::successor_stream;
 
 template <class T>
 struct Run {
@@ -54,7 +34,7 @@ template <class T>
 Run<T> reference(std::size_t steps, weft::nn::GPT<T>** keep = nullptr, weft::optim::AdamW<T, Kokkos::DefaultExecutionSpace>** opt_out = nullptr) {
   auto* gpt = new weft::nn::GPT<T>(tiny(kGlobalBatch));
   auto* opt = new weft::optim::AdamW<T, Kokkos::DefaultExecutionSpace>(gpt->parameters());
-  auto data = stream();
+  auto data = successor_stream();
   Kokkos::View<int*> ids("ids", kGlobalBatch * 8), tg("tg", kGlobalBatch * 8);
   Run<T> r;
   for (std::size_t s = 0; s < steps; ++s) {
@@ -83,7 +63,7 @@ DPRun<T> data_parallel(weft::Comm& comm, DPOptions o, std::size_t microbatches, 
   out.dp = std::make_unique<DataParallel<T>>(comm, out.gpt->parameter_groups(), o);
   out.gpt->set_hooks(out.dp.get());
   out.opt = std::make_unique<weft::optim::AdamW<T, Kokkos::DefaultExecutionSpace>>(out.dp->optimizer_parameters());
-  auto data = stream();
+  auto data = successor_stream();
   Kokkos::View<int*> ids("ids", mb * 8), tg("tg", mb * 8);
   for (std::size_t s = 0; s < steps; ++s) {
     auto st = weft::parallel::train_step(*out.gpt, *out.dp, *out.opt, data, s, kGlobalBatch, microbatches, ids, tg, 3e-3, 1.0);
@@ -212,7 +192,7 @@ TEST_CASE("fully sharded: per-rank parameter + gradient + optimizer memory is a 
   DataParallel<float> dp(w, model.parameter_groups(), o);
   model.set_hooks(&dp);
   weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(dp.optimizer_parameters());
-  auto data = stream();
+  auto data = successor_stream();
   Kokkos::View<int*> ids("ids", 16), tg("tg", 16);
   weft::parallel::train_step(model, dp, opt, data, 0, kGlobalBatch, 1, ids, tg, 1e-3, 1.0);
   const auto m = dp.memory();

@@ -14,6 +14,7 @@
 
 #include <weft/parallel/pipeline/executor.hpp>
 
+#include "tiny_gpt.hpp"
 #include "weft_test.hpp"
 
 namespace {
@@ -23,37 +24,16 @@ constexpr std::size_t kGlobalBatch = 8;
 constexpr std::size_t kSteps = 20;
 constexpr double kLr = 3e-3, kClip = 1.0;
 
-weft::nn::GPTConfig tiny(std::size_t microbatch) {
-  weft::nn::GPTConfig c;
-  c.layers = 6;
-  c.d_model = 16;
-  c.heads = 2;
-  c.seq = 8;
-  c.vocab = 32;
-  c.batch = microbatch;
-  c.seed = 7;
-  return c;
-}
+weft::nn::GPTConfig tiny(std::size_t microbatch) { return weft::test::tiny_gpt(6, microbatch); }
 
-weft::data::TokenStream stream() {
-  // Mostly a fixed successor rule, sometimes a random token: the loss falls.
-  std::vector<int> toks(3000);
-  std::uint64_t x = 12345;
-  int prev = 0;
-  for (auto& t : toks) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = (x >> 60) < 3 ? int((x >> 33) % 32) : (prev * 5 + 3) % 32;
-    prev = t;
-  }
-  return weft::data::TokenStream(std::move(toks), 8, 99);
-}
+using weft::test::successor_stream;
 
 // The single-process loss curve: the whole global batch as one microbatch.
 const std::vector<double>& reference_losses() {
   static const std::vector<double> losses = [] {
     weft::nn::GPT<float> gpt(tiny(kGlobalBatch));
     weft::optim::AdamW<float, Space> opt(gpt.parameters());
-    auto data = stream();
+    auto data = successor_stream();
     Kokkos::View<int*> ids("ids", kGlobalBatch * 8), tg("tg", kGlobalBatch * 8);
     std::vector<double> out;
     for (std::size_t s = 0; s < kSteps; ++s)
@@ -91,7 +71,7 @@ PipeRun run_pipeline(weft::Comm& pp, weft::Comm* dpc, const std::string& schedul
   }
   weft::optim::AdamW<float, Space> opt(dp ? dp->optimizer_parameters() : stage.parameters());
   weft::pipeline::Executor<float> ex(stage, pp, sched, int(microbatches), eo);
-  auto data = stream();
+  auto data = successor_stream();
   PipeRun r;
   for (std::size_t s = 0; s < steps; ++s)
     r.loss.push_back(weft::pipeline::train_step(ex, dp.get(), opt, data, s, kGlobalBatch, kLr, kClip).loss);

@@ -16,6 +16,7 @@
 
 #include <weft/parallel/pipeline/executor.hpp>
 
+#include "tiny_gpt.hpp"
 #include "weft_test.hpp"
 
 namespace {
@@ -25,44 +26,15 @@ constexpr std::size_t kGlobalBatch = 8;
 constexpr std::size_t kSteps = 20;
 constexpr double kLr = 3e-3, kClip = 1.0;
 
-// GPT-2 shaped (GELU, learned positions, LayerNorm) or Llama-like (SwiGLU,
-// rotary, RMSNorm, grouped-query heads); tiny either way.
-weft::nn::GPTConfig tiny(std::size_t microbatch, bool llama) {
-  weft::nn::GPTConfig c;
-  c.layers = 4;
-  c.d_model = 16;
-  c.heads = 2;
-  c.seq = 8;
-  c.vocab = 32;
-  c.batch = microbatch;
-  c.seed = 7;
-  if (llama) {
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.mlp = weft::nn::MlpKind::swiglu;
-    c.position = weft::nn::PositionKind::rotary;
-    c.norm = weft::nn::NormKind::rmsnorm;
-  }
-  return c;
-}
+weft::nn::GPTConfig tiny(std::size_t microbatch, bool llama) { return weft::test::tiny_gpt(4, microbatch, llama); }
 
-weft::data::TokenStream stream() {
-  std::vector<int> toks(3000);
-  std::uint64_t x = 12345;
-  int prev = 0;
-  for (auto& t : toks) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = (x >> 60) < 3 ? int((x >> 33) % 32) : (prev * 5 + 3) % 32;
-    prev = t;
-  }
-  return weft::data::TokenStream(std::move(toks), 8, 99);
-}
+using weft::test::successor_stream;
 
 // The single-process loss curve: the whole global batch as one microbatch.
 std::vector<double> reference_losses(bool llama) {
   weft::nn::GPT<float> gpt(tiny(kGlobalBatch, llama));
   weft::optim::AdamW<float, Space> opt(gpt.parameters());
-  auto data = stream();
+  auto data = successor_stream();
   Kokkos::View<int*> ids("ids", kGlobalBatch * 8), tg("tg", kGlobalBatch * 8);
   std::vector<double> out;
   for (std::size_t s = 0; s < kSteps; ++s)
@@ -96,7 +68,7 @@ Run run_pp_tp(Mesh3& mesh, const std::string& schedule, std::size_t microbatches
   stage.set_hooks(&dp);
   weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
   weft::pipeline::Executor<float> ex(stage, pp, sched, int(microbatches));
-  auto data = stream();
+  auto data = successor_stream();
   Run r;
   for (std::size_t s = 0; s < steps; ++s)
     r.loss.push_back(weft::pipeline::train_step(ex, &dp, opt, data, s, kGlobalBatch, kLr, kClip).loss);

@@ -1,0 +1,51 @@
+// The tiny model and token stream the parallel tests train: small enough for
+// 8 ranks on 2 cores under a sanitizer, wide enough to split over tp = 2 and
+// to cut into pipeline stages.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <weft/data/stream.hpp>
+#include <weft/nn/config.hpp>
+
+namespace weft::test {
+
+/// `layers` blocks, D = 16, 2 heads, T = 8, V = 32, seed 7 (GPT-2 shaped:
+/// GELU, learned positions, LayerNorm). `llama`: 4 query heads over 2
+/// key/value heads, SwiGLU, rotary positions, RMSNorm.
+inline nn::GPTConfig tiny_gpt(std::size_t layers, std::size_t microbatch, bool llama = false) {
+  nn::GPTConfig c;
+  c.layers = layers;
+  c.d_model = 16;
+  c.heads = 2;
+  c.seq = 8;
+  c.vocab = 32;
+  c.batch = microbatch;
+  c.seed = 7;
+  if (llama) {
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.mlp = nn::MlpKind::swiglu;
+    c.position = nn::PositionKind::rotary;
+    c.norm = nn::NormKind::rmsnorm;
+  }
+  return c;
+}
+
+/// 3000 tokens of vocabulary 32 in sequences of 8 (stream seed 99): mostly a
+/// fixed successor rule, sometimes a random token, so the loss falls.
+inline data::TokenStream successor_stream() {
+  std::vector<int> toks(3000);
+  std::uint64_t x = 12345;
+  int prev = 0;
+  for (auto& t : toks) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    t = (x >> 60) < 3 ? int((x >> 33) % 32) : (prev * 5 + 3) % 32;
+    prev = t;
+  }
+  return data::TokenStream(std::move(toks), 8, 99);
+}
+
+}  // namespace weft::test
