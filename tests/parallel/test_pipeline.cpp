@@ -132,6 +132,39 @@ TEST_CASE("pipeline: every schedule on pp = world follows the single-process los
   }
 }
 
+TEST_CASE("pipeline: the cap of in-flight gradient sends: waiting in place follows the curve; a cap that can deadlock is refused") {
+  auto& w = weft::test::world();
+  if (w.size() < 2) return;
+  const auto& ref = reference_losses();
+  const std::size_t m = std::size_t(std::max(4, w.size()));
+  // 1F1B with no send buffer: every retiring slot waits for its gradient send.
+  weft::pipeline::ExecutorOptions eo;
+  eo.send_buffers = 0;
+  const auto r = run_pipeline(w, nullptr, "1f1b", m, weft::parallel::DPMode::replicate, 6, eo);
+  for (std::size_t i = 0; i < r.loss.size(); ++i) CHECK(rel(r.loss[i], ref[i]) <= 1e-5);
+  // interleaved:2 needs one buffer: without it a rank can wait on a send
+  // whose receive its peer posts only after a message this rank sends later.
+  const auto sched = weft::pipeline::parse_schedule("interleaved:2");
+  const auto cfg = tiny(kGlobalBatch / m);
+  weft::pipeline::Stage<float> stage(cfg, weft::pipeline::equal_partition(cfg.layers, std::size_t(2 * w.size())), w.size(),
+                                     w.rank(), 2);
+  if (w.size() == 2) {
+    CHECK_THROWS_WITH_AS(weft::pipeline::Executor<float>(stage, w, sched, int(m), eo),
+                         doctest::Contains("ExecutorOptions::send_buffers = 0 can deadlock schedule interleaved:2 on 2 "
+                                           "ranks with 4 microbatches; the smallest safe value is 1"),
+                         weft::ConfigError);
+  }
+  // The default cap: one preallocated buffer of one message on every rank
+  // that sends gradients, none on the rank that holds only the embedding.
+  weft::pipeline::Executor<float> ex(stage, w, sched, int(m));
+  CHECK(ex.send_buffers() == 1);
+  std::size_t bytes = 0;
+  const auto ledger = stage.memory();
+  for (const auto& i : ledger.items())
+    if (i.label == "pipeline.send_buffers") bytes += i.bytes;
+  CHECK(bytes == stage.config().tokens() * stage.config().d_model * sizeof(float));
+}
+
 TEST_CASE("pipeline: dp x pp = 2 x 2 with replicate, zero1, zero2 and fsdp follows the single-process curve") {
   auto& w = weft::test::world();
   if (w.size() != 4) return;

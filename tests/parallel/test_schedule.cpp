@@ -7,6 +7,8 @@
 #include <set>
 #include <string>
 
+#include <weft/parallel/pipeline/send_cap.hpp>
+
 #include "weft_test.hpp"
 
 using namespace weft;
@@ -207,6 +209,50 @@ TEST_CASE("schedule: the simulator rejects broken plans") {
     REQUIRE(plans[0][1].op == PipeOp::send_activation);
     CHECK_THROWS_WITH_AS(simulate_pipeline(plans, 2), doctest::Contains("lives on rank 1, not rank 0"), PlanError);
   }
+}
+
+// The caps of detached gradient sends (send_cap.hpp) for every valid size of
+// one schedule: the default is one, and the smallest safe cap is `smallest`.
+template <class Schedule>
+void check_send_caps(std::size_t smallest_expected, int& with_cap_one) {
+  for (int p : stage_counts)
+    for (int m : microbatch_counts) {
+      if (!valid<Schedule>(p, m)) continue;
+      CAPTURE(p);
+      CAPTURE(m);
+      const auto plans = Pipeline<Schedule>(p, m).plans();
+      CHECK(pipeline::default_send_cap(plans) == 1);
+      const std::size_t smallest = pipeline::smallest_send_cap(plans);
+      CHECK(smallest <= smallest_expected);
+      CHECK(pipeline::send_cap_is_deadlock_free(plans, smallest));
+      if (smallest > 0) {
+        CHECK_FALSE(pipeline::send_cap_is_deadlock_free(plans, smallest - 1));
+        ++with_cap_one;
+      }
+    }
+}
+
+TEST_CASE("schedule: the cap of in-flight gradient sends cannot deadlock, and one is safe for every schedule") {
+  int needs_one = 0;
+  check_send_caps<GPipe>(0, needs_one);
+  check_send_caps<OneFOneB>(0, needs_one);
+  check_send_caps<ZeroBubble>(0, needs_one);
+  CHECK(needs_one == 0);  // these never need a buffer: the receiver posts ahead of the wait
+  check_send_caps<Interleaved1F1B<2>>(1, needs_one);
+  check_send_caps<Interleaved1F1B<4>>(1, needs_one);
+  CHECK(needs_one > 0);  // interleaving does: waiting on each send in place can deadlock
+  // The smallest case: interleaved:2 on 2 ranks with 4 microbatches.
+  const auto plans = Pipeline<Interleaved1F1B<2>>(2, 4).plans();
+  CHECK_FALSE(pipeline::send_cap_is_deadlock_free(plans, 0));
+  CHECK(pipeline::smallest_send_cap(plans) == 1);
+  CHECK(pipeline::smallest_send_cap(plans, 3) == 3);
+  // Plans that deadlock whatever the cap are an error, not a cap.
+  auto broken = Pipeline<OneFOneB>(2, 2).plans();
+  broken[0].insert(broken[0].begin(), PipeAction{PipeOp::recv_gradient, 0, 0, 1});
+  broken[0].erase(std::find(broken[0].begin() + 1, broken[0].end(), PipeAction{PipeOp::recv_gradient, 0, 0, 1}));
+  CHECK_FALSE(pipeline::send_cap_is_deadlock_free(broken, 100));
+  CHECK_THROWS_WITH_AS(pipeline::smallest_send_cap(broken), doctest::Contains("deadlock even with every send buffered"),
+                       Error);
 }
 
 TEST_CASE("schedule: transfer latency adds idle time but keeps the order") {

@@ -10,9 +10,9 @@
 // (the budgets and volumes are formulas of weft's own allocation and
 // communication, docs/plan.md) except the transient DP buffers whose peak
 // depends on when MPI completes a request (zero2's group gradients, fsdp's
-// gathered groups in a pipeline) and the pipeline's send buffers (how many
-// sends are still in flight when their slots retire), which are checked
-// between bounds.
+// gathered groups in a pipeline), which are checked between bounds. The
+// pipeline's send buffers are exact too: the executor preallocates its cap of
+// in-flight gradient sends (weft/parallel/pipeline/send_cap.hpp).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -97,6 +97,70 @@ PooledSlots pooled_slots(weft::pipeline::Stage<float>& st, int chunk) {
   return r;
 }
 
+// The slots of every chunk against the planner's layout; their totals.
+PooledSlots checked_slots(weft::pipeline::Stage<float>& st, const std::vector<weft::plan::ChunkLayout>& layout) {
+  REQUIRE(layout.size() == st.chunks().size());
+  PooledSlots all;
+  for (std::size_t c = 0; c < layout.size(); ++c) {
+    const auto p = pooled_slots(st, int(c));
+    CAPTURE(c);
+    CHECK(p.count == layout[c].slots);  // in-flight microbatches of this chunk
+    all.count += p.count;
+    all.message_bytes += p.message_bytes;
+  }
+  return all;
+}
+
+// What a pipeline rank allocated, split the way the planner splits it, from
+// its stage's ledger `led` (taken before checked_slots adds probe slots),
+// its optimizer's and, with data parallelism, DataParallel's (`dp`).
+// Labels a configuration does not have count zero.
+struct StageMeasured {
+  double parameters = 0, gradients = 0, optimizer = 0, activations = 0, temporary = 0, communication = 0,
+         send_buffers = 0, workspace = 0;
+};
+StageMeasured measure_stage(const weft::metrics::MemoryLedger& led, const weft::metrics::MemoryLedger* dp,
+                            const weft::metrics::MemoryLedger& opt, const PooledSlots& slots) {
+  StageMeasured r;
+  const auto& owner = dp ? *dp : led;  // DataParallel holds the (sharded) parameters and gradients
+  r.parameters = double(owner.bytes(C::parameters));
+  r.gradients = double(owner.bytes(C::gradients));
+  r.optimizer = double(opt.bytes(C::optimizer_state));
+  // zb's pooled copies of output gradients are activations; the slots'
+  // message buffers are communication.
+  r.activations = double(label_bytes(led, "pipeline.slots") - slots.message_bytes +
+                         label_bytes(led, "pipeline.deferred_output_gradients"));
+  r.workspace = double(label_bytes(led, "pipeline.backward_workspace"));
+  r.temporary = r.workspace + double(label_bytes(led, "tensor-parallel buffers"));
+  r.send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
+  r.communication = double(slots.message_bytes) + r.send_buffers;
+  if (dp) {
+    r.temporary += double(label_bytes(*dp, "dp.gathered_groups_peak"));
+    r.communication += double(label_bytes(*dp, "dp.communication_buffers"));
+  }
+  return r;
+}
+
+// Every category against budget b, exactly (the temporaries only when
+// `exact_temporary`: zero2's and fsdp's peaks depend on timing and are
+// checked by the caller), and the step's pipeline traffic against the
+// planner's volume.
+void check_stage_budget(const StageMeasured& got, const weft::plan::TrainingBudget& b, const ModelSpec& spec,
+                        const MeshSpec& s, std::size_t pp_rank, const weft::CommStats& pstats, bool exact_temporary) {
+  CHECK(got.parameters == b.parameters);
+  CHECK(got.gradients == b.gradients);
+  CHECK(got.optimizer == b.optimizer_state);
+  CHECK(got.activations == b.activations);
+  if (exact_temporary) CHECK(got.temporary == b.temporary);
+  CHECK(got.communication == b.communication);
+  CHECK(got.send_buffers == weft::plan::pipeline_send_buffer_bytes(spec, s, pp_rank));
+  const auto v = weft::plan::comm_volume(spec, s, pp_rank);
+  using K = weft::CommKind;
+  CHECK(double(pstats[K::send].bytes) == v.pp_send);
+  CHECK(double(pstats[K::recv].bytes) == v.pp_recv);
+  CHECK(double(pstats[K::all_reduce].bytes) == v.pp_all_reduce);
+}
+
 }  // namespace
 
 TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per category, for every schedule") {
@@ -122,39 +186,12 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
     const MeshSpec mesh{.pp = pp, .schedule = kind, .chunks = chunks};
     const auto b = weft::plan::stage_memory(spec, mesh, std::size_t(w.rank()), 0.0);
     const auto layout = weft::plan::rank_layout(spec, mesh, std::size_t(w.rank()));
-    REQUIRE(layout.size() == std::size_t(sched.chunks));
     const auto led = stage.memory();
-    std::size_t slots = 0, messages = 0;
-    for (int c = 0; c < sched.chunks; ++c) {
-      const auto p = pooled_slots(stage, c);
-      CAPTURE(c);
-      CHECK(p.count == layout[std::size_t(c)].slots);  // in-flight microbatches of this chunk
-      slots += p.count;
-      messages += p.message_bytes;
-    }
-    // zb's pooled copies of output gradients are activations; the send
-    // buffers that replace a retired slot's in-flight sends are messages.
-    const double activations =
-        double(label_bytes(led, "pipeline.slots") - messages + label_bytes(led, "pipeline.deferred_output_gradients"));
-    const double send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
-    CHECK(double(led.bytes(C::parameters)) == b.parameters);
-    CHECK(double(led.bytes(C::gradients)) == b.gradients);
-    CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
-    CHECK(activations == b.activations);
-    CHECK(double(label_bytes(led, "pipeline.backward_workspace")) == b.temporary);
-    // The slots' message buffers exactly; the send buffers depend on when
-    // MPI completes a send: budgeted as one message, bounded by the messages
-    // the rank sends in the step.
-    const double send_budget = weft::plan::pipeline_send_buffer_bytes(spec, mesh, std::size_t(w.rank()));
-    CHECK(double(messages) == b.communication - send_budget);
-    CHECK(send_buffers <= double(stats[weft::CommKind::send].bytes));
-
-    // Point-to-point volume of the step, and the two step totals.
+    const auto slots = checked_slots(stage, layout);
+    const auto got = measure_stage(led, nullptr, opt.memory(), slots);
+    check_stage_budget(got, b, spec, mesh, std::size_t(w.rank()), stats, true);
     const auto v = weft::plan::comm_volume(spec, mesh, std::size_t(w.rank()));
     using K = weft::CommKind;
-    CHECK(double(stats[K::send].bytes) == v.pp_send);
-    CHECK(double(stats[K::recv].bytes) == v.pp_recv);
-    CHECK(double(stats[K::all_reduce].bytes) == v.pp_all_reduce);
 
     // The figures docs/plan.md quotes, one line per rank.
     for (int r = 0; r < w.size(); ++r) {
@@ -162,14 +199,13 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
         std::printf("validation pp=%zu %-13s rank %d slots %zu/%zu parameters %zu/%.0f gradients %zu/%.0f "
                     "optimizer %zu/%.0f activations %.0f/%.0f temporary %zu/%.0f communication %.0f/%.0f "
                     "p2p-sent %llu/%.0f\n",
-                    pp, name.c_str(), w.rank(), slots, [&] {
+                    pp, name.c_str(), w.rank(), slots.count, [&] {
                       std::size_t n = 0;
                       for (const auto& k : layout) n += k.slots;
                       return n;
                     }(), led.bytes(C::parameters), b.parameters, led.bytes(C::gradients), b.gradients,
-                    opt.memory().bytes(C::optimizer_state), b.optimizer_state, activations, b.activations,
-                    label_bytes(led, "pipeline.backward_workspace"), b.temporary, double(messages) + send_buffers,
-                    b.communication,
+                    opt.memory().bytes(C::optimizer_state), b.optimizer_state, got.activations, b.activations,
+                    label_bytes(led, "pipeline.backward_workspace"), b.temporary, got.communication, b.communication,
                     static_cast<unsigned long long>(stats[K::send].bytes), v.pp_send);
       std::fflush(stdout);
       w.barrier();
@@ -308,28 +344,10 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
     const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
     const auto d = ddp.memory();
     const auto led = stage.memory();
-    const auto p = pooled_slots(stage, 0);
-    const double activations = double(label_bytes(led, "pipeline.slots") - p.message_bytes +
-                                      label_bytes(led, "pipeline.deferred_output_gradients"));
-    const double temporary =
-        double(label_bytes(led, "pipeline.backward_workspace") + label_bytes(d, "dp.gathered_groups_peak"));
-    const double send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
-    const double communication = double(p.message_bytes + label_bytes(d, "dp.communication_buffers")) + send_buffers;
-    const double send_budget = weft::plan::pipeline_send_buffer_bytes(spec, s, std::size_t(ppc.rank()));
-    CHECK(double(d.bytes(C::parameters)) == b.parameters);
-    CHECK(double(d.bytes(C::gradients)) == b.gradients);
-    CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
-    CHECK(activations == b.activations);
-    // Exact but for the send buffers (timing-dependent: budgeted as one
-    // message, bounded by the step's sent bytes).
-    CHECK(communication - send_buffers == b.communication - send_budget);
-    CHECK(send_buffers <= double(pstats[weft::CommKind::send].bytes));
+    const auto got = measure_stage(led, &d, opt.memory(), checked_slots(stage, weft::plan::rank_layout(spec, s, std::size_t(ppc.rank()))));
     // The pipeline axis carries the same point-to-point volume as without DP.
-    const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
-    CHECK(double(pstats[weft::CommKind::send].bytes) == v.pp_send);
-    CHECK(double(pstats[weft::CommKind::recv].bytes) == v.pp_recv);
-    CHECK(double(pstats[weft::CommKind::all_reduce].bytes) == v.pp_all_reduce);
-    const double workspace = double(label_bytes(led, "pipeline.backward_workspace"));
+    check_stage_budget(got, b, spec, s, std::size_t(ppc.rank()), pstats, false);
+    const double temporary = got.temporary, workspace = got.workspace;
     const auto grads_all = weft::plan::stage_params(spec, s, std::size_t(ppc.rank())).total() * 4;
     if (name == "zb" && mode == DPMode::zero2) {
       // Deferred reduce-scatters: every group's full gradient is held at
@@ -363,7 +381,7 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
                     "optimizer %zu/%.0f activations %.0f/%.0f temporary %.0f/%.0f communication %.0f/%.0f\n",
                     name.c_str(), weft::parallel::to_string(mode), w.rank(), ppc.rank(), d.bytes(C::parameters), b.parameters,
                     d.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
-                    activations, b.activations, temporary, b.temporary, communication, b.communication);
+                    got.activations, b.activations, temporary, b.temporary, got.communication, b.communication);
       std::fflush(stdout);
       w.barrier();
     }
@@ -399,35 +417,11 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
 
       const MeshSpec s{.tp = tp, .pp = pp, .sequence_parallel = sp, .schedule = kind, .chunks = chunks};
       const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
-      const auto layout = weft::plan::rank_layout(spec, s, std::size_t(ppc.rank()));
-      REQUIRE(layout.size() == std::size_t(sched.chunks));
       const auto led = stage.memory();
-      std::size_t messages = 0;
-      for (int c = 0; c < sched.chunks; ++c) {
-        const auto p = pooled_slots(stage, c);
-        CAPTURE(c);
-        CHECK(p.count == layout[std::size_t(c)].slots);
-        messages += p.message_bytes;
-      }
-      const double activations = double(label_bytes(led, "pipeline.slots") - messages +
-                                        label_bytes(led, "pipeline.deferred_output_gradients"));
-      const double temporary =
-          double(label_bytes(led, "pipeline.backward_workspace") + label_bytes(led, "tensor-parallel buffers"));
-      const double send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
-      const double communication = double(messages) + send_buffers;
-      const double send_budget = weft::plan::pipeline_send_buffer_bytes(spec, s, std::size_t(ppc.rank()));
-      CHECK(double(led.bytes(C::parameters)) == b.parameters);
-      CHECK(double(led.bytes(C::gradients)) == b.gradients);
-      CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
-      CHECK(activations == b.activations);
-      CHECK(temporary == b.temporary);
-      // Slot messages exactly; the send buffers between none and the step's
-      // sent bytes (timing-dependent, budgeted as one message).
-      CHECK(double(messages) == b.communication - send_budget);
-      CHECK(send_buffers <= double(pstats[weft::CommKind::send].bytes));
+      const auto got = measure_stage(led, nullptr, opt.memory(),
+                                     checked_slots(stage, weft::plan::rank_layout(spec, s, std::size_t(ppc.rank()))));
+      check_stage_budget(got, b, spec, s, std::size_t(ppc.rank()), pstats, true);
       const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
-      CHECK(double(pstats[weft::CommKind::send].bytes) == v.pp_send);
-      CHECK(double(pstats[weft::CommKind::recv].bytes) == v.pp_recv);
       for (int r = 0; r < w.size(); ++r) {
         if (r == w.rank())
           std::printf("validation pp=2 tp=2 sp=%d %-13s rank %d (pp rank %d) parameters %zu/%.0f gradients %zu/%.0f "
@@ -435,8 +429,8 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
                       "communication %.0f/%.0f (send buffers %.0f) p2p-sent %llu/%.0f\n",
                       int(sp), name.c_str(), w.rank(), ppc.rank(), led.bytes(C::parameters), b.parameters,
                       led.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
-                      activations, b.activations, label_bytes(led, "pipeline.deferred_output_gradients"), temporary,
-                      b.temporary, communication, b.communication, send_buffers,
+                      got.activations, b.activations, label_bytes(led, "pipeline.deferred_output_gradients"),
+                      got.temporary, b.temporary, got.communication, b.communication, got.send_buffers,
                       static_cast<unsigned long long>(pstats[weft::CommKind::send].bytes), v.pp_send);
         std::fflush(stdout);
         w.barrier();
@@ -482,25 +476,8 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
     const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
     const auto d = ddp.memory();
     const auto led = stage.memory();
-    const auto p = pooled_slots(stage, 0);
-    const double activations = double(label_bytes(led, "pipeline.slots") - p.message_bytes +
-                                      label_bytes(led, "pipeline.deferred_output_gradients"));
-    const double temporary = double(label_bytes(led, "pipeline.backward_workspace") +
-                                    label_bytes(led, "tensor-parallel buffers") +
-                                    label_bytes(d, "dp.gathered_groups_peak"));
-    const double send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
-    const double communication = double(p.message_bytes + label_bytes(d, "dp.communication_buffers")) + send_buffers;
-    const double send_budget = weft::plan::pipeline_send_buffer_bytes(spec, s, std::size_t(ppc.rank()));
-    CHECK(double(d.bytes(C::parameters)) == b.parameters);
-    CHECK(double(d.bytes(C::gradients)) == b.gradients);
-    CHECK(double(opt.memory().bytes(C::optimizer_state)) == b.optimizer_state);
-    CHECK(activations == b.activations);
-    CHECK(temporary == b.temporary);
-    CHECK(communication - send_buffers == b.communication - send_budget);
-    CHECK(send_buffers <= double(pstats[weft::CommKind::send].bytes));
-    const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
-    CHECK(double(pstats[weft::CommKind::send].bytes) == v.pp_send);
-    CHECK(double(pstats[weft::CommKind::recv].bytes) == v.pp_recv);
+    const auto got = measure_stage(led, &d, opt.memory(), checked_slots(stage, weft::plan::rank_layout(spec, s, std::size_t(ppc.rank()))));
+    check_stage_budget(got, b, spec, s, std::size_t(ppc.rank()), pstats, true);  // zero1: every category exact
     for (int r = 0; r < w.size(); ++r) {
       if (r == w.rank())
         std::printf("validation dp=2 pp=2 tp=2 sp=%d %-4s zero1 rank %d (pp rank %d) parameters %zu/%.0f "
@@ -508,7 +485,8 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
                     "communication %.0f/%.0f (send buffers %.0f)\n",
                     int(k.sp), name.c_str(), w.rank(), ppc.rank(), d.bytes(C::parameters), b.parameters,
                     d.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
-                    activations, b.activations, temporary, b.temporary, communication, b.communication, send_buffers);
+                    got.activations, b.activations, got.temporary, b.temporary, got.communication, b.communication,
+                    got.send_buffers);
       std::fflush(stdout);
       w.barrier();
     }

@@ -139,20 +139,19 @@ inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
   return e;
 }
 
-/// Bytes of the pipeline send buffers budgeted for pipeline rank `rank`: when
-/// a slot retires while its output-gradient (or activation) send is still in
-/// flight, the executor moves the send to a spare buffer of the message's
-/// shape (Stage::take_send_buffer, "pipeline.send_buffers"). How many are in
-/// flight at once depends on when MPI completes the sends: measured 0 to 3
-/// messages on a rank here (docs/plan.md), never more than the messages the
-/// rank sends in a step. The budget takes one message on a rank with a chunk
-/// that sends gradients (any but the embedding chunk), none without a
-/// pipeline.
+/// Bytes of the pipeline send buffers of pipeline rank `rank`: when a slot
+/// retires while its input-gradient send is still in flight, the executor
+/// moves the send to one of pipeline_send_cap() buffers of one message each,
+/// allocated up front on a rank with a chunk that sends gradients (any but
+/// the embedding chunk), and waits when all are in flight
+/// ("pipeline.send_buffers"; weft/parallel/pipeline/send_cap.hpp). None
+/// without a pipeline.
 inline double pipeline_send_buffer_bytes(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
   if (s.pp <= 1) return 0.0;
   const double seq_split = (s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0;
+  const double cap = double(pipeline_send_cap(s.schedule, s.chunks, s.pp, microbatches(m, s)));
   for (const ChunkLayout& k : rank_layout(m, s, rank))
-    if (!k.embedding) return rank_tokens(m, s) * double(m.d_model) / seq_split * double(m.act_bytes);
+    if (!k.embedding) return cap * rank_tokens(m, s) * double(m.d_model) / seq_split * double(m.act_bytes);
   return 0.0;
 }
 

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <mutex>
+#include <tuple>
 #include <set>
 #include <string>
 #include <string_view>
@@ -16,6 +18,7 @@
 
 #include <weft/core/error.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
+#include <weft/parallel/pipeline/send_cap.hpp>
 #include <weft/parallel/schedule.hpp>
 
 namespace weft::plan {
@@ -180,6 +183,30 @@ inline std::vector<std::size_t> executor_slots(const std::vector<PipeAction>& pl
     }
   }
   return peak;
+}
+
+/// The send buffers (one input-gradient message each) the executor
+/// preallocates on every pipeline rank that sends gradients, for schedule s
+/// with `chunks` virtual stages per rank on p ranks and m microbatches:
+/// pipeline::default_send_cap() of the plans (1 for every schedule weft
+/// ships, on the sizes test_schedule checks), 0 without a pipeline.
+/// Remembered per arguments: the replay visits every rank's plan.
+inline std::size_t pipeline_send_cap(Schedule s, std::size_t chunks, std::size_t p, std::size_t m) {
+  if (p <= 1) return 0;
+  const std::size_t v = s == Schedule::interleaved ? chunks : 1;
+  static std::mutex mutex;
+  static std::map<std::tuple<Schedule, std::size_t, std::size_t, std::size_t>, std::size_t> known;
+  const auto key = std::make_tuple(s, v, p, m);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+  }
+  std::vector<std::vector<PipeAction>> plans;
+  for (std::size_t r = 0; r < p; ++r) plans.push_back(schedule_plan(s, v, int(p), int(m), int(r)));
+  const std::size_t cap = pipeline::default_send_cap(plans);
+  std::lock_guard<std::mutex> lock(mutex);
+  known[key] = cap;
+  return cap;
 }
 
 /// The chunks of pipeline rank `rank` with the slots the executor allocates

@@ -22,6 +22,7 @@
 #include <weft/optim/train_step.hpp>
 #include <weft/parallel/data_parallel.hpp>
 #include <weft/parallel/train_step.hpp>
+#include <weft/parallel/pipeline/send_cap.hpp>
 #include <weft/parallel/pipeline/stage.hpp>
 #include <weft/parallel/schedule.hpp>
 
@@ -104,6 +105,13 @@ struct ExecutorOptions {
   double deadline_s = weft::detail::checked_defaults().deadline_s;
   /// Called before each action of the plan, with its index (tracing, fault injection in tests).
   std::function<void(const PipeAction&, std::size_t)> before_action;
+  /// Input-gradient sends a rank may hold in flight after their microbatch's
+  /// activations are freed, each in a buffer of one message allocated up
+  /// front; when all are in flight the rank waits for one to complete. -1:
+  /// pipeline::default_send_cap(), the smallest cap of at least one that
+  /// provably cannot deadlock the schedule (weft/parallel/pipeline/send_cap.hpp).
+  /// A cap that can deadlock is a ConfigError.
+  int send_buffers = -1;
 };
 
 /// Runs one rank's plan of a schedule on a Stage, over the PP communicator.
@@ -122,6 +130,19 @@ class Executor {
                  " runs ", schedule.chunks, " chunks per rank, but the stage has ", stage.chunks().size());
     schedule.check(pp.size(), microbatches);
     plan_ = schedule.plan(pp.size(), microbatches, pp.rank());
+    std::vector<std::vector<PipeAction>> plans;
+    for (int r = 0; r < pp.size(); ++r) plans.push_back(r == pp.rank() ? plan_ : schedule.plan(pp.size(), microbatches, r));
+    if (o_.send_buffers < 0) {
+      cap_ = default_send_cap(plans);
+    } else {
+      cap_ = std::size_t(o_.send_buffers);
+      if (!send_cap_is_deadlock_free(plans, cap_))
+        weft::detail::throw_error<ConfigError>(
+            "pipeline::Executor: ExecutorOptions::send_buffers = ", cap_, " can deadlock schedule ", schedule.name, " on ",
+            pp.size(), " ranks with ", microbatches, " microbatches; the smallest safe value is ", smallest_send_cap(plans),
+            " (or -1 for the default)");
+    }
+    stage.reserve_send_buffers(cap_);
     for (std::size_t k = 0; k < plan_.size(); ++k) {
       const PipeOp op = plan_[k].op;
       if (op == PipeOp::recv_activation || op == PipeOp::recv_gradient) recvs_.push_back(k);
@@ -146,6 +167,8 @@ class Executor {
   const ScheduleChoice& schedule() const { return schedule_; }
   /// Microbatches per step.
   int microbatches() const { return m_; }
+  /// Detached input-gradient sends this rank may hold (ExecutorOptions::send_buffers).
+  std::size_t send_buffers() const { return cap_; }
   /// The stage it runs.
   Stage<T, Space>& stage() { return stage_; }
   /// The PP communicator.
@@ -270,19 +293,22 @@ class Executor {
     if (!r.active()) return;
     const double t0 = now();
     for (long spin = 0; !r.test(); ++spin) {
-      if (now() - t0 > o_.deadline_s) {
-        weft::detail::comm_poisoned() = true;  // pending requests must not be waited for at destruction
-        throw CommError("pipeline", pp_.name(),
-                        "pipeline rank " + std::to_string(pp_.rank()) + " (schedule " + schedule_.name + "): waited " +
-                            std::to_string(o_.deadline_s) + " s to " + what() +
-                            " without completing: a pipeline peer failed or hangs (deadline: "
-                            "ExecutorOptions::deadline_s, WEFT_DEADLINE)");
-      }
+      if (now() - t0 > o_.deadline_s) deadline_passed(what());
       // Spin briefly, then yield, then sleep: on a node with more ranks than
       // cores a waiting rank must leave its core to the ranks that compute.
       if (spin > 4096) std::this_thread::sleep_for(std::chrono::microseconds(50));
       else if (spin > 64) std::this_thread::yield();
     }
+  }
+
+  /// Ends the run with the CommError of a wait past its deadline.
+  [[noreturn]] void deadline_passed(const std::string& what) {
+    weft::detail::comm_poisoned() = true;  // pending requests must not be waited for at destruction
+    throw CommError("pipeline", pp_.name(),
+                    "pipeline rank " + std::to_string(pp_.rank()) + " (schedule " + schedule_.name + "): waited " +
+                        std::to_string(o_.deadline_s) + " s to " + what +
+                        " without completing: a pipeline peer failed or hangs (deadline: "
+                        "ExecutorOptions::deadline_s, WEFT_DEADLINE)");
   }
 
   /// Sum over this pipeline of `x` (a step-level reduction), with the deadline.
@@ -317,9 +343,26 @@ class Executor {
     }
   }
 
-  // Moves a pending send and its buffer out of a slot (which gets a spare buffer).
-  void detach(Request& r, ops::Matrix<T, Space>& buf) {
+  // Moves a pending gradient send and its buffer out of a slot (which gets a
+  // spare buffer). With all cap_ spares in flight it first waits until one of
+  // them, or this send, completes: send_cap.hpp shows that cannot deadlock.
+  void detach(Request& r, ops::Matrix<T, Space>& buf, const std::pair<int, int>& key) {
     if (!r.active() || r.test()) return;
+    complete_sends(false);
+    if (sending_.size() >= cap_) {
+      const double t0 = now();
+      for (long spin = 0;; ++spin) {
+        if (r.test()) return;
+        complete_sends(false);
+        if (sending_.size() < cap_) break;
+        if (now() - t0 > o_.deadline_s)
+          deadline_passed("complete the gradient send of microbatch " + std::to_string(key.first) + " chunk " +
+                          std::to_string(key.second) + " or an earlier one (all " + std::to_string(cap_) +
+                          " send buffers are in flight)");
+        if (spin > 4096) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        else if (spin > 64) std::this_thread::yield();
+      }
+    }
     sending_.push_back({std::move(r), buf});
     buf = stage_.take_send_buffer(buf.extent(0), buf.extent(1));
   }
@@ -361,10 +404,12 @@ class Executor {
       const std::size_t vs = stage_.chunks()[std::size_t(key.second)].virtual_stage;
       const bool grad_done = vs == 0 || grad_sent_.count(key) != 0;
       if (grad_done) {
-        // A send still in flight keeps only its own buffer, not the slot:
-        // the activations are free as soon as the backward is complete.
-        detach(s.send_activation, s.xs.back());
-        detach(s.send_gradient, s.dx);
+        // The activation has been consumed (its output gradient came back),
+        // so its send completes without any further step of the peer. A
+        // gradient send still in flight keeps only its own buffer, not the
+        // slot: the activations are free as soon as the backward is complete.
+        wait(s.send_activation, PipeAction{PipeOp::send_activation, key.first, key.second, -1});
+        detach(s.send_gradient, s.dx, key);
         stage_.release(key.first, key.second);
         retiring_.erase(retiring_.begin() + long(i));
       } else {
@@ -390,6 +435,7 @@ class Executor {
     ops::Matrix<T, Space> buf;
   };
   std::vector<InFlightSend> sending_;
+  std::size_t cap_ = 1;  // most detached gradient sends (preallocated buffers)
   std::vector<StepEvent> timeline_;
   double t_begin_ = 0, t_end_ = 0;
 };

@@ -404,6 +404,19 @@ class Stage {
     return m;
   }
 
+  /// Allocates spare buffers for input-gradient sends until `n` exist in
+  /// all (none on a rank whose chunks all hold the embedding: it sends no
+  /// gradients). The executor reserves its cap of detached sends up front,
+  /// so that memory() does not depend on when MPI completes the sends.
+  void reserve_send_buffers(std::size_t n) {
+    bool sends_gradients = false;
+    for (const auto& k : chunks_) sends_gradients = sends_gradients || !k.emb;
+    if (!sends_gradients) return;
+    for (; send_buffers_ < n; ++send_buffers_) {
+      spare_send_.emplace_back("pipeline.send_buffer", rows_, cfg_.d_model);
+      send_buffer_bytes_ += rows_ * cfg_.d_model * sizeof(T);
+    }
+  }
   /// A buffer of rows x cols for a send that outlives its slot (the
   /// executor detaches in-flight sends from retired slots): a returned one
   /// of that shape when there is one, else a new one, counted by memory().
@@ -415,6 +428,7 @@ class Stage {
         return m;
       }
     send_buffer_bytes_ += rows * cols * sizeof(T);
+    ++send_buffers_;
     return Matrix("pipeline.send_buffer", rows, cols);
   }
   /// Returns a buffer from take_send_buffer() (or a slot's, which it
@@ -533,6 +547,7 @@ class Stage {
   std::size_t root_chunks_done_ = 0;  // chunks holding root parameters whose weights are done this step
   std::vector<Matrix> spare_send_;     // send buffers free for reuse
   std::size_t send_buffer_bytes_ = 0;  // bytes of every send buffer allocated
+  std::size_t send_buffers_ = 0;       // send buffers allocated
 };
 
 /// Measures what --stages auto partitions by: for each unit (embedding,
