@@ -11,13 +11,13 @@
 // overhead; the target is >= 0.95 for the forms without packing). "into"
 // writes into a preallocated destination; "alloc" allocates the result each
 // call, as `auto y = redistribute<To>(x, axis)` does. Shard<1> pairs split a
-// non-leading dimension: by default they stage their inputs through the axis'
-// node-shared scratch window (Comm::node_shared_staging) while a rank copies
-// at most WEFT_NODE_SHARED_STAGING_MAX_BYTES (512 KiB) into it, and take the
-// MPI path above; these rows have the target. Their "mpi" rows turn staging
-// off and show the MPI path, which packs or unpacks blocks around the
-// collective (work the bare call does not do) or hands MPI a derived
-// datatype, without a target. The "shm" rows
+// non-leading dimension: by default each rank reads its peers' blocks straight
+// into its result with cross-memory attach (Comm::cross_memory_attach; where
+// that is unavailable they stage through the axis' node-shared scratch window
+// up to 512 KiB per rank, Comm::node_shared_staging); these rows have the
+// target. Their "mpi" rows turn both off and show the MPI path, which packs
+// or unpacks blocks around the collective (work the bare call does not do) or
+// hands MPI a derived datatype, without a target. The "shm" rows
 // run the same pairs with the input allocated in a weft::NodeShared window,
 // so that each rank copies its peers' blocks straight into its result; their
 // ratio is against the same bare contiguous collective (same bytes) and has
@@ -170,12 +170,13 @@ int main(int argc, char** argv) {
       row("Partial<Sum> -> Shard<0>", "reduce_scatter", true, [&] { redistribute<Shard<0>>(x, TP{}, y); },
           [&] { (void)redistribute<Shard<0>>(x, TP{}); }, [&] { tp.reduce_scatter(x.local(), y.local()); });
     }
-    // The pairs that split a non-leading dimension: by default staged through
-    // the axis' node-shared scratch window (one copy in, one copy of each
-    // peer chunk out) up to the staging limit; "mpi" rows turn staging off
-    // (set_node_shared_staging) and show the MPI path (pack kernels below
-    // 8 MiB, derived datatypes from 8 MiB on).
+    // The pairs that split a non-leading dimension: by default each rank
+    // reads its peers' chunks straight into its result (cross-memory attach,
+    // one copy); "mpi" rows turn that and staging off
+    // (set_cross_memory_attach, set_node_shared_staging) and show the MPI
+    // path (pack kernels below 8 MiB, derived datatypes from 8 MiB on).
     for (const bool staged : {true, false}) {
+      tp.set_cross_memory_attach(staged);
       tp.set_node_shared_staging(staged);
       {  // Shard<1> -> Shard<0>: all-to-all, chunks along dim 0 are contiguous, received ones concatenate along dim 1.
         DistView<T, 2, On<TP, Shard<1>>> x(mesh, rows, cols);
@@ -192,6 +193,28 @@ int main(int argc, char** argv) {
             [&] { tp.all_gather(x.local(), y.local()); });
       }
     }
+    {  // The same pairs against the bare Comm collective that gives the same
+       // layout: MPI places the blocks itself (BlockLayout, derived datatypes).
+      using Flat = Kokkos::View<T*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+      auto flat = [](auto v) { return Flat(v.data(), v.size()); };
+      {
+        DistView<T, 2, On<TP, Shard<1>>> x(mesh, rows, cols);
+        DistView<T, 2, On<TP, Shard<0>>> y(mesh, rows, cols);
+        const BlockLayout recv{rows / p, cols / p, cols};
+        row("Shard<1> -> Shard<0> lay", "all_to_all", false, [&] { redistribute<Shard<0>>(x, TP{}, y); },
+            [&] { (void)redistribute<Shard<0>>(x, TP{}); },
+            [&] { tp.all_to_all(flat(x.local()), BlockLayout{}, flat(y.local()), recv); });
+      }
+      {
+        DistView<T, 2, On<TP, Shard<1>>> x(mesh, rows, cols);
+        DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
+        const BlockLayout recv{rows, cols / p, cols};
+        row("Shard<1> -> Replicate lay", "all_gather", false, [&] { redistribute<Replicate>(x, TP{}, y); },
+            [&] { (void)redistribute<Replicate>(x, TP{}); },
+            [&] { tp.all_gather(flat(x.local()), flat(y.local()), recv); });
+      }
+    }
+    tp.set_cross_memory_attach(true);
     tp.set_node_shared_staging(true);
     using Host2 = BasicDistView<T, dextents<2>, Space, On<TP, Shard<1>>>;
     {  // The same pairs from node-shared memory: one copy per peer block, no MPI transfer.

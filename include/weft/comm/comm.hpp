@@ -234,6 +234,22 @@ class Comm {
   /// it takes must be the same on every rank). The scratch window already
   /// allocated is kept until the communicator is freed.
   void set_node_shared_staging(bool on) noexcept { core_->staging = on ? 1 : 0; }
+  /// Whether redistribute over this communicator may read its peers' host
+  /// inputs directly out of their address spaces (Linux cross-memory attach,
+  /// process_vm_readv) for Shard<i> -> Replicate and Shard<i> -> Shard<j>
+  /// splitting a non-leading dimension, when all ranks share one node: each
+  /// rank copies its peers' blocks straight into their places in its result,
+  /// one copy with no packing, as MPI's own single-copy transport does for
+  /// contiguous messages (docs/placement.md, "Cross-memory reads"). On by
+  /// default; WEFT_CROSS_MEMORY_ATTACH=0 turns the default off. Off for good
+  /// on this communicator, on every rank, after a read failed on any rank
+  /// (e.g. where the kernel forbids it): redistribute then takes the other paths.
+  bool cross_memory_attach() const noexcept {
+    return !core_->cma_failed && (core_->cma < 0 ? detail::cross_memory_attach_default() : core_->cma != 0);
+  }
+  /// Turns cross_memory_attach() on or off for this communicator; every rank
+  /// must set the same value at the same point of the program.
+  void set_cross_memory_attach(bool on) noexcept { core_->cma = on ? 1 : 0; }
   /// Bytes of this rank's segment of the staging scratch window (0 until
   /// a redistribution first staged over this communicator): two buffers of
   /// the largest local input staged so far (rounded up to 64 KiB) and 64

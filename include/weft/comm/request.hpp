@@ -58,6 +58,16 @@ inline bool node_shared_staging_default() {
   return on;
 }
 
+// The process-wide default of Comm::cross_memory_attach(): on, unless the
+// environment variable WEFT_CROSS_MEMORY_ATTACH is 0 (read once).
+inline bool cross_memory_attach_default() {
+  static const bool on = [] {
+    const char* e = std::getenv("WEFT_CROSS_MEMORY_ATTACH");
+    return !(e != nullptr && e[0] == '0' && e[1] == '\0');
+  }();
+  return on;
+}
+
 // Set when a deadline passed with operations still posted: MPI cannot cancel a
 // collective, so such a process must not call MPI_Finalize (it could block);
 // weft::Environment aborts the job instead.
@@ -94,6 +104,8 @@ struct CommCore {
   int node_shared_users = 0;  // see Comm::node_shared_peers
   int staging = -1;           // Comm::node_shared_staging(): -1 = the process default
   int within_node = -1;       // -1 = not asked yet; else whether all ranks share one node
+  int cma = -1;               // Comm::cross_memory_attach(): -1 = the process default
+  bool cma_failed = false;    // a cross-memory read failed on some rank: off for good
   std::size_t staging_bytes = 0;        // this rank's segment of the staging window
   std::shared_ptr<void> staging_window;  // freed (collectively) before the communicator
 

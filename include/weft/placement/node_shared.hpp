@@ -9,6 +9,7 @@
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +22,12 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/uio.h>  // process_vm_readv
+#include <unistd.h>   // getpid
+#include <cerrno>
+#endif
 
 #include <weft/comm/comm.hpp>
 #include <weft/core/error.hpp>
@@ -470,6 +477,130 @@ bool stage_through_node_shared(Comm& comm, const T* src, std::size_t bytes, T* d
   return true;
 }
 
+// ------------------------------------------------------ cross-memory reads
+// How many redistributions in this process read their peers' inputs with
+// cross-memory attach.
+inline std::uint64_t& cross_memory_count() {
+  static std::uint64_t n = 0;
+  return n;
+}
+
+// A value that identifies this process, at a fixed address: a peer reads it
+// along with the data and compares it with what this process published, so
+// that a process id that names another process (ranks in different pid
+// namespaces) fails the read instead of copying the wrong memory.
+inline const std::uint64_t& process_identity() {
+  static const std::uint64_t v = [] {
+    std::uint64_t x = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    x ^= reinterpret_cast<std::uintptr_t>(&x) * 0x9E3779B97F4A7C15ull;
+#if defined(__linux__)
+    x ^= static_cast<std::uint64_t>(::getpid()) << 32;
+#endif
+    return x | 1;  // never 0, which the reader's slot starts as
+  }();
+  return v;
+}
+
+// The cross-memory path of a Shard -> Replicate or Shard -> Shard step on host
+// memory (n, a, pa, ca, b as for copy_peer_chunks). When
+// comm.cross_memory_attach() is on and the communicator's 2 or more ranks
+// share a node (the same answer on every rank): the ranks exchange their
+// process ids and input addresses (one small all-gather, from which every
+// input is complete); each rank reads its chunk of every peer's input
+// straight into its place in dst with process_vm_readv (runs of min(a, b)
+// elements, merged on each side where contiguous, up to 1024 vectors a side
+// per call) and
+// copies its own; one MPI_Allreduce then agrees that every read succeeded,
+// and is the point after which a peer may change its input again. If any
+// read failed, cross_memory_attach() goes off for good on the communicator,
+// on every rank, and false is returned, as when the path does not apply: the
+// caller then takes its other paths, which rewrite all of dst.
+template <class T>
+bool read_peers_cross_memory(Comm& comm, const T* src, std::size_t bytes, T* dst, std::size_t n, std::size_t a,
+                             std::size_t pa, std::size_t ca, std::size_t b) {
+#if defined(__linux__)
+  if (bytes == 0 || !comm.cross_memory_attach() || comm.size() < 2 || !comm_within_node(comm)) return false;
+  const std::size_t p = static_cast<std::size_t>(comm.size()), me = static_cast<std::size_t>(comm.rank());
+  const std::uint64_t& id = process_identity();
+  std::int64_t info[4] = {static_cast<std::int64_t>(::getpid()),
+                          static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(src)),
+                          static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(&id)), static_cast<std::int64_t>(id)};
+  std::vector<std::int64_t> all(4 * p);
+  MPI_Comm c = comm.native();
+  shared_collective(
+      comm, "all_gather", "exchanging input addresses for cross-memory reads",
+      [&](MPI_Request* q) { return MPI_Iallgather(info, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, c, q); },
+      [&] { return MPI_Allgather(info, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, c); });
+  copy_chunk(src, dst, n, a, pa, ca, b, p, me);
+  int ok = 1, err = 0;
+  const std::size_t run = a < b ? a : b;
+  std::vector<iovec> local, remote;
+  local.reserve(1024);
+  remote.reserve(1024);
+  pid_t pid = 0;
+  std::size_t want = 0;
+  auto flush = [&] {
+    if (local.empty()) return;
+    const ssize_t got = ::process_vm_readv(pid, local.data(), local.size(), remote.data(), remote.size(), 0);
+    if (got < 0 || static_cast<std::size_t>(got) != want) {
+      ok = 0;
+      err = got < 0 ? errno : 0;
+    }
+    local.clear();
+    remote.clear();
+    want = 0;
+  };
+  std::uint64_t seen = 0;  // the peer's identity, read with its first batch
+  for (std::size_t r = 0; r < p && ok && run > 0; ++r) {
+    if (r == me) continue;
+    pid = static_cast<pid_t>(all[4 * r]);
+    const auto base = static_cast<std::uintptr_t>(all[4 * r + 1]);
+    seen = 0;
+    local.push_back({&seen, sizeof seen});
+    remote.push_back({reinterpret_cast<void*>(static_cast<std::uintptr_t>(all[4 * r + 2])), sizeof seen});
+    want += sizeof seen;
+    for (std::size_t k = 0; k < n && ok; k += run) {
+      const std::uintptr_t from = base + ((k / a * pa + ca) * a + k % a) * sizeof(T);
+      char* to = reinterpret_cast<char*>(dst + (k / b * p + r) * b + k % b);
+      const std::size_t len = run * sizeof(T);
+      // The two sides are streams of the same runs in the same order, so each
+      // merges its own contiguous runs: a peer's contiguous chunk read into
+      // strided rows is one remote vector and one local vector per row (the
+      // kernel pins the remote pages once per remote vector).
+      const bool local_joins =
+          !local.empty() && static_cast<char*>(local.back().iov_base) + local.back().iov_len == to;
+      const bool remote_joins =
+          !remote.empty() && reinterpret_cast<std::uintptr_t>(remote.back().iov_base) + remote.back().iov_len == from;
+      if ((!local_joins && local.size() == 1024) || (!remote_joins && remote.size() == 1024)) flush();
+      if (!local.empty() && local_joins) local.back().iov_len += len;
+      else local.push_back({to, len});
+      if (!remote.empty() && remote_joins) remote.back().iov_len += len;
+      else remote.push_back({reinterpret_cast<void*>(from), len});
+      want += len;
+    }
+    flush();
+    if (seen != static_cast<std::uint64_t>(all[4 * r + 3])) ok = 0;  // another process than the peer
+  }
+  Kokkos::DefaultHostExecutionSpace().fence();
+  shared_collective(
+      comm, "all_reduce", "agreeing that the cross-memory reads succeeded",
+      [&](MPI_Request* q) { return MPI_Iallreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c, q); },
+      [&] { return MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c); });
+  if (!ok) {
+    comm.staging_state().cma_failed = true;
+    if (err != 0)
+      std::fprintf(stderr, "weft: rank %d of axis '%s': cross-memory reads failed (%s); redistribute uses its other "
+                   "paths on this axis from now on\n", comm.rank(), comm.name().c_str(), std::strerror(err));
+    return false;
+  }
+  ++cross_memory_count();
+  return true;
+#else
+  (void)comm, (void)src, (void)bytes, (void)dst, (void)n, (void)a, (void)pa, (void)ca, (void)b;
+  return false;
+#endif
+}
+
 }  // namespace detail
 
 /// Node-shared host memory for one mesh: every allocation is an MPI
@@ -664,5 +795,10 @@ class NodeShared {
 /// (Comm::node_shared_staging) instead of calling an MPI collective (for
 /// tests and diagnostics).
 inline std::uint64_t staged_redistributions() noexcept { return detail::staged_count(); }
+
+/// How many redistributions in this process read their peers' host inputs
+/// directly with cross-memory attach (Comm::cross_memory_attach) instead of
+/// calling an MPI collective (for tests and diagnostics).
+inline std::uint64_t cross_memory_redistributions() noexcept { return detail::cross_memory_count(); }
 
 }  // namespace weft

@@ -299,7 +299,10 @@ Kokkos::View<T*, Space> scratch(std::size_t n, const char* label) {
 // (Comm::node_shared_staging) and its ranks share a node,
 // the inputs go through the axis' staging window
 // (stage_through_node_shared) and the collective is skipped too; otherwise
-// the stage runs as planned. Decided in start, when the input is ready, by every
+// the stage runs as planned. Before staging, below blocked_layout_min_bytes(),
+// it tries reading the peers' inputs with cross-memory attach
+// (read_peers_cross_memory, Comm::cross_memory_attach), which needs no
+// shared window. Decided in start, when the input is ready, by every
 // rank alike. The copy is recorded in the axis' statistics as one call of
 // `kind` moving `bytes`.
 template <class Exec, class T, class Src, class Dst>
@@ -316,6 +319,19 @@ Stage with_node_shared(Stage planned, Comm* cm, Src src, Dst dst, CommKind kind,
       if (peers) {
         copy_peer_chunks<T>(peers.ptrs, dst.data(), n, a, pa, ca, b);
         release_shared_peers(*cm, peers);
+        cm->record(kind, bytes, now_seconds() - t0);
+        *took = true;
+        return Request();
+      }
+    }
+    // Below the size from which MPI's derived datatypes place the blocks
+    // (blocked_layout_min_bytes), where the planned path packs or unpacks:
+    // above it, MPI's pipelined copies measured faster than one rank reading
+    // a whole strided chunk (docs/placement.md, "Cross-memory reads").
+    if (stage && bytes < blocked_layout_min_bytes() && cm->cross_memory_attach()) {
+      const double t0 = now_seconds();
+      Exec().fence();
+      if (read_peers_cross_memory<T>(*cm, src.data(), src.size() * sizeof(T), dst.data(), n, a, pa, ca, b)) {
         cm->record(kind, bytes, now_seconds() - t0);
         *took = true;
         return Request();
