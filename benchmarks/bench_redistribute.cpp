@@ -5,7 +5,7 @@
 // machine slows both alike). Reports the median over repetitions.
 //
 //   mpirun -n 2 ./bench_redistribute [--min-bytes 1048576] [--max-bytes 67108864] [--step 4]
-//                                    [--reps 9] [--batch-ms 40] [--check]
+//                                    [--reps 9] [--batch-ms 40] [--check]   (--help lists the flags)
 //
 // Bytes are the global tensor's. ratio = bare time / weft time (1 = no
 // overhead; the target is >= 0.95 for the forms without packing). "into"
@@ -24,9 +24,10 @@
 // the target too. --check makes a missed target the exit status.
 #include <weft/weft.hpp>
 
+#include "bench_args.hpp"
+
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -46,36 +47,24 @@ struct Options {
   bool check = false;
 };
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> double {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_redistribute: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return std::atof(argv[++i]);
-    };
-    if (a == "--min-bytes") o.min_bytes = static_cast<std::size_t>(value());
-    else if (a == "--max-bytes") o.max_bytes = static_cast<std::size_t>(value());
-    else if (a == "--step") o.step = static_cast<std::size_t>(value());
-    else if (a == "--reps") o.reps = static_cast<int>(value());
-    else if (a == "--batch-ms") o.batch_s = value() / 1000.0;
-    else if (a == "--check") o.check = true;
-    else {
-      std::fprintf(stderr,
-                   "bench_redistribute: unknown option '%s'\n"
-                   "options: --min-bytes N --max-bytes N --step K --reps N --batch-ms X --check\n",
-                   a.c_str());
-      std::exit(2);
-    }
+// 0: run; 1: --help was printed; 2: bad flags (said on rank 0).
+int parse(int argc, char** argv, bool print, Options& o) {
+  double batch_ms = o.batch_s * 1000.0;
+  weft::bench::Flags f("bench_redistribute");
+  f.add("--min-bytes", o.min_bytes, "smallest global tensor (one row of floats at least)", cols * sizeof(T))
+      .add("--max-bytes", o.max_bytes, "largest global tensor", cols * sizeof(T))
+      .add("--step", o.step, "factor between sizes", 2)
+      .add("--reps", o.reps, "alternating weft,bare batch pairs per row", 1)
+      .add("--batch-ms", batch_ms, "length of one timed batch in ms")
+      .add_switch("--check", o.check, "a missed target is the exit status");
+  if (const int rc = f.parse(argc, argv, print)) return rc;
+  o.batch_s = batch_ms / 1000.0;
+  if (o.max_bytes < o.min_bytes) {
+    if (print)
+      std::fprintf(stderr, "bench_redistribute: --max-bytes %zu is below --min-bytes %zu\n", o.max_bytes, o.min_bytes);
+    return 2;
   }
-  if (o.step < 2 || o.reps < 1 || o.min_bytes < cols * sizeof(T) || o.max_bytes < o.min_bytes) {
-    std::fprintf(stderr, "bench_redistribute: need --step >= 2, --reps >= 1, 4096 <= --min-bytes <= --max-bytes\n");
-    std::exit(2);
-  }
-  return o;
+  return 0;
 }
 
 double median(std::vector<double> v) {
@@ -122,8 +111,9 @@ Result compare(weft::Comm& world, const Options& o, const std::function<void()>&
 
 int main(int argc, char** argv) {
   weft::Environment env(argc, argv);
-  const Options o = parse(argc, argv);
   auto& world = env.world();
+  Options o;
+  if (const int rc = parse(argc, argv, world.rank() == 0, o)) return rc == 1 ? 0 : rc;
   weft::Mesh<weft::TP> mesh(world, world.size());
   auto& tp = mesh.axis<weft::TP>();
   weft::NodeShared shm(mesh);

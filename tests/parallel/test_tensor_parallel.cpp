@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../plan/spec_of_gpt.hpp"
 #include "weft_test.hpp"
 
 namespace {
@@ -267,18 +268,7 @@ TEST_CASE("the planner's per-rank parameter count is what the split GPT holds, e
     weft::nn::GPT<float> gpt(c, {&w, false});
     std::size_t held = 0;
     for (auto* p : gpt.parameters()) held += p->size();
-    weft::plan::ModelSpec m;
-    m.layers = c.layers;
-    m.d_model = c.d_model;
-    m.heads = c.heads;
-    m.kv_heads = c.kv_heads;
-    m.seq = c.seq;
-    m.micro_batch = c.batch;
-    m.global_batch = c.batch;
-    m.vocab = c.vocab;
-    m.mlp = c.mlp == weft::nn::MlpKind::swiglu ? weft::plan::Mlp::swiglu : weft::plan::Mlp::gelu;
-    m.layernorm = c.norm == weft::nn::NormKind::layernorm;
-    m.learned_positions = c.position == weft::nn::PositionKind::learned;
+    const weft::plan::ModelSpec m = weft::test::spec_of(c);
     weft::plan::MeshSpec s;
     s.tp = std::size_t(w.size());
     INFO("tp ", w.size(), " held ", held);

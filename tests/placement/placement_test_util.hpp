@@ -1,9 +1,11 @@
 // Helpers of the placement tests: a global tensor every rank can compute, the
-// partial values a rank contributes to it, and element-by-element comparison
-// of a DistView's local block with the global tensor.
+// partial values a rank contributes to it, element-by-element comparison
+// of a DistView's local block with the global tensor, and the text of the
+// error a call throws.
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <string>
 #include <tuple>
 
@@ -60,6 +62,20 @@ std::size_t mismatches(const DV& y, F expected) {
 inline std::string wrong(const std::string& what, std::size_t n) {
   return what + ": " + std::to_string(n) + " wrong elements";
 }
+
+// The message of the exception f() throws, or "(no error)" when it throws none.
+template <class F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Whether part occurs in s.
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Calls f.template operator()<Exec>() for every execution space of the build.
 template <class F>

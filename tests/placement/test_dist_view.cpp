@@ -6,7 +6,9 @@
 #include "placement_test_util.hpp"
 
 using namespace weft;
+using weft::test::contains;
 using weft::test::contribution;
+using weft::test::error_text;
 using weft::test::fill;
 using weft::test::global_value;
 using weft::test::mismatches;
@@ -14,18 +16,6 @@ using weft::test::reduced;
 using weft::test::wrong;
 
 namespace {
-
-template <class F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 auto identity = [](std::size_t g) { return global_value<double>(g); };
 

@@ -9,6 +9,8 @@
 #include "placement_test_util.hpp"
 
 using namespace weft;
+using weft::test::contains;
+using weft::test::error_text;
 using weft::test::fill;
 using weft::test::global_value;
 using weft::test::mismatches;
@@ -17,18 +19,6 @@ using weft::test::wrong;
 namespace {
 
 using Host = Kokkos::HostSpace;
-
-template <class F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 template <class T>
 auto identity() {

@@ -11,6 +11,7 @@
 #include <weft/plan/memory.hpp>
 #include <weft/plan/presets.hpp>
 
+#include "spec_of_gpt.hpp"
 #include "weft_test.hpp"
 
 namespace {
@@ -18,6 +19,7 @@ namespace {
 using weft::plan::DPMode;
 using weft::plan::MeshSpec;
 using weft::plan::ModelSpec;
+using weft::test::spec_of;
 using C = weft::metrics::MemoryCategory;
 
 weft::nn::GPTConfig small_gpt(bool swiglu, bool recompute, std::size_t kv) {
@@ -36,22 +38,6 @@ weft::nn::GPTConfig small_gpt(bool swiglu, bool recompute, std::size_t kv) {
     c.position = weft::nn::PositionKind::rotary;
   }
   return c;
-}
-
-ModelSpec spec_of(const weft::nn::GPTConfig& c) {
-  ModelSpec m;
-  m.layers = c.layers;
-  m.d_model = c.d_model;
-  m.heads = c.heads;
-  m.kv_heads = c.kv_heads;
-  m.seq = c.seq;
-  m.micro_batch = c.batch;
-  m.vocab = c.vocab;
-  m.recompute = c.recompute;
-  m.mlp = c.mlp == weft::nn::MlpKind::swiglu ? weft::plan::Mlp::swiglu : weft::plan::Mlp::gelu;
-  m.layernorm = c.norm == weft::nn::NormKind::layernorm;
-  m.learned_positions = c.position == weft::nn::PositionKind::learned;
-  return m;
 }
 
 void within(double predicted, double measured, const std::string& what) {

@@ -22,6 +22,7 @@
 #include <weft/plan/meshes.hpp>
 #include <weft/plan/memory.hpp>
 
+#include "spec_of_gpt.hpp"
 #include "weft_test.hpp"
 
 namespace {
@@ -30,6 +31,7 @@ using Space = Kokkos::DefaultExecutionSpace;
 using C = weft::metrics::MemoryCategory;
 using weft::plan::MeshSpec;
 using weft::plan::ModelSpec;
+using weft::test::spec_of;
 
 // Eight blocks: interleaved:2 on four ranks has a block per virtual stage.
 weft::nn::GPTConfig pipe_gpt(std::size_t microbatch) {
@@ -42,23 +44,6 @@ weft::nn::GPTConfig pipe_gpt(std::size_t microbatch) {
   c.batch = microbatch;
   c.seed = 5;
   return c;
-}
-
-ModelSpec spec_of(const weft::nn::GPTConfig& c, std::size_t microbatches) {
-  ModelSpec m;
-  m.layers = c.layers;
-  m.d_model = c.d_model;
-  m.heads = c.heads;
-  m.kv_heads = c.kv_heads;
-  m.seq = c.seq;
-  m.micro_batch = c.batch;
-  m.global_batch = c.batch * microbatches;
-  m.vocab = c.vocab;
-  m.recompute = c.recompute;
-  m.mlp = c.mlp == weft::nn::MlpKind::swiglu ? weft::plan::Mlp::swiglu : weft::plan::Mlp::gelu;
-  m.layernorm = c.norm == weft::nn::NormKind::layernorm;
-  m.learned_positions = c.position == weft::nn::PositionKind::learned;
-  return m;
 }
 
 weft::data::TokenStream stream(int vocab) {

@@ -116,18 +116,7 @@ class Attention {
           ops::gemm(ops::Trans::N, ops::Trans::N, T(1), Kokkos::subview(s.probs, b * H + hh, Kokkos::ALL, Kokkos::ALL),
                     v(s.qkv, b, hh), T(0), head(s.heads, b, hh));
     }
-    if (!tp.active()) {
-      proj_.forward(s.heads, out);
-    } else if (!tp.sp()) {
-      proj_.forward(s.heads, out);  // partial sums, no bias
-      detail::tp_all_reduce(*ctx_, out);
-      proj_.add_bias(out);
-    } else {
-      WEFT_REQUIRE(w != nullptr, Error, "nn::Attention: sequence parallelism needs the workspace in forward");
-      proj_.forward(s.heads, w->full);
-      detail::tp_reduce_scatter(*ctx_, w->full, out);
-      proj_.add_bias(out);
-    }
+    detail::row_parallel_forward(*ctx_, proj_, s.heads, out, w ? &w->full : nullptr, "nn::Attention");
   }
 
   /// dh = d/dh (overwritten) from dout; parameter gradients accumulate. h,
@@ -135,12 +124,7 @@ class Attention {
   template <class HV, class DOV, class DHV>
   void backward(const HV& h, const Saved& s, const DOV& dout, const DHV& dh, const Workspace& w) {
     const TensorParallel& tp = ctx_->tp;
-    if (tp.sp()) {
-      detail::tp_all_gather(*ctx_, dout, w.full);
-      proj_.backward(s.heads, w.full, w.dheads, false);
-    } else {
-      proj_.backward(s.heads, dout, w.dheads, false);
-    }
+    detail::row_parallel_backward(*ctx_, proj_, s.heads, dout, w.dheads, w.full);
     const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
     Kokkos::deep_copy(w.dqkv, T(0));  // K and V gradients sum over the query heads of a group
     {

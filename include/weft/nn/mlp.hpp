@@ -75,30 +75,14 @@ class MLP {
       else
         ops::swiglu_forward(s.up, s.act);
     }
-    if (!tp.active()) {
-      down_.forward(s.act, out);
-    } else if (!tp.sp()) {
-      down_.forward(s.act, out);  // partial sums, no bias
-      detail::tp_all_reduce(*ctx_, out);
-      down_.add_bias(out);
-    } else {
-      WEFT_REQUIRE(w != nullptr, Error, "nn::MLP: sequence parallelism needs the workspace in forward");
-      down_.forward(s.act, w->full);
-      detail::tp_reduce_scatter(*ctx_, w->full, out);
-      down_.add_bias(out);
-    }
+    detail::row_parallel_forward(*ctx_, down_, s.act, out, w ? &w->full : nullptr, "nn::MLP");
   }
 
   /// dh = d/dh (overwritten); parameter gradients accumulate.
   template <class HV, class DOV, class DHV>
   void backward(const HV& h, const Saved& s, const DOV& dout, const DHV& dh, const Workspace& w) {
     const TensorParallel& tp = ctx_->tp;
-    if (tp.sp()) {
-      detail::tp_all_gather(*ctx_, dout, w.full);
-      down_.backward(s.act, w.full, w.dact, false);
-    } else {
-      down_.backward(s.act, dout, w.dact, false);
-    }
+    detail::row_parallel_backward(*ctx_, down_, s.act, dout, w.dact, w.full);
     {
       metrics::Profiler::Scope sc(ctx_->profiler, kind_ == MlpKind::gelu ? "gelu" : "swiglu");
       if (kind_ == MlpKind::gelu)

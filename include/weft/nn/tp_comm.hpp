@@ -1,8 +1,10 @@
 // The collectives a tensor-parallel model issues between its matmuls, on the
 // TP axis of its Context, each charged to a profiler scope ("tp.all_reduce",
 // "tp.all_gather", "tp.reduce_scatter") so a run can report their exposed
-// time; and the reduction of gradients that sequence parallelism leaves
-// partial (norm scales, learned positions).
+// time; the row-parallel layer that closes each TP region (attention's output
+// projection, the MLP's down-projection) with its collective; and the
+// reduction of gradients that sequence parallelism leaves partial (norm
+// scales, learned positions).
 #pragma once
 
 #include <vector>
@@ -30,6 +32,47 @@ template <class F, class S>
 void tp_reduce_scatter(const Context& ctx, const F& full, const S& part) {
   metrics::Profiler::Scope s(ctx.profiler, "tp.reduce_scatter");
   ctx.tp.comm->reduce_scatter(full, part);
+}
+
+/// out = x W + b through `layer`, the row-parallel Linear that closes a TP
+/// region (attention's output projection, the MLP's down-projection; without
+/// TP a plain Linear). Each rank multiplies its input features x [tokens,
+/// in / tp] and the partial sums are joined over the TP axis: all-reduced
+/// into out [tokens, D], or under sequence parallelism written to `full`
+/// [tokens, D] and reduce-scattered into this rank's token shard out; the
+/// bias is added once, after the join. `full` may be null without sequence
+/// parallelism; `who` names the caller in the error when it is null with it.
+template <class L, class XV, class OV, class FV>
+void row_parallel_forward(const Context& ctx, const L& layer, const XV& x, const OV& out, const FV* full,
+                          const char* who) {
+  if (!ctx.tp.active()) {
+    layer.forward(x, out);
+    return;
+  }
+  if (!ctx.tp.sp()) {
+    layer.forward(x, out);  // partial sums, no bias
+    tp_all_reduce(ctx, out);
+  } else {
+    WEFT_REQUIRE(full != nullptr, Error, who, ": sequence parallelism needs the workspace in forward");
+    layer.forward(x, *full);
+    tp_reduce_scatter(ctx, *full, out);
+  }
+  layer.add_bias(out);
+}
+
+/// Backward of row_parallel_forward: dx [tokens, in / tp] = dout W^T
+/// (overwritten) and the layer's parameter gradients accumulate. dout has
+/// forward's rows of out; under sequence parallelism it is first all-gathered
+/// into `full` [tokens, D] (the whole output gradient every rank's features
+/// need).
+template <class L, class XV, class DOV, class DXV, class FV>
+void row_parallel_backward(const Context& ctx, L& layer, const XV& x, const DOV& dout, const DXV& dx, const FV& full) {
+  if (ctx.tp.sp()) {
+    tp_all_gather(ctx, dout, full);
+    layer.backward(x, full, dx, false);
+  } else {
+    layer.backward(x, dout, dx, false);
+  }
 }
 
 /// Gradients of replicated parameters that a sequence-parallel rank computes
