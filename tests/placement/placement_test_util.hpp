@@ -1,10 +1,15 @@
 // Helpers of the placement tests: a global tensor every rank can compute, the
 // partial values a rank contributes to it, element-by-element comparison
-// of a DistView's local block with the global tensor, and the text of the
-// error a call throws.
+// of a DistView's local block with the global tensor, the text of the
+// error a call throws, and the check of one host redistribution step that the
+// node-local path tests share.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <tuple>
@@ -76,6 +81,59 @@ std::string error_text(F&& f) {
 
 // Whether part occurs in s.
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// The global tensor as a function of the global index, for fill and mismatches.
+template <class T>
+auto identity() {
+  return [](std::size_t g) { return global_value<T>(g); };
+}
+
+// Whether the environment leaves a default-on switch on (anything but "0").
+inline bool env_switch_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e != nullptr && std::strcmp(e, "0") == 0);
+}
+
+// What check_host_step saw: how far `counter` moved over its two calls and
+// the bytes of the rank's input.
+struct HostStep {
+  std::uint64_t moved = 0;
+  std::size_t local_bytes = 0;
+};
+
+// An ordinary host x (From over Axis, Others elsewhere) of the given global
+// extents redistributed to To over Axis in both forms (returning, and into an
+// existing view): checks every element of both results, that the axis'
+// statistics count two calls of the collective the step stands for, and that
+// x is unchanged. `counter()` is the path counter the caller asks about.
+template <class T, class Axis, class From, class To, class... Others, class MeshT, class Counter>
+HostStep check_host_step(MeshT& mesh, const std::array<std::size_t, 3>& global, Counter counter) {
+  using Src = BasicDistView<T, dextents<3>, Kokkos::HostSpace, Others..., On<Axis, From>>;
+  using Dst = redistributed_t<Src, Axis, To>;
+  const std::string what = mesh.describe() + ": " + Src::describe() + " to " + placement_name<To>() + " over " +
+                           std::string(Axis::name) + " (" + std::to_string(global[0]) + "x" +
+                           std::to_string(global[1]) + "x" + std::to_string(global[2]) + ")";
+  INFO(what);
+  Src x(mesh, global);
+  fill(x, identity<T>());
+  Comm& comm = mesh.template axis<Axis>();
+  const CommStats before = comm.stats();
+  const std::uint64_t counted = counter();
+  auto y = redistribute<To>(x, Axis{});
+  CHECK(wrong(what, mismatches(y, identity<T>())) == wrong(what, 0));
+  Dst out(mesh, global);
+  redistribute<To>(x, Axis{}, out);
+  CHECK(wrong(what + " (into)", mismatches(out, identity<T>())) == wrong(what + " (into)", 0));
+  constexpr CommKind kind = is_replicate_v<To> ? CommKind::all_gather : CommKind::all_to_all;
+  CHECK(comm.stats()[kind].calls == before[kind].calls + 2);
+  CHECK(comm.stats().total().calls == before.total().calls + 2);
+  CHECK(wrong(what + " (input)", mismatches(x, identity<T>())) == wrong(what + " (input)", 0));
+  HostStep r;
+  r.moved = counter() - counted;
+  r.local_bytes = sizeof(T);
+  for (std::size_t e : x.local_extents()) r.local_bytes *= e;
+  return r;
+}
 
 // Calls f.template operator()<Exec>() for every execution space of the build.
 template <class F>

@@ -13,17 +13,13 @@ using weft::test::contains;
 using weft::test::error_text;
 using weft::test::fill;
 using weft::test::global_value;
+using weft::test::identity;
 using weft::test::mismatches;
 using weft::test::wrong;
 
 namespace {
 
 using Host = Kokkos::HostSpace;
-
-template <class T>
-auto identity() {
-  return [](std::size_t g) { return global_value<T>(g); };
-}
 
 // The node-shared path runs when the axis has more than one rank and lies in
 // one node (always, on a single machine).

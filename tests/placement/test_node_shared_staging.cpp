@@ -12,8 +12,9 @@
 #include "placement_test_util.hpp"
 
 using namespace weft;
+using weft::test::env_switch_on;
 using weft::test::fill;
-using weft::test::global_value;
+using weft::test::identity;
 using weft::test::mismatches;
 using weft::test::wrong;
 
@@ -21,16 +22,8 @@ namespace {
 
 using Host = Kokkos::HostSpace;
 
-template <class T>
-auto identity() {
-  return [](std::size_t g) { return global_value<T>(g); };
-}
-
 // What the environment asks for (the default is on).
-bool staging_by_default() {
-  const char* e = std::getenv("WEFT_NODE_SHARED_STAGING");
-  return !(e != nullptr && std::strcmp(e, "0") == 0);
-}
+bool staging_by_default() { return env_switch_on("WEFT_NODE_SHARED_STAGING"); }
 
 // Whether the staged path runs for a step From -> To over Axis with
 // `local_bytes` of input per rank: staging is on, the axis has more than one
@@ -47,37 +40,14 @@ bool staged_expected(MeshT& mesh, std::size_t local_bytes = 0) {
          copied <= (std::size_t(512) << 10);
 }
 
-// An ordinary x (From over Axis, Others elsewhere) of the given global extents
-// redistributed to To over Axis, both forms (returning and into an existing
-// view); checks every element, the statistics and the path.
+// Both forms of the step, checked element by element (check_host_step), and
+// the path: staged exactly when expected, into a window of two buffers.
 template <class T, class Axis, class From, class To, class... Others, class MeshT>
 void check_staged(MeshT& mesh, const std::array<std::size_t, 3>& global) {
-  using Src = BasicDistView<T, dextents<3>, Host, Others..., On<Axis, From>>;
-  using Dst = redistributed_t<Src, Axis, To>;
-  const std::string what = mesh.describe() + ": " + Src::describe() + " to " + placement_name<To>() + " over " +
-                           std::string(Axis::name) + " (" + std::to_string(global[0]) + "x" +
-                           std::to_string(global[1]) + "x" + std::to_string(global[2]) + ")";
-  INFO(what);
-  Src x(mesh, global);
-  fill(x, identity<T>());
-  Comm& comm = mesh.template axis<Axis>();
-  const CommStats before = comm.stats();
-  const auto staged_before = staged_redistributions();
-  auto y = redistribute<To>(x, Axis{});
-  CHECK(wrong(what, mismatches(y, identity<T>())) == wrong(what, 0));
-  Dst out(mesh, global);
-  redistribute<To>(x, Axis{}, out);
-  CHECK(wrong(what + " (into)", mismatches(out, identity<T>())) == wrong(what + " (into)", 0));
-  constexpr CommKind kind = is_replicate_v<To> ? CommKind::all_gather : CommKind::all_to_all;
-  CHECK(comm.stats()[kind].calls == before[kind].calls + 2);
-  CHECK(comm.stats().total().calls == before.total().calls + 2);
-  std::size_t local_bytes = sizeof(T);
-  for (std::size_t e : x.local_extents()) local_bytes *= e;
-  const bool staged = staged_expected<Axis, From, To>(mesh, local_bytes);
-  CHECK(staged_redistributions() == staged_before + (staged ? 2 : 0));
-  if (staged) CHECK(comm.node_shared_staging_bytes() >= 2 * local_bytes);  // two buffers
-  // x is still what it was: staging only read it.
-  CHECK(wrong(what + " (input)", mismatches(x, identity<T>())) == wrong(what + " (input)", 0));
+  const auto step = weft::test::check_host_step<T, Axis, From, To, Others...>(mesh, global, staged_redistributions);
+  const bool staged = staged_expected<Axis, From, To>(mesh, step.local_bytes);
+  CHECK(step.moved == (staged ? 2u : 0u));
+  if (staged) CHECK(mesh.template axis<Axis>().node_shared_staging_bytes() >= 2 * step.local_bytes);  // two buffers
 }
 
 }  // namespace
