@@ -134,55 +134,26 @@ inline std::vector<ChunkLayout> chunk_layouts(std::size_t layers, std::size_t p,
 /// allocates the most slots it held at one time.
 inline std::vector<std::size_t> executor_slots(const std::vector<PipeAction>& plan, std::size_t chunks, std::size_t p,
                                                std::size_t rank) {
-  auto compute = [](PipeOp op) {
-    return op == PipeOp::forward || op == PipeOp::backward || op == PipeOp::backward_input || op == PipeOp::backward_weight;
-  };
-  std::vector<std::size_t> recvs, next_compute(plan.size() + 1, plan.size());
-  for (std::size_t k = 0; k < plan.size(); ++k)
-    if (plan[k].op == PipeOp::recv_activation || plan[k].op == PipeOp::recv_gradient) recvs.push_back(k);
-  for (std::size_t k = plan.size(); k-- > 0;) next_compute[k] = compute(plan[k].op) ? k : next_compute[k + 1];
-  std::set<std::pair<int, int>> live, grad_sent;
-  std::vector<std::size_t> held(chunks, 0), peak(chunks, 0);
-  auto touch = [&](const PipeAction& a) {
-    if (live.insert({a.microbatch, a.chunk}).second) {
-      auto c = std::size_t(a.chunk);
-      peak[c] = std::max(peak[c], ++held[c]);
-    }
-  };
-  std::size_t next_post = 0;
-  auto post_until = [&](std::size_t limit) {
-    for (; next_post < recvs.size() && recvs[next_post] < limit; ++next_post) touch(plan[recvs[next_post]]);
-  };
-  std::vector<std::pair<int, int>> retiring;
-  for (std::size_t k = 0; k < plan.size(); ++k) {
-    for (std::size_t i = 0; i < retiring.size();) {
-      const auto key = retiring[i];
-      const std::size_t vs = std::size_t(key.second) * p + rank;
-      if (vs == 0 || grad_sent.count(key)) {
-        live.erase(key);
-        --held[std::size_t(key.second)];
-        retiring.erase(retiring.begin() + long(i));
-      } else {
-        ++i;
+  struct Slots {
+    const std::vector<PipeAction>& plan;
+    std::set<std::pair<int, int>> live;
+    std::vector<std::size_t> held, peak;
+    void touch(const PipeAction& a) {
+      if (live.insert({a.microbatch, a.chunk}).second) {
+        auto c = std::size_t(a.chunk);
+        peak[c] = std::max(peak[c], ++held[c]);
       }
     }
-    const PipeAction& a = plan[k];
-    switch (a.op) {
-      case PipeOp::recv_activation:
-      case PipeOp::recv_gradient: post_until(k + 1); touch(a); break;
-      case PipeOp::send_activation: touch(a); break;
-      case PipeOp::send_gradient: touch(a); grad_sent.insert({a.microbatch, a.chunk}); break;
-      case PipeOp::forward:
-      case PipeOp::backward_input: post_until(next_compute[k + 1]); touch(a); break;
-      case PipeOp::backward:
-      case PipeOp::backward_weight:
-        post_until(next_compute[k + 1]);
-        touch(a);
-        retiring.push_back({a.microbatch, a.chunk});
-        break;
+    void post(std::size_t k) { touch(plan[k]); }
+    void action(std::size_t k) { touch(plan[k]); }
+    void retire(int mb, int c) {
+      live.erase({mb, c});
+      --held[std::size_t(c)];
     }
-  }
-  return peak;
+    void flush(int, int) {}
+  } v{plan, {}, std::vector<std::size_t>(chunks, 0), std::vector<std::size_t>(chunks, 0)};
+  pipeline::replay_executor(plan, p, rank, v);
+  return v.peak;
 }
 
 /// The send buffers (one input-gradient message each) the executor

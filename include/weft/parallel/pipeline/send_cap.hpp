@@ -1,6 +1,8 @@
 // How many in-flight input-gradient sends a pipeline rank may hold after
 // their microbatch's activations are freed, and the proof that the limit
-// cannot deadlock a schedule. Kokkos-free: the planner uses it too.
+// cannot deadlock a schedule; and replay_executor, the executor's order of
+// events from a plan alone, which this proof and the planner's count of
+// activation slots share. Kokkos-free: the planner uses it too.
 //
 // The executor frees a microbatch's activations (its slot) once the backward
 // is complete and the input gradient has been sent. The send may still be in
@@ -40,6 +42,55 @@
 
 namespace weft::pipeline {
 
+/// Replays the order in which Executor::run handles one rank's plan, from the
+/// plan alone, for the models that must follow it (the planner's slot count,
+/// the send-cap check): before each action the slots whose backward is
+/// complete and whose input gradient was sent (at once on virtual stage 0)
+/// retire, in the order their backwards ran (`v.retire(microbatch, chunk)`);
+/// before a receive, and before a compute up to the compute after it, the
+/// plan's receives are posted in plan order (`v.post(index)`); then the
+/// action itself (`v.action(index)`). At the end, the slots still retiring
+/// (`v.flush(microbatch, chunk)`, in order). p: pipeline ranks (virtual
+/// stage of chunk c on `rank` is c * p + rank).
+template <class Visitor>
+void replay_executor(const std::vector<PipeAction>& plan, std::size_t p, std::size_t rank, Visitor&& v) {
+  std::vector<std::size_t> recvs, next_compute(plan.size() + 1, plan.size());
+  for (std::size_t k = 0; k < plan.size(); ++k)
+    if (plan[k].op == PipeOp::recv_activation || plan[k].op == PipeOp::recv_gradient) recvs.push_back(k);
+  for (std::size_t k = plan.size(); k-- > 0;) next_compute[k] = is_compute(plan[k].op) ? k : next_compute[k + 1];
+  std::size_t next_post = 0;
+  auto post_until = [&](std::size_t limit) {
+    for (; next_post < recvs.size() && recvs[next_post] < limit; ++next_post) v.post(recvs[next_post]);
+  };
+  std::set<std::pair<int, int>> grad_sent;
+  std::vector<std::pair<int, int>> retiring;
+  for (std::size_t k = 0; k < plan.size(); ++k) {
+    for (std::size_t i = 0; i < retiring.size();) {
+      const auto key = retiring[i];
+      if (std::size_t(key.second) * p + rank == 0 || grad_sent.count(key) != 0) {
+        v.retire(key.first, key.second);
+        retiring.erase(retiring.begin() + long(i));
+      } else {
+        ++i;
+      }
+    }
+    const PipeAction& a = plan[k];
+    switch (a.op) {
+      case PipeOp::recv_activation:
+      case PipeOp::recv_gradient: post_until(k + 1); break;
+      case PipeOp::send_activation: break;
+      case PipeOp::send_gradient: grad_sent.insert({a.microbatch, a.chunk}); break;
+      case PipeOp::forward:
+      case PipeOp::backward_input:
+      case PipeOp::backward:
+      case PipeOp::backward_weight: post_until(next_compute[k + 1]); break;
+    }
+    v.action(k);
+    if (a.op == PipeOp::backward || a.op == PipeOp::backward_weight) retiring.push_back({a.microbatch, a.chunk});
+  }
+  for (const auto& key : retiring) v.flush(key.first, key.second);
+}
+
 namespace send_model {
 
 /// One step of a rank's message program in the replay.
@@ -50,9 +101,8 @@ struct MessageStep {
 };
 
 /// The message program of pipeline rank `rank` of p running `plan` under the
-/// executor's rules (Executor::run: receives posted ahead up to the compute
-/// after the next one, slots retired before each action, at most `cap`
-/// detached gradient sends), with the numbering of messages per channel.
+/// executor's rules (replay_executor), with at most `cap` detached gradient
+/// sends and the numbering of messages per channel.
 inline std::vector<MessageStep> message_program(const std::vector<PipeAction>& plan, int p, int rank, std::size_t cap) {
   constexpr int act = 0, grad = 1;
   std::map<std::tuple<int, int, int, bool>, std::size_t> count;  // messages so far per channel, sends and receives apart
@@ -67,68 +117,48 @@ inline std::vector<MessageStep> message_program(const std::vector<PipeAction>& p
     const std::size_t n = count[{src, dst, tag, send}]++;
     msg[k] = MessageStep{send ? MessageStep::post_send : MessageStep::wait_recv, src, dst, tag, n};
   }
-  std::vector<std::size_t> recvs, next_compute(plan.size() + 1, plan.size());
-  for (std::size_t k = 0; k < plan.size(); ++k)
-    if (plan[k].op == PipeOp::recv_activation || plan[k].op == PipeOp::recv_gradient) recvs.push_back(k);
-  for (std::size_t k = plan.size(); k-- > 0;) next_compute[k] = is_compute(plan[k].op) ? k : next_compute[k + 1];
-
-  std::vector<MessageStep> out;
-  std::size_t next_post = 0;
-  auto post_until = [&](std::size_t limit) {
-    for (; next_post < recvs.size() && recvs[next_post] < limit; ++next_post) {
-      MessageStep s = msg[recvs[next_post]];
+  struct Program {
+    const std::vector<PipeAction>& plan;
+    const std::vector<MessageStep>& msg;
+    std::size_t cap;
+    std::vector<MessageStep> out;
+    std::map<std::pair<int, int>, MessageStep> act_send, grad_send;  // per (microbatch, chunk)
+    std::vector<MessageStep> detached;
+    void wait_send(MessageStep s) {
+      s.kind = MessageStep::wait_send;
+      out.push_back(s);
+    }
+    void post(std::size_t k) {
+      MessageStep s = msg[k];
       s.kind = MessageStep::post_recv;
       out.push_back(s);
     }
-  };
-  std::map<std::pair<int, int>, MessageStep> act_send, grad_send;  // per (microbatch, chunk)
-  std::vector<std::pair<int, int>> retiring;
-  std::vector<MessageStep> detached;
-  auto wait_send = [&](MessageStep s) {
-    s.kind = MessageStep::wait_send;
-    out.push_back(s);
-  };
-  for (std::size_t k = 0; k < plan.size(); ++k) {
-    for (std::size_t i = 0; i < retiring.size();) {
-      const auto key = retiring[i];
-      const bool first_stage = key.second * p + rank == 0;
-      if (!first_stage && grad_send.count(key) == 0) {
-        ++i;
-        continue;
-      }
+    void action(std::size_t k) {
+      const PipeAction& a = plan[k];
+      const auto key = std::make_pair(a.microbatch, a.chunk);
+      if (a.op == PipeOp::recv_activation || a.op == PipeOp::recv_gradient) out.push_back(msg[k]);
+      if (a.op == PipeOp::send_activation) out.push_back(act_send[key] = msg[k]);
+      if (a.op == PipeOp::send_gradient) out.push_back(grad_send[key] = msg[k]);
+    }
+    // The activation send is waited for in place; the gradient send is
+    // detached, first waiting for send d - cap when all buffers are in flight.
+    void retire(int mb, int c) {
+      const auto key = std::make_pair(mb, c);
       if (auto it = act_send.find(key); it != act_send.end()) wait_send(it->second);
       if (auto it = grad_send.find(key); it != grad_send.end()) {
         detached.push_back(it->second);
         if (detached.size() > cap) wait_send(detached[detached.size() - 1 - cap]);
       }
-      retiring.erase(retiring.begin() + long(i));
     }
-    const PipeAction& a = plan[k];
-    const auto key = std::make_pair(a.microbatch, a.chunk);
-    switch (a.op) {
-      case PipeOp::recv_activation:
-      case PipeOp::recv_gradient:
-        post_until(k + 1);
-        out.push_back(msg[k]);
-        break;
-      case PipeOp::send_activation: out.push_back(msg[k]); act_send[key] = msg[k]; break;
-      case PipeOp::send_gradient: out.push_back(msg[k]); grad_send[key] = msg[k]; break;
-      case PipeOp::forward:
-      case PipeOp::backward_input: post_until(next_compute[k + 1]); break;
-      case PipeOp::backward:
-      case PipeOp::backward_weight:
-        post_until(next_compute[k + 1]);
-        retiring.push_back(key);
-        break;
+    void flush(int mb, int c) {
+      const auto key = std::make_pair(mb, c);
+      if (auto it = act_send.find(key); it != act_send.end()) wait_send(it->second);
+      if (auto it = grad_send.find(key); it != grad_send.end()) wait_send(it->second);
     }
-  }
-  // The flush: the sends of slots not yet retired, then every detached send.
-  for (const auto& key : retiring) {
-    if (auto it = act_send.find(key); it != act_send.end()) wait_send(it->second);
-    if (auto it = grad_send.find(key); it != grad_send.end()) wait_send(it->second);
-  }
-  for (const auto& s : detached) wait_send(s);
-  return out;
+  } prog{plan, msg, cap, {}, {}, {}, {}};
+  replay_executor(plan, std::size_t(p), std::size_t(rank), prog);
+  for (const auto& s : prog.detached) prog.wait_send(s);  // the flush waits for every detached send last
+  return std::move(prog.out);
 }
 
 }  // namespace send_model
