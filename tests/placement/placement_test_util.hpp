@@ -135,6 +135,21 @@ HostStep check_host_step(MeshT& mesh, const std::array<std::size_t, 3>& global, 
   return r;
 }
 
+// Calls f.template operator()<From, To>() for every Shard -> Replicate and
+// Shard<i> -> Shard<j> (i != j) step of a rank-3 tensor.
+template <class F>
+void for_each_shard_step(F&& f) {
+  f.template operator()<Shard<0>, Replicate>();
+  f.template operator()<Shard<1>, Replicate>();
+  f.template operator()<Shard<2>, Replicate>();
+  f.template operator()<Shard<0>, Shard<1>>();
+  f.template operator()<Shard<0>, Shard<2>>();
+  f.template operator()<Shard<1>, Shard<0>>();
+  f.template operator()<Shard<1>, Shard<2>>();
+  f.template operator()<Shard<2>, Shard<0>>();
+  f.template operator()<Shard<2>, Shard<1>>();
+}
+
 // Calls f.template operator()<Exec>() for every execution space of the build.
 template <class F>
 void for_each_exec_space(F&& f) {

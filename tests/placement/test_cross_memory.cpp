@@ -73,15 +73,7 @@ TEST_CASE_TEMPLATE("cross-memory reads: every Shard pair on a 1-axis mesh", T, f
   Mesh<TP> mesh(world, world.size());
   const auto p = static_cast<std::size_t>(world.size());
   const std::array<std::size_t, 3> g{2 * p, 2 * p, 3 * p};
-  check_read<T, TP, Shard<0>, Replicate>(mesh, g);
-  check_read<T, TP, Shard<1>, Replicate>(mesh, g);
-  check_read<T, TP, Shard<2>, Replicate>(mesh, g);
-  check_read<T, TP, Shard<0>, Shard<1>>(mesh, g);
-  check_read<T, TP, Shard<0>, Shard<2>>(mesh, g);
-  check_read<T, TP, Shard<1>, Shard<0>>(mesh, g);
-  check_read<T, TP, Shard<1>, Shard<2>>(mesh, g);
-  check_read<T, TP, Shard<2>, Shard<0>>(mesh, g);
-  check_read<T, TP, Shard<2>, Shard<1>>(mesh, g);
+  weft::test::for_each_shard_step([&]<class From, class To>() { check_read<T, TP, From, To>(mesh, g); });
 }
 
 TEST_CASE("cross-memory reads: many short runs need several process_vm_readv calls") {
