@@ -17,7 +17,10 @@
 // up to 512 KiB per rank, Comm::node_shared_staging); these rows have the
 // target. Their "mpi" rows turn both off and show the MPI path, which packs
 // or unpacks blocks around the collective (work the bare call does not do) or
-// hands MPI a derived datatype, without a target. The "shm" rows
+// hands MPI a derived datatype, without a target. The "lay" rows time the
+// default path against the bare Comm collective that gives the same strided
+// layout (Comm::all_gather / all_to_all with a BlockLayout: MPI derived
+// datatypes), without a target. The "shm" rows
 // run the same pairs with the input allocated in a weft::NodeShared window,
 // so that each rank copies its peers' blocks straight into its result; their
 // ratio is against the same bare contiguous collective (same bytes) and has
