@@ -260,7 +260,7 @@ std::vector<TopRun> run_candidates(const Args& a, const ModelSpec& m, const Topo
     r.record = tag + ".json";
     // Measured: median step time after warm-up (global tokens / tokens per
     // second) and each category's largest value over the ranks, when the
-    // record has them (train_gpt's pipeline records do not yet).
+    // record has them (every train_gpt run writes them; older records may not).
     const JsonValue rec = parse_json(read_text_file(r.record), r.record);
     r.step_s = number_at(rec, {"tokens_per_step"}, r.record) / number_at(rec, {"tokens_per_second"}, r.record);
     const JsonValue* per_rank = rec.find("memory_bytes_per_rank");

@@ -84,7 +84,7 @@ std::vector<DPOptions> all_modes() {
   return v;
 }
 
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+using weft::test::rel;
 
 }  // namespace
 

@@ -30,20 +30,11 @@ using weft::test::successor_stream;
 
 // The single-process loss curve: the whole global batch as one microbatch.
 const std::vector<double>& reference_losses() {
-  static const std::vector<double> losses = [] {
-    weft::nn::GPT<float> gpt(tiny(kGlobalBatch));
-    weft::optim::AdamW<float, Space> opt(gpt.parameters());
-    auto data = successor_stream();
-    Kokkos::View<int*> ids("ids", kGlobalBatch * 8), tg("tg", kGlobalBatch * 8);
-    std::vector<double> out;
-    for (std::size_t s = 0; s < kSteps; ++s)
-      out.push_back(weft::optim::train_step(gpt, opt, data, s, 1, ids, tg, kLr, kClip).loss);
-    return out;
-  }();
+  static const std::vector<double> losses = weft::test::single_process_losses(tiny(kGlobalBatch), kSteps, kLr, kClip);
   return losses;
 }
 
-double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+using weft::test::rel;
 
 struct PipeRun {
   std::vector<double> loss;

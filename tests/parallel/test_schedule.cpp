@@ -238,8 +238,14 @@ TEST_CASE("schedule: the cap of in-flight gradient sends cannot deadlock, and on
   check_send_caps<OneFOneB>(0, needs_one);
   check_send_caps<ZeroBubble>(0, needs_one);
   CHECK(needs_one == 0);  // these never need a buffer: the receiver posts ahead of the wait
+  // Every V that --schedule interleaved:V accepts.
   check_send_caps<Interleaved1F1B<2>>(1, needs_one);
+  check_send_caps<Interleaved1F1B<3>>(1, needs_one);
   check_send_caps<Interleaved1F1B<4>>(1, needs_one);
+  check_send_caps<Interleaved1F1B<5>>(1, needs_one);
+  check_send_caps<Interleaved1F1B<6>>(1, needs_one);
+  check_send_caps<Interleaved1F1B<7>>(1, needs_one);
+  check_send_caps<Interleaved1F1B<8>>(1, needs_one);
   CHECK(needs_one > 0);  // interleaving does: waiting on each send in place can deadlock
   // The smallest case: interleaved:2 on 2 ranks with 4 microbatches.
   const auto plans = Pipeline<Interleaved1F1B<2>>(2, 4).plans();

@@ -1,14 +1,20 @@
 // The tiny model and token stream the parallel tests train: small enough for
 // 8 ranks on 2 cores under a sanitizer, wide enough to split over tp = 2 and
-// to cut into pipeline stages.
+// to cut into pipeline stages; the single-process loss curve the parallel
+// runs are held to, and the relative error they are compared by.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
 
 #include <weft/data/stream.hpp>
 #include <weft/nn/config.hpp>
+#include <weft/nn/gpt.hpp>
+#include <weft/optim/optim.hpp>
+#include <weft/optim/train_step.hpp>
 
 namespace weft::test {
 
@@ -47,5 +53,21 @@ inline data::TokenStream successor_stream() {
   }
   return data::TokenStream(std::move(toks), 8, 99);
 }
+
+/// The single-process loss curve of `cfg` (cfg.batch is the whole global
+/// batch, one microbatch per step) on successor_stream(), in float with
+/// AdamW: the curve every parallel run of the same model must follow.
+inline std::vector<double> single_process_losses(const nn::GPTConfig& cfg, std::size_t steps, double lr, double clip) {
+  nn::GPT<float> gpt(cfg);
+  optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(gpt.parameters());
+  auto data = successor_stream();
+  Kokkos::View<int*> ids("ids", cfg.tokens()), tg("tg", cfg.tokens());
+  std::vector<double> out;
+  for (std::size_t s = 0; s < steps; ++s) out.push_back(optim::train_step(gpt, opt, data, s, 1, ids, tg, lr, clip).loss);
+  return out;
+}
+
+/// |a - b| / |b| (b = the reference).
+inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
 }  // namespace weft::test

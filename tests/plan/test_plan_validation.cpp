@@ -14,6 +14,7 @@
 // pipeline's send buffers are exact too: the executor preallocates its cap of
 // in-flight gradient sends (weft/parallel/pipeline/send_cap.hpp).
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,40 @@ void check_stage_budget(const StageMeasured& got, const weft::plan::TrainingBudg
   CHECK(double(pstats[K::all_reduce].bytes) == v.pp_all_reduce);
 }
 
+// One training step of this pipeline rank as the runtime runs it: the stage
+// of `schedule` (TP-split over `tp`), DataParallel over `dpc` in `mode` when
+// there is one (its hooks set on the stage), AdamW, the executor on `m`
+// microbatches of a `global_batch`; `pstats` holds the PP axis' statistics
+// of the step.
+struct StageStep {
+  weft::pipeline::ScheduleChoice sched;
+  weft::pipeline::Stage<float> stage;
+  std::unique_ptr<weft::parallel::DataParallel<float>> ddp;
+  weft::optim::AdamW<float, Space> opt;
+  weft::pipeline::Executor<float> ex;
+  weft::CommStats pstats;
+
+  StageStep(const weft::nn::GPTConfig& cfg, const std::string& schedule, weft::Comm& ppc, weft::Comm* dpc,
+            weft::parallel::DPMode mode, weft::nn::TensorParallel tp, std::size_t m, std::size_t global_batch)
+      : sched(weft::pipeline::parse_schedule(schedule)),
+        stage(cfg, weft::pipeline::equal_partition(cfg.layers, std::size_t(ppc.size()) * std::size_t(sched.chunks)),
+              ppc.size(), ppc.rank(), sched.chunks, tp),
+        ddp(dpc ? std::make_unique<weft::parallel::DataParallel<float>>(*dpc, stage.parameter_groups(),
+                                                                         weft::parallel::DPOptions{.mode = mode})
+                : nullptr),
+        opt(ddp ? ddp->optimizer_parameters() : stage.parameters()),
+        ex(stage, ppc, sched, int(m)) {
+    if (ddp) stage.set_hooks(ddp.get());
+    auto data = stream(int(cfg.vocab));
+    ppc.reset_stats();
+    weft::pipeline::train_step(ex, ddp.get(), opt, data, 0, global_batch, 1e-3, 1.0);
+    pstats = ppc.stats();
+  }
+  StageStep(const StageStep&) = delete;
+  StageStep& operator=(const StageStep&) = delete;
+  ~StageStep() { stage.set_hooks(nullptr); }
+};
+
 }  // namespace
 
 TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per category, for every schedule") {
@@ -157,16 +192,11 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
   const ModelSpec spec = spec_of(cfg, m);
   for (std::string name : {"gpipe", "1f1b", "interleaved:2", "zb"}) {
     CAPTURE(name);
-    const auto sched = weft::pipeline::parse_schedule(name);
     const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-    const auto part = weft::pipeline::equal_partition(cfg.layers, pp * std::size_t(sched.chunks));
-    weft::pipeline::Stage<float> stage(cfg, part, int(pp), w.rank(), sched.chunks);
-    weft::optim::AdamW<float, Space> opt(stage.parameters());
-    weft::pipeline::Executor<float> ex(stage, w, sched, int(m));
-    auto data = stream(int(cfg.vocab));
-    w.reset_stats();
-    weft::pipeline::train_step(ex, static_cast<weft::parallel::DataParallel<float>*>(nullptr), opt, data, 0, m * mb, 1e-3, 1.0);
-    const auto stats = w.stats();
+    StageStep run(cfg, name, w, nullptr, weft::parallel::DPMode::replicate, {}, m, m * mb);
+    auto& stage = run.stage;
+    auto& opt = run.opt;
+    const auto& stats = run.pstats;
 
     const MeshSpec mesh{.pp = pp, .schedule = kind, .chunks = chunks};
     const auto b = weft::plan::stage_memory(spec, mesh, std::size_t(w.rank()), 0.0);
@@ -312,22 +342,15 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
     const std::string name = k.schedule;
     CAPTURE(weft::parallel::to_string(mode));
     CAPTURE(name);
-    const auto sched = weft::pipeline::parse_schedule(name);
     const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-    const auto part = weft::pipeline::equal_partition(cfg.layers, 2);
-    weft::pipeline::Stage<float> stage(cfg, part, ppc.size(), ppc.rank(), 1);
-    weft::parallel::DataParallel<float> ddp(dpc, stage.parameter_groups(), {.mode = mode});
-    stage.set_hooks(&ddp);
-    weft::optim::AdamW<float, Space> opt(ddp.optimizer_parameters());
-    weft::pipeline::Executor<float> ex(stage, ppc, sched, int(m));
-    auto data = stream(int(cfg.vocab));
-    ppc.reset_stats();
-    weft::pipeline::train_step(ex, &ddp, opt, data, 0, spec.global_batch, 1e-3, 1.0);
-    const auto pstats = ppc.stats();
+    StageStep run(cfg, name, ppc, &dpc, mode, {}, m, spec.global_batch);
+    auto& stage = run.stage;
+    auto& opt = run.opt;
+    const auto& pstats = run.pstats;
 
     const MeshSpec s{.dp = dp, .pp = 2, .mode = mode, .schedule = kind, .chunks = chunks};
     const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
-    const auto d = ddp.memory();
+    const auto d = run.ddp->memory();
     const auto led = stage.memory();
     const auto got = measure_stage(led, &d, opt.memory(), checked_slots(stage, weft::plan::rank_layout(spec, s, std::size_t(ppc.rank()))));
     // The pipeline axis carries the same point-to-point volume as without DP.
@@ -370,7 +393,6 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
       std::fflush(stdout);
       w.barrier();
     }
-    stage.set_hooks(nullptr);
   }
 }
 
@@ -387,18 +409,11 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
     for (std::string name : {"1f1b", "zb", "gpipe", "interleaved:2"}) {
       CAPTURE(sp);
       CAPTURE(name);
-      const auto sched = weft::pipeline::parse_schedule(name);
       const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-      const auto part = weft::pipeline::equal_partition(cfg.layers, pp * std::size_t(sched.chunks));
-      weft::pipeline::Stage<float> stage(cfg, part, ppc.size(), ppc.rank(), sched.chunks,
-                                         {&mesh.axis<weft::TP>(), sp});
-      weft::optim::AdamW<float, Space> opt(stage.parameters());
-      weft::pipeline::Executor<float> ex(stage, ppc, sched, int(m));
-      auto data = stream(int(cfg.vocab));
-      ppc.reset_stats();
-      weft::pipeline::train_step(ex, static_cast<weft::parallel::DataParallel<float>*>(nullptr), opt, data, 0, m * mb,
-                                 1e-3, 1.0);
-      const auto pstats = ppc.stats();
+      StageStep run(cfg, name, ppc, nullptr, weft::parallel::DPMode::replicate, {&mesh.axis<weft::TP>(), sp}, m, m * mb);
+      auto& stage = run.stage;
+      auto& opt = run.opt;
+      const auto& pstats = run.pstats;
 
       const MeshSpec s{.tp = tp, .pp = pp, .sequence_parallel = sp, .schedule = kind, .chunks = chunks};
       const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
@@ -443,23 +458,16 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
     const std::string name = k.schedule;
     CAPTURE(name);
     CAPTURE(k.sp);
-    const auto sched = weft::pipeline::parse_schedule(name);
     const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-    const auto part = weft::pipeline::equal_partition(cfg.layers, pp);
-    weft::pipeline::Stage<float> stage(cfg, part, ppc.size(), ppc.rank(), 1, {&mesh.axis<weft::TP>(), k.sp});
-    weft::parallel::DataParallel<float> ddp(dpc, stage.parameter_groups(), {.mode = mode});
-    stage.set_hooks(&ddp);
-    weft::optim::AdamW<float, Space> opt(ddp.optimizer_parameters());
-    weft::pipeline::Executor<float> ex(stage, ppc, sched, int(m));
-    auto data = stream(int(cfg.vocab));
-    ppc.reset_stats();
-    weft::pipeline::train_step(ex, &ddp, opt, data, 0, spec.global_batch, 1e-3, 1.0);
-    const auto pstats = ppc.stats();
+    StageStep run(cfg, name, ppc, &dpc, mode, {&mesh.axis<weft::TP>(), k.sp}, m, spec.global_batch);
+    auto& stage = run.stage;
+    auto& opt = run.opt;
+    const auto& pstats = run.pstats;
 
     const MeshSpec s{.dp = dp, .tp = tp, .pp = pp, .mode = mode, .sequence_parallel = k.sp, .schedule = kind,
                      .chunks = chunks};
     const auto b = weft::plan::stage_memory(spec, s, std::size_t(ppc.rank()), 0.0);
-    const auto d = ddp.memory();
+    const auto d = run.ddp->memory();
     const auto led = stage.memory();
     const auto got = measure_stage(led, &d, opt.memory(), checked_slots(stage, weft::plan::rank_layout(spec, s, std::size_t(ppc.rank()))));
     check_stage_budget(got, b, spec, s, std::size_t(ppc.rank()), pstats, true);  // zero1: every category exact
@@ -475,6 +483,5 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
       std::fflush(stdout);
       w.barrier();
     }
-    stage.set_hooks(nullptr);
   }
 }

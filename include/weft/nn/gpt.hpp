@@ -80,18 +80,9 @@ class GPT {
                               : ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
     }
     const std::size_t L = cfg_.layers;
-    const TensorParallel& tp = ctx_->tp;
     if (hooks_) hooks_->before_backward(L);
     if (root_partial_) root_partial_->begin();
-    if (!tp.active()) {
-      head_.backward(hf_, logits_, dhf_, false);
-    } else if (!tp.sp()) {
-      head_.backward(hf_, logits_, dhf_, false);  // this rank's vocabulary columns' part
-      detail::tp_all_reduce(*ctx_, dhf_);
-    } else {
-      head_.backward(hf_full_, logits_, dhf_full_, false);
-      detail::tp_reduce_scatter(*ctx_, dhf_full_, dhf_);
-    }
+    detail::head_backward(*ctx_, head_, hf_, hf_full_, logits_, dhf_, dhf_full_);
     ln_f_.backward(dhf_, xs_[L], sf_, dxs_[L % 2], false);
     for (std::size_t l = L; l-- > 0;) {
       if (hooks_) hooks_->before_backward(l);
@@ -199,26 +190,14 @@ class GPT {
       if (hooks_) hooks_->after_forward(l);
     }
     ln_f_.forward(xs_[L], hf_, sf_);
-    if (ctx_->tp.sp()) {
-      detail::tp_all_gather(*ctx_, hf_, hf_full_);
-      head_.forward(hf_full_, logits_);
-    } else {
-      head_.forward(hf_, logits_);
-    }
+    detail::head_forward(*ctx_, head_, hf_, hf_full_, logits_);
     if (hooks_) hooks_->after_forward(L);
   }
 
-  // Cross-entropy over logits split by vocabulary columns: the row maxima and
-  // then the sums of exponentials and the target logits are all-reduced over
-  // TP (2 collectives, 3 values per token); the logits are never gathered.
+  // Cross-entropy over logits split by vocabulary columns (detail::vocab_parallel_loss).
   template <class TV>
   double vocab_parallel_loss(const TV& targets, T grad_scale, bool backward) {
-    const std::size_t first = ctx_->tp.rank() * logits_.extent(1);
-    ops::vocab_parallel_max(logits_, ce_max_);
-    detail::tp_all_reduce(*ctx_, ce_max_, ReduceOp::max);
-    ops::vocab_parallel_sums(logits_, targets, first, cfg_.vocab, ce_max_, ce_sums_);
-    detail::tp_all_reduce(*ctx_, ce_sums_);
-    return ops::vocab_parallel_finish(logits_, targets, first, ce_max_, ce_sums_, grad_scale, backward);
+    return detail::vocab_parallel_loss(*ctx_, logits_, targets, cfg_.vocab, ce_max_, ce_sums_, grad_scale, backward);
   }
 
   static GPTConfig checked(const GPTConfig& c, const TensorParallel& tp) {

@@ -2,14 +2,17 @@
 // TP axis of its Context, each charged to a profiler scope ("tp.all_reduce",
 // "tp.all_gather", "tp.reduce_scatter") so a run can report their exposed
 // time; the row-parallel layer that closes each TP region (attention's output
-// projection, the MLP's down-projection) with its collective; and the
+// projection, the MLP's down-projection) with its collective; the
+// vocabulary-parallel LM head and its cross-entropy; and the
 // reduction of gradients that sequence parallelism leaves partial (norm
 // scales, learned positions).
 #pragma once
 
+#include <cstddef>
 #include <vector>
 
 #include <weft/nn/parameter.hpp>
+#include <weft/ops/cross_entropy.hpp>
 
 namespace weft::nn::detail {
 
@@ -73,6 +76,53 @@ void row_parallel_backward(const Context& ctx, L& layer, const XV& x, const DOV&
   } else {
     layer.backward(x, dout, dx, false);
   }
+}
+
+/// The LM head over vocabulary-split columns: logits [tokens, V / tp] of the
+/// final norm's output hf; under sequence parallelism hf is this rank's token
+/// shard and is first all-gathered into `hf_full` [tokens, D].
+template <class L, class HV, class FV, class LV>
+void head_forward(const Context& ctx, const L& head, const HV& hf, const FV& hf_full, const LV& logits) {
+  if (ctx.tp.sp()) {
+    tp_all_gather(ctx, hf, hf_full);
+    head.forward(hf_full, logits);
+  } else {
+    head.forward(hf, logits);
+  }
+}
+
+/// Backward of head_forward: dhf = the gradient of hf (overwritten) from the
+/// logits' gradient, and the head's weight gradient accumulates. With tensor
+/// parallelism each rank's vocabulary columns give a part of dhf: all-reduced,
+/// or under sequence parallelism written to `dhf_full` [tokens, D] and
+/// reduce-scattered into this rank's token shard.
+template <class L, class HV, class FV, class LV, class DV, class DFV>
+void head_backward(const Context& ctx, L& head, const HV& hf, const FV& hf_full, const LV& logits, const DV& dhf,
+                   const DFV& dhf_full) {
+  if (ctx.tp.sp()) {
+    head.backward(hf_full, logits, dhf_full, false);
+    tp_reduce_scatter(ctx, dhf_full, dhf);
+  } else {
+    head.backward(hf, logits, dhf, false);
+    if (ctx.tp.active()) tp_all_reduce(ctx, dhf);  // this rank's vocabulary columns' part
+  }
+}
+
+/// Cross-entropy over logits split by vocabulary columns: the row maxima
+/// (into `max`, [tokens]) and then the sums of exponentials and the target
+/// logits (into `sums`, [tokens, 2]) are all-reduced over TP (2 collectives,
+/// 3 values per token); the logits are never gathered. Returns the sum of the
+/// token losses; with `backward` the logits then hold grad_scale times their
+/// gradient.
+template <class T, class LV, class TV, class MV, class SV>
+double vocab_parallel_loss(const Context& ctx, const LV& logits, const TV& targets, std::size_t vocab, const MV& max,
+                           const SV& sums, T grad_scale, bool backward) {
+  const std::size_t first = ctx.tp.rank() * logits.extent(1);
+  ops::vocab_parallel_max(logits, max);
+  tp_all_reduce(ctx, max, ReduceOp::max);
+  ops::vocab_parallel_sums(logits, targets, first, vocab, max, sums);
+  tp_all_reduce(ctx, sums);
+  return ops::vocab_parallel_finish(logits, targets, first, max, sums, grad_scale, backward);
 }
 
 /// Gradients of replicated parameters that a sequence-parallel rank computes

@@ -537,6 +537,14 @@ bool read_peers_cross_memory(Comm& comm, const T* src, std::size_t bytes, T* dst
   std::vector<iovec> local, remote;
   local.reserve(1024);
   remote.reserve(1024);
+  // Whether bytes at `at` continue the last vector of v; append extends it then.
+  auto joins = [](const std::vector<iovec>& v, std::uintptr_t at) {
+    return !v.empty() && reinterpret_cast<std::uintptr_t>(v.back().iov_base) + v.back().iov_len == at;
+  };
+  auto append = [&](std::vector<iovec>& v, std::uintptr_t at, std::size_t len) {
+    if (joins(v, at)) v.back().iov_len += len;
+    else v.push_back({reinterpret_cast<void*>(at), len});
+  };
   pid_t pid = 0;
   std::size_t want = 0;
   auto flush = [&] {
@@ -561,21 +569,15 @@ bool read_peers_cross_memory(Comm& comm, const T* src, std::size_t bytes, T* dst
     want += sizeof seen;
     for (std::size_t k = 0; k < n && ok; k += run) {
       const std::uintptr_t from = base + ((k / a * pa + ca) * a + k % a) * sizeof(T);
-      char* to = reinterpret_cast<char*>(dst + (k / b * p + r) * b + k % b);
+      const auto to = reinterpret_cast<std::uintptr_t>(dst + (k / b * p + r) * b + k % b);
       const std::size_t len = run * sizeof(T);
       // The two sides are streams of the same runs in the same order, so each
       // merges its own contiguous runs: a peer's contiguous chunk read into
       // strided rows is one remote vector and one local vector per row (the
       // kernel pins the remote pages once per remote vector).
-      const bool local_joins =
-          !local.empty() && static_cast<char*>(local.back().iov_base) + local.back().iov_len == to;
-      const bool remote_joins =
-          !remote.empty() && reinterpret_cast<std::uintptr_t>(remote.back().iov_base) + remote.back().iov_len == from;
-      if ((!local_joins && local.size() == 1024) || (!remote_joins && remote.size() == 1024)) flush();
-      if (!local.empty() && local_joins) local.back().iov_len += len;
-      else local.push_back({to, len});
-      if (!remote.empty() && remote_joins) remote.back().iov_len += len;
-      else remote.push_back({reinterpret_cast<void*>(from), len});
+      if ((!joins(local, to) && local.size() == 1024) || (!joins(remote, from) && remote.size() == 1024)) flush();
+      append(local, to, len);
+      append(remote, from, len);
       want += len;
     }
     flush();

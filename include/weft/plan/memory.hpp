@@ -104,7 +104,7 @@ inline double block_saved_elements(const ModelSpec& m, const MeshSpec& s) {
   const double routed = m.experts ? double(m.top_k) : 1.0;
   // Sequence parallelism splits the element-wise region over the tokens, and
   // the attention and MLP keep their all-gathered inputs for backward.
-  const double sp = (s.sequence_parallel && s.tp > 1) ? tp : 1.0;
+  const double sp = s.sequence_split();
   double e = 2 * 2 * n / sp;                                 // two norms' mean and 1/std
   e += 3 * n * D / sp;                                       // h1, mid, h2
   if (sp > 1) e += 2 * n * D;                                // gathered inputs of QKV and MLP up
@@ -127,7 +127,7 @@ inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
   // attention and MLP each keep a [tokens, D] buffer for the gathered output
   // gradient and the partial input gradient, and the head one for its
   // partial input gradient before the reduce-scatter.
-  const double sp = (s.sequence_parallel && s.tp > 1) ? tp : 1.0;
+  const double sp = s.sequence_split();
   double e = n * double(m.qkv_cols()) / tp + n * D / tp;    // dqkv, dheads
   if (!m.flash_attention) e += B * heads * Tq * T;           // dprobs
   e += routed * n * double(m.up_cols() + m.hidden()) / tp;   // dup, dact
@@ -148,7 +148,7 @@ inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
 /// without a pipeline.
 inline double pipeline_send_buffer_bytes(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
   if (s.pp <= 1) return 0.0;
-  const double seq_split = (s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0;
+  const double seq_split = s.sequence_split();
   const double cap = double(pipeline_send_cap(s.schedule, s.chunks, s.pp, microbatches(m, s)));
   for (const ChunkLayout& k : rank_layout(m, s, rank))
     if (!k.embedding) return cap * rank_tokens(m, s) * double(m.d_model) / seq_split * double(m.act_bytes);
@@ -228,7 +228,7 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   // chunk allocates is what the executor holds at its peak for the schedule
   // (pipeline.hpp: executor_slots); a single process holds one.
   const double n = rank_tokens(m, s), D = double(m.d_model), a = double(m.act_bytes);
-  const double seq_split = (s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0;
+  const double seq_split = s.sequence_split();
   const double head = (n * D + 2 * n) / seq_split + (seq_split > 1 ? n * D : 0.0) + n * double(m.vocab) / double(s.tp);
   // Under zb a slot also keeps, for the deferred weight halves, a copy of
   // the output gradient of each of its linear layers (QKV, attention output,

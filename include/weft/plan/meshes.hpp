@@ -207,7 +207,7 @@ inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t
     v.tp_all_reduce += 8;
   }
   if (s.pp > 1) {
-    const double msg = nd / (sp ? double(s.tp) : 1.0);
+    const double msg = nd / s.sequence_split();
     for (const auto& k : chunks) {
       const double one_way = (k.embedding ? 0.0 : 1.0) + (k.head ? 0.0 : 1.0);
       v.pp_send += mb * one_way * msg;
@@ -268,7 +268,7 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
   // PP: the busiest rank's sends (receives overlap them on a full-duplex link).
   if (s.pp > 1) {
     const Link l = link_for_span(s.tp * s.cp * s.pp, t);
-    const double msgs = vol.pp_send / std::max(1.0, n * D * a / ((s.sequence_parallel && s.tp > 1) ? double(s.tp) : 1.0));
+    const double msgs = vol.pp_send / std::max(1.0, n * D * a / s.sequence_split());
     c.pp_s = vol.pp_send / (l.bw_gbs * 1e9) + msgs * l.latency_us * 1e-6;
   }
   // DP: gradients reduced once per step (replicate, zero1) or per microbatch

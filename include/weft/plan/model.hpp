@@ -148,6 +148,9 @@ struct MeshSpec {
   std::size_t chunks = 1;  ///< virtual stages per rank (interleaved only)
   /// Number of ranks.
   std::size_t world() const { return dp * tp * pp * cp; }
+  /// The factor sequence parallelism divides the residual stream's tokens
+  /// by: tp with sequence parallelism over tp > 1, else 1.
+  double sequence_split() const { return sequence_parallel && tp > 1 ? double(tp) : 1.0; }
 };
 
 }  // namespace weft::plan

@@ -364,7 +364,7 @@ class Executor {
       }
     }
     sending_.push_back({std::move(r), buf});
-    buf = stage_.take_send_buffer(buf.extent(0), buf.extent(1));
+    buf = stage_.take_send_buffer();
   }
   // Returns the buffers of completed detached sends to the spares.
   void complete_sends(bool wait_all) {

@@ -273,14 +273,10 @@ class Stage {
     if (k.head) {
       Timer t(this, cfg_.layers + 1);
       k.ln_f->forward(s.xs.back(), s.hf, s.sf);
-      if (ctx_->tp.sp()) {
-        nn::detail::tp_all_gather(*ctx_, s.hf, s.hf_full);
-        k.head->forward(s.hf_full, s.logits);
-      } else {
-        k.head->forward(s.hf, s.logits);
-      }
+      nn::detail::head_forward(*ctx_, *k.head, s.hf, s.hf_full, s.logits);
       metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
-      loss = ctx_->tp.active() ? vocab_parallel_loss(s.logits, targets, T(grad_scale))
+      loss = ctx_->tp.active() ? nn::detail::vocab_parallel_loss(*ctx_, s.logits, targets, cfg_.vocab, ce_max_, ce_sums_,
+                                                                 T(grad_scale), true)
                                : ops::cross_entropy_forward_backward(s.logits, targets, T(grad_scale));
     }
     if (root && hooks_) hooks_->after_forward(root_group_);
@@ -316,16 +312,7 @@ class Stage {
     };
     if (k.head) {
       Timer t(this, cfg_.layers + 1);
-      const nn::TensorParallel& tp = ctx_->tp;
-      if (!tp.active()) {
-        k.head->backward(s.hf, s.logits, dhf_, false);
-      } else if (!tp.sp()) {
-        k.head->backward(s.hf, s.logits, dhf_, false);  // this rank's vocabulary columns' part
-        nn::detail::tp_all_reduce(*ctx_, dhf_);
-      } else {
-        k.head->backward(s.hf_full, s.logits, dhf_full_, false);
-        nn::detail::tp_reduce_scatter(*ctx_, dhf_full_, dhf_);
-      }
+      nn::detail::head_backward(*ctx_, *k.head, s.hf, s.hf_full, s.logits, dhf_, dhf_full_);
       Matrix out = next_target(n == 0);
       if (ln_f_partial_) ln_f_partial_->begin();
       k.ln_f->backward(dhf_, s.xs.back(), s.sf, out, false);
@@ -394,7 +381,7 @@ class Stage {
     if (deferred) m.add(C::activations, "pipeline.deferred_output_gradients", deferred);
     m.add(C::buffers, "pipeline.backward_workspace",
           ws_->bytes() + nn::detail::bytes_of(g_[0]) * 2 + nn::detail::bytes_of(dhf_) + nn::detail::bytes_of(dhf_full_));
-    if (send_buffer_bytes_) m.add(C::buffers, "pipeline.send_buffers", send_buffer_bytes_);
+    if (send_buffers_) m.add(C::buffers, "pipeline.send_buffers", send_buffers_ * rows_ * cfg_.d_model * sizeof(T));
     if (ctx_->tp.active()) {
       std::size_t emb = 0;
       for (auto& k : chunks_)
@@ -412,24 +399,20 @@ class Stage {
     bool sends_gradients = false;
     for (const auto& k : chunks_) sends_gradients = sends_gradients || !k.emb;
     if (!sends_gradients) return;
-    for (; send_buffers_ < n; ++send_buffers_) {
-      spare_send_.emplace_back("pipeline.send_buffer", rows_, cfg_.d_model);
-      send_buffer_bytes_ += rows_ * cfg_.d_model * sizeof(T);
-    }
+    for (; send_buffers_ < n; ++send_buffers_) spare_send_.emplace_back("pipeline.send_buffer", rows_, cfg_.d_model);
   }
-  /// A buffer of rows x cols for a send that outlives its slot (the
-  /// executor detaches in-flight sends from retired slots): a returned one
-  /// of that shape when there is one, else a new one, counted by memory().
-  Matrix take_send_buffer(std::size_t rows, std::size_t cols) {
-    for (auto it = spare_send_.begin(); it != spare_send_.end(); ++it)
-      if (it->extent(0) == rows && it->extent(1) == cols) {
-        Matrix m = *it;
-        spare_send_.erase(it);
-        return m;
-      }
-    send_buffer_bytes_ += rows * cols * sizeof(T);
-    ++send_buffers_;
-    return Matrix("pipeline.send_buffer", rows, cols);
+  /// A buffer of one input-gradient message ([rows(), d_model], a slot's dx)
+  /// for a send that outlives its slot (the executor detaches in-flight sends
+  /// from retired slots): a returned one when there is one, else a new one,
+  /// counted by memory().
+  Matrix take_send_buffer() {
+    if (spare_send_.empty()) {
+      ++send_buffers_;
+      return Matrix("pipeline.send_buffer", rows_, cfg_.d_model);
+    }
+    Matrix m = spare_send_.back();
+    spare_send_.pop_back();
+    return m;
   }
   /// Returns a buffer from take_send_buffer() (or a slot's, which it
   /// replaced) whose send has completed, for reuse.
@@ -473,20 +456,6 @@ class Stage {
     c.validate();
     c.validate_tensor_parallel(tp.size(), tp.sequence_parallel);
     return c;
-  }
-
-  // Cross-entropy over logits split by vocabulary columns (as nn::GPT): the
-  // row maxima, then the sums of exponentials and the target logits, are
-  // all-reduced over TP; the logits are never gathered. Returns the sum of
-  // the token losses; the logits then hold grad_scale times their gradient.
-  template <class TV>
-  double vocab_parallel_loss(const Matrix& logits, const TV& targets, T grad_scale) {
-    const std::size_t first = ctx_->tp.rank() * logits.extent(1);
-    ops::vocab_parallel_max(logits, ce_max_);
-    nn::detail::tp_all_reduce(*ctx_, ce_max_, ReduceOp::max);
-    ops::vocab_parallel_sums(logits, targets, first, cfg_.vocab, ce_max_, ce_sums_);
-    nn::detail::tp_all_reduce(*ctx_, ce_sums_);
-    return ops::vocab_parallel_finish(logits, targets, first, ce_max_, ce_sums_, grad_scale, true);
   }
 
   bool has_root(const Chunk& k) const { return root_group_ != no_group && (k.emb || k.head); }
@@ -546,7 +515,6 @@ class Stage {
   std::size_t peak_live_ = 0;
   std::size_t root_chunks_done_ = 0;  // chunks holding root parameters whose weights are done this step
   std::vector<Matrix> spare_send_;     // send buffers free for reuse
-  std::size_t send_buffer_bytes_ = 0;  // bytes of every send buffer allocated
   std::size_t send_buffers_ = 0;       // send buffers allocated
 };
 
