@@ -356,6 +356,7 @@ class Pipeline {
 
  public:
   using schedule_type = Schedule;
+  using policy_axis = PP;  ///< in a weft::Strategy, Pipeline<Schedule> is the policy of the PP axis
   static constexpr std::size_t static_stages = P;        ///< P, or dynamic_extent
   static constexpr std::size_t static_microbatches = M;  ///< M, or dynamic_extent
   static constexpr int chunks = Schedule::chunks;        ///< model chunks per rank (V)

@@ -104,13 +104,22 @@ inline constexpr bool is_partial_v = detail::placement_kind<P>::partial;
 template <class P>
 concept Placement = is_shard_v<P> || is_replicate_v<P> || is_partial_v<P>;
 
-/// Placement P over mesh axis Axis: On<TP, Shard<1>>.
+/// A strategy policy or option (weft/parallel/strategy.hpp): a type that
+/// names the axis it belongs on (`policy_axis`) or the policy it is an
+/// option of (`policy_option_of`). On<Axis, P> takes one inside a weft::Strategy.
+template <class P>
+concept StrategyPolicyLike = requires { typename P::policy_axis; } || requires { typename P::policy_option_of; };
+
+/// Placement P over mesh axis Axis: On<TP, Shard<1>>. Inside a
+/// weft::Strategy, P may also be a strategy policy: On<DP, FullyShard>.
 template <class Axis, class P>
 struct On {
   static_assert(AxisTag<Axis>,
                 "weft::On<Axis, P>: Axis must be a mesh axis tag such as weft::TP or weft::DP");
-  static_assert(Placement<P>,
-                "weft::On<Axis, P>: P must be a placement: weft::Shard<D>, weft::Replicate or weft::Partial<Op>");
+  static_assert(Placement<P> || StrategyPolicyLike<P>,
+                "weft::On<Axis, P>: P must be a placement (weft::Shard<D>, weft::Replicate or weft::Partial<Op>) or, "
+                "inside a weft::Strategy, a strategy policy (weft::FullyShard, weft::ZeRO<N>, "
+                "weft::TensorParallel<...>, weft::Pipeline<Schedule>)");
   using axis = Axis;      ///< the mesh axis
   using placement = P;    ///< how the tensor lies over it
 };
@@ -122,9 +131,9 @@ template <class A, class P>
 struct is_on<On<A, P>> : std::true_type {};
 }  // namespace detail
 
-/// True for On<Axis, P>.
+/// True for On<Axis, P> with P a placement (not a strategy policy).
 template <class T>
-concept OnPlacement = detail::is_on<T>::value;
+concept OnPlacement = detail::is_on<T>::value && Placement<typename T::placement>;
 
 /// The spelling of a placement in messages: "Shard<1>", "Replicate", "Partial<Sum>".
 template <Placement P>

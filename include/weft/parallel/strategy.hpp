@@ -1,0 +1,480 @@
+// Strategies as types: weft::Strategy<On<Axis, Policy>...> names, for each
+// mesh axis, what that axis does (data parallelism with the placements of
+// parameters, gradients and optimizer state; tensor parallelism with or
+// without sequence parallelism; a pipeline schedule). Pure types and checks,
+// no run time: the model (nn::GPT), DataParallel, the pipeline stage and
+// executor and train_step are all instantiated from one of these.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <weft/core/error.hpp>
+#include <weft/mesh/axis.hpp>
+#include <weft/parallel/dp_mode.hpp>
+#include <weft/parallel/schedule.hpp>
+#include <weft/placement/placement.hpp>
+
+namespace weft {
+
+// ---------------------------------------------------------------------------
+// Data parallelism over DP: the placements of the three states.
+
+/// Data parallelism as the placements over DP of the three per-parameter
+/// states: parameters, gradients and optimizer state, each Replicate or
+/// Shard<0> (of the flat buffers DataParallel keeps). Sharding is monotone --
+/// what is sharded earlier in a step stays sharded later -- so only four
+/// combinations mean something: Replicate/Replicate/Replicate (DDP),
+/// Replicate/Replicate/Shard (ZeRO-1), Replicate/Shard/Shard (ZeRO-2) and
+/// Shard/Shard/Shard (fully sharded). Any other does not compile.
+template <class Params, class Grads, class OptState>
+struct DPStates {
+  static_assert(is_replicate_v<Params> || std::is_same_v<Params, Shard<0>>,
+                "weft::DPStates<Params, Grads, OptState>: the parameters' placement over DP must be weft::Replicate or "
+                "weft::Shard<0> (a shard of the flat parameter buffer); Partial and Shard<D> with D > 0 mean nothing "
+                "for data parallelism");
+  static_assert(is_replicate_v<Grads> || std::is_same_v<Grads, Shard<0>>,
+                "weft::DPStates<Params, Grads, OptState>: the gradients' placement over DP must be weft::Replicate or "
+                "weft::Shard<0>");
+  static_assert(is_replicate_v<OptState> || std::is_same_v<OptState, Shard<0>>,
+                "weft::DPStates<Params, Grads, OptState>: the optimizer state's placement over DP must be "
+                "weft::Replicate or weft::Shard<0>");
+  static_assert(!(is_shard_v<Params> && !is_shard_v<Grads>),
+                "weft::DPStates<Shard<0>, Replicate, ...>: sharded parameters need sharded gradients (each rank "
+                "computes the gradient only where it holds the parameters at the step's end); use weft::FullyShard = "
+                "DPStates<Shard<0>, Shard<0>, Shard<0>>");
+  static_assert(!(is_shard_v<Grads> && !is_shard_v<OptState>),
+                "weft::DPStates<..., Shard<0>, Replicate>: sharded gradients need a sharded optimizer state (a rank "
+                "can only update the shard whose gradient it holds); use weft::ZeRO<2> = DPStates<Replicate, "
+                "Shard<0>, Shard<0>>");
+  using policy_axis = DP;      ///< the axis this policy belongs on
+  using params = Params;       ///< placement of the parameters over DP
+  using grads = Grads;         ///< placement of the gradients over DP
+  using opt_state = OptState;  ///< placement of the optimizer state over DP
+  /// The mode's name in the planner's and the command line's vocabulary.
+  static constexpr parallel::DPMode mode = is_shard_v<Params>     ? parallel::DPMode::fsdp
+                                           : is_shard_v<Grads>    ? parallel::DPMode::zero2
+                                           : is_shard_v<OptState> ? parallel::DPMode::zero1
+                                                                  : parallel::DPMode::replicate;
+  /// "Replicate", "ZeRO<1>", "ZeRO<2>" or "FullyShard".
+  static std::string policy_name() {
+    switch (mode) {
+      case parallel::DPMode::replicate: return "Replicate";
+      case parallel::DPMode::zero1: return "ZeRO<1>";
+      case parallel::DPMode::zero2: return "ZeRO<2>";
+      case parallel::DPMode::fsdp: return "FullyShard";
+    }
+    return "?";
+  }
+};
+
+/// Everything replicated over DP; gradients all-reduced (DDP). `On<DP, Replicate>` in a Strategy means the same.
+using Replicated = DPStates<Replicate, Replicate, Replicate>;
+/// Everything sharded over DP (FSDP, ZeRO-3). `On<DP, Shard<0>>` in a Strategy means the same.
+using FullyShard = DPStates<Shard<0>, Shard<0>, Shard<0>>;
+
+namespace detail {
+template <int Stage>
+struct zero_stage {
+  static_assert(Stage >= 1 && Stage <= 3,
+                "weft::ZeRO<Stage>: the stage must be 1 (optimizer state sharded), 2 (gradients too) or 3 (parameters "
+                "too, = weft::FullyShard)");
+  using type = FullyShard;
+};
+template <>
+struct zero_stage<1> {
+  using type = DPStates<Replicate, Replicate, Shard<0>>;
+};
+template <>
+struct zero_stage<2> {
+  using type = DPStates<Replicate, Shard<0>, Shard<0>>;
+};
+}  // namespace detail
+
+/// ZeRO stage 1 (optimizer state sharded over DP), 2 (gradients too) or 3 (= FullyShard).
+template <int Stage>
+using ZeRO = typename detail::zero_stage<Stage>::type;
+
+/// The DP policy of a DP mode named by the planner's enum (a type for every value).
+template <parallel::DPMode M>
+using dp_policy_of = std::conditional_t<
+    M == parallel::DPMode::replicate, Replicated,
+    std::conditional_t<M == parallel::DPMode::zero1, ZeRO<1>,
+                       std::conditional_t<M == parallel::DPMode::zero2, ZeRO<2>, FullyShard>>>;
+
+// ---------------------------------------------------------------------------
+// Tensor parallelism over TP.
+
+/// Option of TensorParallel: the token dimension of the residual stream (and
+/// of the norms and dropout around the matmuls) is sharded over TP too.
+struct SequenceParallel {
+  using policy_option_of = TP;  ///< an option of the TP axis' TensorParallel, not a policy of its own
+  static constexpr std::string_view name = "SequenceParallel";
+};
+
+namespace detail {
+template <class... Options>
+constexpr bool tp_options_valid() {
+  return ((std::is_same_v<Options, SequenceParallel>) && ...) && sizeof...(Options) <= 1;
+}
+}  // namespace detail
+
+/// Tensor parallelism over TP: attention heads, MLP hidden units and the
+/// vocabulary are split over the axis (Megatron's column/row pairs).
+/// `TensorParallel<SequenceParallel>` shards the residual stream's tokens as well.
+template <class... Options>
+struct TensorParallel {
+  static_assert(detail::tp_options_valid<Options...>(),
+                "weft::TensorParallel<Options...>: the only option is weft::SequenceParallel, at most once: "
+                "TensorParallel<> or TensorParallel<SequenceParallel>");
+  using policy_axis = TP;  ///< the axis this policy belongs on
+  /// Whether the residual stream's tokens are sharded over TP too.
+  static constexpr bool sequence_parallel = (std::is_same_v<Options, SequenceParallel> || ...);
+  /// "TensorParallel<>" or "TensorParallel<SequenceParallel>".
+  static std::string policy_name() {
+    return sequence_parallel ? "TensorParallel<SequenceParallel>" : "TensorParallel<>";
+  }
+};
+
+// ---------------------------------------------------------------------------
+// The strategy.
+
+/// The policy of an axis a Strategy leaves out: the axis (if the mesh has it)
+/// must have extent 1.
+struct NoPolicy {
+  static std::string policy_name() { return "none"; }
+};
+
+namespace detail {
+template <class Policy>
+struct schedule_name_of {
+  static std::string get() { return std::string(Policy::name); }
+};
+template <int V>
+struct schedule_name_of<Interleaved1F1B<V>> {
+  static std::string get() { return "Interleaved1F1B<" + std::to_string(V) + ">"; }
+};
+
+// What an On<Axis, X> of a Strategy means: X normalised to a policy type.
+template <class Axis, class X>
+struct normalise_policy {
+  using type = X;
+};
+// On<DP, Replicate> is DDP, On<DP, Shard<0>> fully sharded.
+template <>
+struct normalise_policy<DP, Replicate> {
+  using type = Replicated;
+};
+template <>
+struct normalise_policy<DP, Shard<0>> {
+  using type = FullyShard;
+};
+
+template <class X>
+struct is_pipeline_policy : std::false_type {};
+template <class S, std::size_t P, std::size_t M>
+struct is_pipeline_policy<Pipeline<S, P, M>> : std::true_type {};
+
+template <class X>
+struct is_dp_policy : std::false_type {};
+template <class A, class B, class C>
+struct is_dp_policy<DPStates<A, B, C>> : std::true_type {};
+
+template <class X>
+struct is_tp_policy : std::false_type {};
+template <class... O>
+struct is_tp_policy<TensorParallel<O...>> : std::true_type {};
+
+// The axis a policy belongs on (void: not a policy).
+template <class X>
+struct policy_axis_of {
+  using type = void;
+};
+template <class X>
+  requires requires { typename X::policy_axis; }
+struct policy_axis_of<X> {
+  using type = typename X::policy_axis;
+};
+
+template <class X>
+std::string policy_name_of() {
+  if constexpr (is_pipeline_policy<X>::value) return "Pipeline<" + schedule_name_of<typename X::schedule_type>::get() + ">";
+  else return X::policy_name();
+}
+
+// Checks one On<Axis, X> of a Strategy; the messages name the fix.
+template <class O>
+constexpr bool check_strategy_entry() {
+  static_assert(is_on<O>::value,
+                "weft::Strategy<...>: every argument must be weft::On<Axis, Policy>, e.g. "
+                "weft::On<weft::DP, weft::FullyShard> or weft::On<weft::TP, weft::TensorParallel<>>");
+  if constexpr (is_on<O>::value) {
+    using Axis = typename O::axis;
+    using X = typename normalise_policy<Axis, typename O::placement>::type;
+    static_assert(!std::is_same_v<X, SequenceParallel>,
+                  "weft::Strategy: SequenceParallel is not a policy of its own -- it is an option of tensor "
+                  "parallelism and needs the TP axis. Write weft::On<weft::TP, "
+                  "weft::TensorParallel<weft::SequenceParallel>>");
+    static_assert(!(Placement<X> && std::is_same_v<Axis, DP>),
+                  "weft::Strategy: over DP a placement policy must be weft::Replicate (DDP) or weft::Shard<0> (fully "
+                  "sharded); for ZeRO-1 and ZeRO-2 use weft::ZeRO<1> or weft::ZeRO<2>");
+    static_assert(!(Placement<X> && !std::is_same_v<Axis, DP>),
+                  "weft::Strategy: a bare placement (Replicate, Shard<D>, Partial) is a policy only over DP; give "
+                  "other axes their strategy: weft::TensorParallel<> on TP, weft::Pipeline<Schedule> on PP");
+    if constexpr (!Placement<X> && !std::is_same_v<X, SequenceParallel>) {
+      using Home = typename policy_axis_of<X>::type;
+      static_assert(!std::is_void_v<Home>,
+                    "weft::Strategy: the policy of an On<Axis, Policy> is not a strategy policy; use weft::Replicated, "
+                    "weft::ZeRO<1>, weft::ZeRO<2> or weft::FullyShard on DP, weft::TensorParallel<...> on TP, "
+                    "weft::Pipeline<Schedule> on PP");
+      if constexpr (!std::is_void_v<Home>) {
+        static_assert(!is_dp_policy<X>::value || std::is_same_v<Axis, DP>,
+                      "weft::Strategy: a data-parallel policy (Replicated, ZeRO<N>, FullyShard, DPStates) belongs on "
+                      "the DP axis: weft::On<weft::DP, Policy>");
+        static_assert(!is_tp_policy<X>::value || std::is_same_v<Axis, TP>,
+                      "weft::Strategy: weft::TensorParallel<...> belongs on the TP axis: weft::On<weft::TP, "
+                      "weft::TensorParallel<...>>");
+        static_assert(!is_pipeline_policy<X>::value || std::is_same_v<Axis, PP>,
+                      "weft::Strategy: weft::Pipeline<Schedule> belongs on the PP axis: weft::On<weft::PP, "
+                      "weft::Pipeline<Schedule>>");
+      }
+    }
+  }
+  return true;
+}
+
+template <class A, class... Os>
+constexpr std::size_t count_axis() {
+  return (std::size_t(0) + ... + std::size_t(std::is_same_v<typename Os::axis, A>));
+}
+
+template <class Axis, class... Os>
+struct policy_on {
+  using type = NoPolicy;
+};
+template <class Axis, class O, class... Os>
+struct policy_on<Axis, O, Os...> {
+  using type = std::conditional_t<std::is_same_v<typename O::axis, Axis>,
+                                  typename normalise_policy<Axis, typename O::placement>::type,
+                                  typename policy_on<Axis, Os...>::type>;
+};
+}  // namespace detail
+
+/// A parallel strategy: one policy per mesh axis, outermost first as in the
+/// mesh (the order of the On<...> entries does not change the meaning).
+///
+///   using S = weft::Strategy<weft::On<weft::DP, weft::FullyShard>,
+///                            weft::On<weft::PP, weft::Pipeline<weft::OneFOneB>>,
+///                            weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>;
+///
+/// Axes the strategy leaves out must have extent 1 on the mesh (checked at
+/// construction of the runtime pieces); a policy on an axis the mesh lacks
+/// does not compile (weft::check_strategy_mesh).
+template <class... Entries>
+struct Strategy {
+  static_assert((detail::check_strategy_entry<Entries>() && ...));
+  static_assert(((detail::count_axis<typename Entries::axis, Entries...>() == 1) && ...),
+                "weft::Strategy<...>: two policies name the same mesh axis; give each axis one policy (for ZeRO with "
+                "sequence-parallel TP write On<DP, ZeRO<1>>, On<TP, TensorParallel<SequenceParallel>>)");
+
+  /// The policy on Axis (NoPolicy when the strategy leaves Axis out).
+  template <class Axis>
+  using policy = typename detail::policy_on<Axis, Entries...>::type;
+  /// Whether the strategy gives Axis a policy.
+  template <class Axis>
+  static constexpr bool has = !std::is_same_v<policy<Axis>, NoPolicy>;
+
+  /// The DP policy (Replicated when the strategy leaves DP out: with one DP
+  /// rank every mode computes the same, and replicate does no work).
+  using data_parallel = std::conditional_t<has<DP>, policy<DP>, Replicated>;
+  /// The TP policy, or NoPolicy.
+  using tensor_parallel = policy<TP>;
+  /// Whether the layers are split over TP.
+  static constexpr bool tensor_parallel_v = has<TP>;
+  /// Whether the residual stream's tokens are sharded over TP.
+  static constexpr bool sequence_parallel = [] {
+    if constexpr (has<TP>) return policy<TP>::sequence_parallel;
+    else return false;
+  }();
+  /// Whether the model is split into pipeline stages over PP.
+  static constexpr bool pipelined = has<PP>;
+
+  /// The entries, for the strategy's name and for iteration.
+  static constexpr std::size_t size = sizeof...(Entries);
+
+  /// The strategy's spelling: "Strategy<On<dp, FullyShard>, On<tp, TensorParallel<>>>"
+  /// ("Strategy<>" for the single-process model). Run records name it.
+  static std::string name() {
+    std::string s = "Strategy<";
+    bool first = true;
+    (
+        [&] {
+          if (!first) s += ", ";
+          first = false;
+          using E = Entries;
+          using X = typename detail::normalise_policy<typename E::axis, typename E::placement>::type;
+          s += "On<" + std::string(E::axis::name) + ", " + detail::policy_name_of<X>() + ">";
+        }(),
+        ...);
+    return s + ">";
+  }
+};
+
+/// True for Strategy<...>.
+template <class S>
+inline constexpr bool is_strategy_v = false;
+template <class... E>
+inline constexpr bool is_strategy_v<Strategy<E...>> = true;
+
+/// A weft::Strategy<...> type.
+template <class S>
+concept StrategyType = is_strategy_v<S>;
+
+/// The single-process strategy: no axis does anything.
+using SingleProcess = Strategy<>;
+
+/// The schedule type of a pipelined strategy (its Pipeline<Schedule>'s Schedule).
+template <StrategyType S>
+  requires(S::pipelined)
+using strategy_schedule_t = typename S::template policy<PP>::schedule_type;
+
+/// What of a strategy changes the code of a layer: its tensor-parallel policy
+/// (NoPolicy, TensorParallel<> or TensorParallel<SequenceParallel>). Layers
+/// and models are parameterised by this projection, not by the whole
+/// strategy, so that strategies that differ only in what wraps the model (the
+/// DP mode, the schedule) share one model type.
+template <StrategyType S>
+using layer_policy_t = typename S::tensor_parallel;
+
+// ---------------------------------------------------------------------------
+// Checks against a mesh and a model's sizes.
+
+namespace detail {
+template <class Axis, class MeshT>
+constexpr std::size_t static_extent_of() {
+  if constexpr (MeshT::template has_axis<Axis>) return MeshT::static_extents[MeshT::template index_of<Axis>()];
+  else return 1;
+}
+
+template <class MeshT, class E>
+constexpr bool check_entry_in_mesh() {
+  static_assert(MeshT::template has_axis<typename E::axis>,
+                "weft::Strategy: a policy is on a mesh axis that the mesh lacks (see the On<Axis, Policy> in the "
+                "instantiation below); add that axis to the weft::Mesh<...> or drop the policy from the Strategy");
+  return true;
+}
+
+template <class S>
+struct strategy_entries;
+template <class... E>
+struct strategy_entries<Strategy<E...>> {
+  template <class MeshT>
+  static constexpr bool in_mesh() {
+    return (check_entry_in_mesh<MeshT, E>() && ...);
+  }
+};
+
+inline constexpr const char* sp_needs_tp_text =
+    "TensorParallel<SequenceParallel>: sequence parallelism shards the tokens over the TP ranks and needs a TP axis "
+    "of more than one rank; use TensorParallel<> or a larger tp";
+inline constexpr const char* interleaved_needs_stages_text =
+    "Pipeline<Interleaved1F1B<V>>: interleaving needs at least 2 pipeline stages on the PP axis; use "
+    "Pipeline<OneFOneB> or a larger pp";
+}  // namespace detail
+
+/// Checks at compile time what a strategy needs of a mesh type: every policy's
+/// axis is in the mesh; with static extents, sequence parallelism has a TP
+/// axis of more than one rank and an interleaved schedule at least 2 stages.
+/// Returns true (use inside static_assert or as a constant).
+template <StrategyType S, class MeshT>
+constexpr bool check_strategy_mesh() {
+  static_assert(detail::strategy_entries<S>::template in_mesh<MeshT>());
+  if constexpr (S::sequence_parallel && MeshT::template has_axis<TP>)
+    static_assert(detail::static_extent_of<TP, MeshT>() != 1,
+                  "TensorParallel<SequenceParallel>: sequence parallelism shards the tokens over the TP ranks and "
+                  "needs a TP axis of more than one rank; use TensorParallel<> or a larger tp");
+  if constexpr (S::pipelined && MeshT::template has_axis<PP>)
+    if constexpr (strategy_schedule_t<S>::chunks > 1)
+      static_assert(detail::static_extent_of<PP, MeshT>() != 1,
+                    "Pipeline<Interleaved1F1B<V>>: interleaving needs at least 2 pipeline stages on the PP axis; use "
+                    "Pipeline<OneFOneB> or a larger pp");
+  return true;
+}
+
+/// Sizes of a model that a strategy splits (dynamic_extent: known only at run time).
+template <std::size_t Heads = dynamic_extent, std::size_t Blocks = dynamic_extent>
+struct ModelSizes {
+  static constexpr std::size_t heads = Heads;    ///< attention heads (split over TP); dynamic_extent if none or dynamic
+  static constexpr std::size_t blocks = Blocks;  ///< blocks (split over PP stages x chunks)
+};
+
+/// Checks at compile time that a model's static sizes divide over a strategy
+/// on a mesh with static extents: heads by tp, blocks by stages x chunks.
+/// Sizes or extents that are dynamic are checked at run time instead, by
+/// validate_strategy, with the same text.
+template <StrategyType S, class MeshT, class Sizes>
+constexpr bool check_strategy_sizes() {
+  static_assert(check_strategy_mesh<S, MeshT>());
+  if constexpr (S::tensor_parallel_v && Sizes::heads != dynamic_extent &&
+                detail::static_extent_of<TP, MeshT>() != dynamic_extent)
+    static_assert(Sizes::heads % detail::static_extent_of<TP, MeshT>() == 0,
+                  "TensorParallel: the attention heads do not divide by tp (each TP rank holds heads / tp whole "
+                  "heads); choose tp among the divisors of the head count");
+  if constexpr (S::pipelined && Sizes::blocks != dynamic_extent &&
+                detail::static_extent_of<PP, MeshT>() != dynamic_extent)
+    static_assert(Sizes::blocks % (detail::static_extent_of<PP, MeshT>() * strategy_schedule_t<S>::chunks) == 0,
+                  "Pipeline<Schedule>: the blocks do not divide by stages x chunks (pp x V for interleaved "
+                  "schedules), so the stages would be unequal; choose pp (and V) among the divisors of the block "
+                  "count, or give the stage boundaries explicitly");
+  return true;
+}
+
+/// The run-time form of check_strategy_mesh and check_strategy_sizes, for
+/// dynamic extents and sizes: an axis the strategy leaves out must have
+/// extent 1; sequence parallelism needs tp > 1, interleaving pp >= 2; heads
+/// divide by tp, and when `equal_stages` blocks by pp x chunks. 0 for heads or
+/// blocks skips that check. ConfigError with the compile-time text and the values seen.
+template <StrategyType S, class MeshT>
+void validate_strategy(const MeshT& mesh, std::size_t heads = 0, std::size_t blocks = 0, bool equal_stages = false) {
+  static_assert(check_strategy_mesh<S, MeshT>());
+  auto extent = [&](auto tag) -> std::size_t {
+    using A = decltype(tag);
+    if constexpr (MeshT::template has_axis<A>) return std::size_t(mesh.template extent<A>());
+    else return 1;
+  };
+  auto unused = [&](auto tag, const char* what) {
+    using A = decltype(tag);
+    if constexpr (MeshT::template has_axis<A>)
+      WEFT_REQUIRE(S::template has<A> || extent(tag) == 1, ConfigError, S::name(), ": the mesh's ", A::name,
+                   " axis has extent ", extent(tag), " but the strategy gives it no policy; add On<",
+                   what, "> to the strategy or set ", A::name, "=1");
+  };
+  unused(DP{}, "DP, Replicated|ZeRO<1>|ZeRO<2>|FullyShard");
+  unused(TP{}, "TP, TensorParallel<...>");
+  unused(PP{}, "PP, Pipeline<Schedule>");
+  unused(CP{}, "CP, ...: context parallelism");
+  unused(EP{}, "EP, ...: expert parallelism");
+  const std::size_t tp = extent(TP{}), pp = extent(PP{});
+  if constexpr (S::sequence_parallel)
+    WEFT_REQUIRE(tp > 1, ConfigError, detail::sp_needs_tp_text, " (tp is ", tp, ")");
+  if constexpr (S::pipelined) {
+    constexpr int chunks = strategy_schedule_t<S>::chunks;
+    if constexpr (chunks > 1) WEFT_REQUIRE(pp >= 2, ConfigError, detail::interleaved_needs_stages_text, " (pp is ", pp, ")");
+    if (blocks && equal_stages)
+      WEFT_REQUIRE(blocks % (pp * std::size_t(chunks)) == 0, ConfigError,
+                   "Pipeline<Schedule>: the blocks do not divide by stages x chunks (pp x V for interleaved "
+                   "schedules), so the stages would be unequal; choose pp (and V) among the divisors of the block "
+                   "count, or give the stage boundaries explicitly (blocks ",
+                   blocks, ", pp ", pp, ", chunks ", chunks, ")");
+  }
+  if constexpr (S::tensor_parallel_v)
+    if (heads)
+      WEFT_REQUIRE(heads % tp == 0, ConfigError,
+                   "TensorParallel: the attention heads do not divide by tp (each TP rank holds heads / tp whole "
+                   "heads); choose tp among the divisors of the head count (heads ",
+                   heads, ", tp ", tp, ")");
+}
+
+}  // namespace weft
