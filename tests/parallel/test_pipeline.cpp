@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <weft/parallel/pipeline/executor.hpp>
@@ -42,16 +43,15 @@ struct PipeRun {
   int promised_peak = 0;
 };
 
-// Trains on a pipeline of the PP communicator (and DP, when given).
-PipeRun run_pipeline(weft::Comm& pp, weft::Comm* dpc, const std::string& schedule, std::size_t microbatches,
-                     weft::parallel::DPMode mode = weft::parallel::DPMode::replicate, std::size_t steps = kSteps,
-                     weft::pipeline::ExecutorOptions eo = {}) {
-  const auto sched = weft::pipeline::parse_schedule(schedule);
+// Trains on a pipeline of the PP communicator (and DP, when given) with schedule Sched.
+template <class Sched>
+PipeRun run_pipeline_with(weft::Comm& pp, weft::Comm* dpc, std::size_t microbatches, weft::parallel::DPMode mode,
+                          std::size_t steps, weft::pipeline::ExecutorOptions eo) {
   const std::size_t ndp = dpc ? std::size_t(dpc->size()) : 1;
   const std::size_t mb = weft::parallel::local_microbatch(kGlobalBatch, ndp, microbatches);
   const auto cfg = tiny(mb);
-  const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(pp.size() * sched.chunks));
-  weft::pipeline::Stage<float> stage(cfg, part, pp.size(), pp.rank(), sched.chunks);
+  const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(pp.size() * Sched::chunks));
+  weft::pipeline::Stage<float> stage(cfg, part, pp.size(), pp.rank(), Sched::chunks);
   std::unique_ptr<weft::parallel::DataParallel<float>> dp;
   if (dpc) {
     weft::parallel::DPOptions o;
@@ -61,14 +61,23 @@ PipeRun run_pipeline(weft::Comm& pp, weft::Comm* dpc, const std::string& schedul
     stage.set_hooks(dp.get());
   }
   weft::optim::AdamW<float, Space> opt(dp ? dp->optimizer_parameters() : stage.parameters());
-  weft::pipeline::Executor<float> ex(stage, pp, sched, int(microbatches), eo);
+  weft::pipeline::Executor ex(stage, pp, weft::Pipeline<Sched>(pp.size(), int(microbatches)), eo);
   auto data = successor_stream();
   PipeRun r;
   for (std::size_t s = 0; s < steps; ++s)
     r.loss.push_back(weft::pipeline::train_step(ex, dp.get(), opt, data, s, kGlobalBatch, kLr, kClip).loss);
   r.peak_slots = stage.peak_slots();
-  r.promised_peak = sched.peak_in_flight(pp.size(), int(microbatches), pp.rank());
+  r.promised_peak = Sched::peak_in_flight(pp.size(), int(microbatches), pp.rank());
   return r;
+}
+
+// The same, with the schedule named as on the command line.
+PipeRun run_pipeline(weft::Comm& pp, weft::Comm* dpc, const std::string& schedule, std::size_t microbatches,
+                     weft::parallel::DPMode mode = weft::parallel::DPMode::replicate, std::size_t steps = kSteps,
+                     weft::pipeline::ExecutorOptions eo = {}) {
+  return weft::pipeline::visit_schedule(schedule, [&]<class S>(std::type_identity<S>) {
+    return run_pipeline_with<S>(pp, dpc, microbatches, mode, steps, eo);
+  });
 }
 
 }  // namespace
@@ -135,19 +144,19 @@ TEST_CASE("pipeline: the cap of in-flight gradient sends: waiting in place follo
   for (std::size_t i = 0; i < r.loss.size(); ++i) CHECK(rel(r.loss[i], ref[i]) <= 1e-5);
   // interleaved:2 needs one buffer: without it a rank can wait on a send
   // whose receive its peer posts only after a message this rank sends later.
-  const auto sched = weft::pipeline::parse_schedule("interleaved:2");
+  using Il2 = weft::Interleaved1F1B<2>;
   const auto cfg = tiny(kGlobalBatch / m);
   weft::pipeline::Stage<float> stage(cfg, weft::pipeline::equal_partition(cfg.layers, std::size_t(2 * w.size())), w.size(),
                                      w.rank(), 2);
   if (w.size() == 2) {
-    CHECK_THROWS_WITH_AS(weft::pipeline::Executor<float>(stage, w, sched, int(m), eo),
+    CHECK_THROWS_WITH_AS(weft::pipeline::Executor(stage, w, weft::Pipeline<Il2>(w.size(), int(m)), eo),
                          doctest::Contains("ExecutorOptions::send_buffers = 0 can deadlock schedule interleaved:2 on 2 "
                                            "ranks with 4 microbatches; the smallest safe value is 1"),
                          weft::ConfigError);
   }
   // The default cap: one preallocated buffer of one message on every rank
   // that sends gradients, none on the rank that holds only the embedding.
-  weft::pipeline::Executor<float> ex(stage, w, sched, int(m));
+  weft::pipeline::Executor ex(stage, w, weft::Pipeline<Il2>(w.size(), int(m)));
   CHECK(ex.send_buffers() == 1);
   std::size_t bytes = 0;
   const auto ledger = stage.memory();

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -28,49 +29,47 @@
 
 namespace weft::pipeline {
 
-/// A schedule chosen at run time: its name, chunks per rank, whether it splits
-/// the backward, and its plans, checks and analytic bubble (from the schedule
-/// types of weft/parallel/schedule.hpp).
-struct ScheduleChoice {
-  std::string name;     ///< "gpipe", "1f1b", "interleaved:V" or "zb"
-  int chunks = 1;       ///< model chunks (virtual stages) per rank
-  bool split = false;   ///< backward split into input and weight halves
-  std::function<void(int, int)> check;                              ///< throws ConfigError for a bad (p, m)
-  std::function<std::vector<PipeAction>(int, int, int)> plan;       ///< (p, m, rank) -> actions
-  std::function<double(int, int, const PipeCosts&)> bubble;         ///< analytic idle fraction
-  std::function<int(int, int, int)> peak_in_flight;                 ///< (p, m, rank) -> chunk-microbatches
-};
-
 namespace detail {
 template <class S>
-ScheduleChoice make_choice(std::string name) {
-  ScheduleChoice c;
-  c.name = std::move(name);
-  c.chunks = S::chunks;
-  c.split = S::splits_backward;
-  c.check = [](int p, int m) { S::check(p, m); };
-  c.plan = [](int p, int m, int r) { return Pipeline<S>(p, m).plan(r); };
-  c.bubble = [](int p, int m, const PipeCosts& k) { return S::bubble_fraction(p, m, k); };
-  c.peak_in_flight = [](int p, int m, int r) { return S::peak_in_flight(p, m, r); };
-  return c;
-}
+struct schedule_cli_name {
+  static std::string get() {
+    if constexpr (std::is_same_v<S, GPipe>) return "gpipe";
+    else if constexpr (std::is_same_v<S, OneFOneB>) return "1f1b";
+    else if constexpr (std::is_same_v<S, ZeroBubble>) return "zb";
+    else return std::string(S::name);
+  }
+};
 template <int V>
-ScheduleChoice interleaved_choice(int v) {
+struct schedule_cli_name<Interleaved1F1B<V>> {
+  static std::string get() { return "interleaved:" + std::to_string(V); }
+};
+template <int V, class F>
+decltype(auto) visit_interleaved(int v, F&& f) {
   if constexpr (V > 8) {
-    weft::detail::throw_error<ConfigError>("--schedule interleaved:", v,
-                                           ": V (chunks per rank) must be between 2 and 8");
+    weft::detail::throw_error<ConfigError>("--schedule interleaved:", v, ": V (chunks per rank) must be between 2 and 8");
+    return f(std::type_identity<Interleaved1F1B<8>>{});  // not reached
   } else {
-    if (v == V) return make_choice<Interleaved1F1B<V>>("interleaved:" + std::to_string(V));
-    return interleaved_choice<V + 1>(v);
+    if (v == V) return f(std::type_identity<Interleaved1F1B<V>>{});
+    return visit_interleaved<V + 1>(v, std::forward<F>(f));
   }
 }
 }  // namespace detail
 
-/// Parses `--schedule gpipe|1f1b|interleaved:V|zb` (V from 2 to 8).
-inline ScheduleChoice parse_schedule(std::string_view s) {
-  if (s == "gpipe") return detail::make_choice<GPipe>("gpipe");
-  if (s == "1f1b") return detail::make_choice<OneFOneB>("1f1b");
-  if (s == "zb") return detail::make_choice<ZeroBubble>("zb");
+/// The command-line name of a schedule type: "gpipe", "1f1b", "interleaved:V" or "zb".
+template <PipelineSchedule S>
+std::string schedule_name() {
+  return detail::schedule_cli_name<S>::get();
+}
+
+/// For command lines only (the library's runtime takes schedule types):
+/// calls f(std::type_identity<S>{}) with the compiled schedule type S that
+/// `--schedule gpipe|1f1b|interleaved:V|zb` (V from 2 to 8) names, and
+/// returns what f returns. A ConfigError names a value that is not one of them.
+template <class F>
+decltype(auto) visit_schedule(std::string_view s, F&& f) {
+  if (s == "gpipe") return f(std::type_identity<GPipe>{});
+  if (s == "1f1b") return f(std::type_identity<OneFOneB>{});
+  if (s == "zb") return f(std::type_identity<ZeroBubble>{});
   if (s.rfind("interleaved:", 0) == 0) {
     const std::string v(s.substr(12));
     std::size_t pos = 0;
@@ -82,10 +81,48 @@ inline ScheduleChoice parse_schedule(std::string_view s) {
     }
     WEFT_REQUIRE(!v.empty() && pos == v.size() && x >= 2 && x <= 8, ConfigError, "--schedule ", s,
                  ": V (chunks per rank) must be an integer between 2 and 8, e.g. interleaved:2");
-    return detail::interleaved_choice<2>(x);
+    return detail::visit_interleaved<2>(x, std::forward<F>(f));
   }
   weft::detail::throw_error<ConfigError>("--schedule ", s, ": unknown schedule; expected gpipe, 1f1b, interleaved:V or zb");
 }
+
+/// Checks a `--schedule` value and returns its canonical name (ConfigError as visit_schedule).
+inline std::string parse_schedule(std::string_view s) {
+  return visit_schedule(s, []<class S>(std::type_identity<S>) { return schedule_name<S>(); });
+}
+
+/// What the executor needs of the model part a pipeline rank runs: weft's
+/// GPT stage (pipeline::Stage) and the stage of a model built of a user's
+/// layers (pipeline::LayerStage) both satisfy it. A slot holds one
+/// microbatch's activations on one chunk, with xs.front() the received input,
+/// xs.back() the output to send, dy the received output gradient and dx the
+/// input gradient to send, and the Requests of those four messages.
+template <class St>
+concept PipelineStage = requires(St& s, const St& cs, int mb, int c, double scale, bool split, std::size_t n) {
+  typename St::Matrix;
+  { cs.ranks() } -> std::convertible_to<int>;
+  { cs.rank() } -> std::convertible_to<int>;
+  { cs.num_chunks() } -> std::convertible_to<std::size_t>;
+  { cs.virtual_stage(c) } -> std::convertible_to<std::size_t>;
+  { cs.has_head(c) } -> std::convertible_to<bool>;
+  s.reserve_microbatches(n);
+  s.slot(mb, c).xs.back();
+  s.slot(mb, c).recv_activation.test();
+  { s.forward_microbatch(mb, c, scale) } -> std::convertible_to<double>;
+  s.backward_microbatch(mb, c, split);
+  s.backward_weight(mb, c);
+  s.weights_done(c);
+  s.release(mb, c);
+  { cs.has_slot(mb, c) } -> std::convertible_to<bool>;
+  { cs.live_slots() } -> std::convertible_to<std::size_t>;
+  s.reserve_send_buffers(n);
+  { s.take_send_buffer() } -> std::same_as<typename St::Matrix>;
+  s.set_progress(std::function<void()>{});
+  s.parameters();
+  { cs.microbatch_samples() } -> std::convertible_to<std::size_t>;
+  { cs.loss_terms_per_sample() } -> std::convertible_to<std::size_t>;
+  { cs.tp_comm() } -> std::convertible_to<Comm*>;
+};
 
 /// One operation of a rank's step as it ran: compute (forward, backward, its
 /// halves) or the time blocked waiting for a receive (recv_activation,
@@ -114,32 +151,39 @@ struct ExecutorOptions {
   int send_buffers = -1;
 };
 
-/// Runs one rank's plan of a schedule on a Stage, over the PP communicator.
-template <class T, class Space = Kokkos::DefaultExecutionSpace>
+/// Runs one rank's plan of a schedule on a stage, over the PP communicator.
+/// The schedule is a type: Executor ex(stage, pp, Pipeline<OneFOneB>(pp.size(), m)).
+template <PipelineStage StageT, PipelineSchedule Schedule>
 class Executor {
  public:
+  using stage_type = StageT;        ///< the model part it runs
+  using schedule_type = Schedule;   ///< the schedule it runs
+  using Matrix = typename StageT::Matrix;
+
   /// `pp`: the PP-axis communicator (its rank is the pipeline rank and must
-  /// equal stage.rank()); `microbatches` per step; the plan comes from `schedule`.
-  Executor(Stage<T, Space>& stage, Comm& pp, const ScheduleChoice& schedule, int microbatches, ExecutorOptions o = {})
-      : stage_(stage), pp_(pp), schedule_(schedule), m_(microbatches), o_(std::move(o)),
-        ids_("pipeline.ids", std::size_t(microbatches) * stage.config().tokens()),
-        targets_("pipeline.targets", std::size_t(microbatches) * stage.config().tokens()) {
+  /// equal stage.rank()); the plan is `pipeline`'s for this rank, and its
+  /// stage count must be the size of `pp`.
+  template <std::size_t P, std::size_t M>
+  Executor(StageT& stage, Comm& pp, const Pipeline<Schedule, P, M>& pipeline, ExecutorOptions o = {})
+      : stage_(stage), pp_(pp), m_(pipeline.microbatches()), o_(std::move(o)) {
+    const std::string name = schedule_name<Schedule>();
+    WEFT_REQUIRE(pipeline.stages() == pp.size(), ConfigError, "pipeline::Executor: Pipeline<", Schedule::name, "> has ",
+                 pipeline.stages(), " stages, but the PP communicator has ", pp.size(), " ranks");
     WEFT_REQUIRE(pp.size() == stage.ranks() && pp.rank() == stage.rank(), ConfigError, "pipeline::Executor: the PP communicator has rank ",
                  pp.rank(), " of ", pp.size(), ", but the stage was built for rank ", stage.rank(), " of ", stage.ranks());
-    WEFT_REQUIRE(int(stage.chunks().size()) == schedule.chunks, ConfigError, "pipeline::Executor: schedule ", schedule.name,
-                 " runs ", schedule.chunks, " chunks per rank, but the stage has ", stage.chunks().size());
-    schedule.check(pp.size(), microbatches);
-    plan_ = schedule.plan(pp.size(), microbatches, pp.rank());
-    std::vector<std::vector<PipeAction>> plans;
-    for (int r = 0; r < pp.size(); ++r) plans.push_back(r == pp.rank() ? plan_ : schedule.plan(pp.size(), microbatches, r));
+    WEFT_REQUIRE(int(stage.num_chunks()) == Schedule::chunks, ConfigError, "pipeline::Executor: schedule ", name,
+                 " runs ", Schedule::chunks, " chunks per rank, but the stage has ", stage.num_chunks());
+    stage.reserve_microbatches(std::size_t(m_));
+    auto plans = pipeline.plans();
+    plan_ = plans[std::size_t(pp.rank())];
     if (o_.send_buffers < 0) {
       cap_ = default_send_cap(plans);
     } else {
       cap_ = std::size_t(o_.send_buffers);
       if (!send_cap_is_deadlock_free(plans, cap_))
         weft::detail::throw_error<ConfigError>(
-            "pipeline::Executor: ExecutorOptions::send_buffers = ", cap_, " can deadlock schedule ", schedule.name, " on ",
-            pp.size(), " ranks with ", microbatches, " microbatches; the smallest safe value is ", smallest_send_cap(plans),
+            "pipeline::Executor: ExecutorOptions::send_buffers = ", cap_, " can deadlock schedule ", name, " on ",
+            pp.size(), " ranks with ", m_, " microbatches; the smallest safe value is ", smallest_send_cap(plans),
             " (or -1 for the default)");
     }
     stage.reserve_send_buffers(cap_);
@@ -150,7 +194,7 @@ class Executor {
     // The last action per chunk that adds weight gradients: after it the
     // chunk's weight gradients of the step are complete.
     last_weight_.assign(plan_.size(), false);
-    std::vector<std::size_t> last(std::size_t(schedule.chunks), plan_.size());
+    std::vector<std::size_t> last(std::size_t(Schedule::chunks), plan_.size());
     for (std::size_t k = 0; k < plan_.size(); ++k)
       if (plan_[k].op == PipeOp::backward || plan_[k].op == PipeOp::backward_weight)
         last[std::size_t(plan_[k].chunk)] = k;
@@ -163,20 +207,16 @@ class Executor {
 
   /// This rank's plan.
   const std::vector<PipeAction>& plan() const { return plan_; }
-  /// The schedule.
-  const ScheduleChoice& schedule() const { return schedule_; }
+  /// The schedule's command-line name ("1f1b", "interleaved:2", ...).
+  static std::string schedule() { return schedule_name<Schedule>(); }
   /// Microbatches per step.
   int microbatches() const { return m_; }
   /// Detached input-gradient sends this rank may hold (ExecutorOptions::send_buffers).
   std::size_t send_buffers() const { return cap_; }
   /// The stage it runs.
-  Stage<T, Space>& stage() { return stage_; }
+  StageT& stage() { return stage_; }
   /// The PP communicator.
   Comm& comm() { return pp_; }
-  /// Token ids of every microbatch of the step, [microbatches * tokens]; fill before run().
-  const ops::Tokens<Space>& ids() const { return ids_; }
-  /// Targets of every microbatch of the step, [microbatches * tokens].
-  const ops::Tokens<Space>& targets() const { return targets_; }
   /// What the last run() did and when (compute and blocked receives).
   const std::vector<StepEvent>& timeline() const { return timeline_; }
   /// Steady-clock seconds at the start and end of the last run().
@@ -194,18 +234,15 @@ class Executor {
     t_begin_ = now();
     stage_.set_progress([this] { progress(); });
     struct Unset {
-      Stage<T, Space>& s;
+      StageT& s;
       ~Unset() { s.set_progress({}); }
     } unset{stage_};
-    const std::size_t tok = stage_.config().tokens();
     double loss = 0;
     for (std::size_t k = 0; k < plan_.size(); ++k) {
       const PipeAction& a = plan_[k];
       if (o_.before_action) o_.before_action(a, k);
       retire();
       complete_sends(false);
-      auto ids = Kokkos::subview(ids_, std::make_pair(std::size_t(a.microbatch) * tok, std::size_t(a.microbatch + 1) * tok));
-      auto tg = Kokkos::subview(targets_, std::make_pair(std::size_t(a.microbatch) * tok, std::size_t(a.microbatch + 1) * tok));
       switch (a.op) {
         case PipeOp::recv_activation:
         case PipeOp::recv_gradient: {
@@ -231,8 +268,8 @@ class Executor {
         case PipeOp::forward: {
           post_until(next_compute_[k + 1]);
           const double t0 = now();
-          const double sum = stage_.forward(a.microbatch, a.chunk, ids, tg, grad_scale);
-          if (stage_.has_head(a.chunk)) loss += sum / double(tok);
+          const double mean = stage_.forward_microbatch(a.microbatch, a.chunk, grad_scale);
+          if (stage_.has_head(a.chunk)) loss += mean;
           fence_and_record(a, t0);
           break;
         }
@@ -241,7 +278,7 @@ class Executor {
           post_until(next_compute_[k + 1]);
           const double t0 = now();
           const bool split = a.op == PipeOp::backward_input;
-          stage_.backward(a.microbatch, a.chunk, ids, split);
+          stage_.backward_microbatch(a.microbatch, a.chunk, split);
           fence_and_record(a, t0);
           if (!split) retiring_.push_back({a.microbatch, a.chunk});
           if (last_weight_[k]) stage_.weights_done(a.chunk);
@@ -268,7 +305,7 @@ class Executor {
     retiring_.clear();
     complete_sends(true);
     WEFT_REQUIRE(stage_.live_slots() == 0, Error, "pipeline::Executor: ", stage_.live_slots(),
-                 " microbatch activations are still held after the flush; the plan of schedule ", schedule_.name,
+                 " microbatch activations are still held after the flush; the plan of schedule ", schedule(),
                  " does not complete every backward on rank ", pp_.rank());
     t_end_ = now();
     return loss;
@@ -305,7 +342,7 @@ class Executor {
   [[noreturn]] void deadline_passed(const std::string& what) {
     weft::detail::comm_poisoned() = true;  // pending requests must not be waited for at destruction
     throw CommError("pipeline", pp_.name(),
-                    "pipeline rank " + std::to_string(pp_.rank()) + " (schedule " + schedule_.name + "): waited " +
+                    "pipeline rank " + std::to_string(pp_.rank()) + " (schedule " + schedule() + "): waited " +
                         std::to_string(o_.deadline_s) + " s to " + what +
                         " without completing: a pipeline peer failed or hangs (deadline: "
                         "ExecutorOptions::deadline_s, WEFT_DEADLINE)");
@@ -346,7 +383,7 @@ class Executor {
   // Moves a pending gradient send and its buffer out of a slot (which gets a
   // spare buffer). With all cap_ spares in flight it first waits until one of
   // them, or this send, completes: send_cap.hpp shows that cannot deadlock.
-  void detach(Request& r, ops::Matrix<T, Space>& buf, const std::pair<int, int>& key) {
+  void detach(Request& r, Matrix& buf, const std::pair<int, int>& key) {
     if (!r.active() || r.test()) return;
     complete_sends(false);
     if (sending_.size() >= cap_) {
@@ -401,7 +438,7 @@ class Executor {
     for (std::size_t i = 0; i < retiring_.size();) {
       const auto key = retiring_[i];
       auto& s = stage_.slot(key.first, key.second);
-      const std::size_t vs = stage_.chunks()[std::size_t(key.second)].virtual_stage;
+      const std::size_t vs = stage_.virtual_stage(key.second);
       const bool grad_done = vs == 0 || grad_sent_.count(key) != 0;
       if (grad_done) {
         // The activation has been consumed (its output gradient came back),
@@ -418,12 +455,10 @@ class Executor {
     }
   }
 
-  Stage<T, Space>& stage_;
+  StageT& stage_;
   Comm& pp_;
-  ScheduleChoice schedule_;
   int m_;
   ExecutorOptions o_;
-  ops::Tokens<Space> ids_, targets_;
   std::vector<PipeAction> plan_;
   std::vector<std::size_t> recvs_, next_compute_;
   std::vector<bool> last_weight_;  // plan index: the chunk's last weight-gradient action of the step
@@ -432,7 +467,7 @@ class Executor {
   std::set<std::pair<int, int>> grad_sent_;
   struct InFlightSend {
     Request req;
-    ops::Matrix<T, Space> buf;
+    Matrix buf;
   };
   std::vector<InFlightSend> sending_;
   std::size_t cap_ = 1;  // most detached gradient sends (preallocated buffers)
@@ -440,64 +475,68 @@ class Executor {
   double t_begin_ = 0, t_end_ = 0;
 };
 
-/// One optimizer step of a pipeline (optionally composed with data
-/// parallelism over `dp`, whose hooks the stage must call): every DP rank
-/// takes its slice of the global batch (the same sequences as the
-/// single-process run), the plan runs its microbatches, gradients are reduced
-/// over DP after the flush, clipped by the global norm (over every stage and
-/// shard) and applied. Returns the global mean loss (identical on every rank)
-/// and the gradient norm before clipping.
-template <class T, class Space, class Optimizer>
-optim::StepResult train_step(Executor<T, Space>& ex, parallel::DataParallel<T, Space>* dp, Optimizer& opt,
-                             const data::TokenStream& data, std::uint64_t step, std::size_t global_batch, double lr,
-                             double clip) {
+/// Deduces Executor<StageT, Schedule> from a Pipeline<Schedule>.
+template <class StageT, class Schedule, std::size_t P, std::size_t M>
+Executor(StageT&, Comm&, const Pipeline<Schedule, P, M>&, ExecutorOptions = {}) -> Executor<StageT, Schedule>;
+
+/// One optimizer step of a pipeline over any stage (optionally composed with
+/// data parallelism over `dp`, whose hooks the stage must call): every DP
+/// rank takes its slice of the global batch of `global_batch` samples,
+/// `fill(i, first, n)` loads microbatch i -- samples [first, first + n) of
+/// the global batch -- into the stage, the plan runs its microbatches,
+/// gradients are reduced over DP after the flush, clipped by the global norm
+/// (over every stage, shard and TP rank) and applied. Returns the global
+/// mean loss (identical on every rank) and the gradient norm before clipping.
+template <class Ex, class DP, class Optimizer, class Fill>
+optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_batch, double lr, double clip,
+                                  Fill&& fill) {
   auto& stage = ex.stage();
+  using Space = typename std::remove_reference_t<decltype(stage)>::Matrix::execution_space;
   const std::size_t m = std::size_t(ex.microbatches());
   const std::size_t ndp = dp ? std::size_t(dp->comm().size()) : 1;
   const std::size_t mb = parallel::local_microbatch(global_batch, ndp, m);
-  WEFT_REQUIRE(mb == stage.config().batch, ConfigError, "pipeline::train_step: the stage is built for microbatches of ",
-               stage.config().batch, " sequences, but batch ", global_batch, " / dp ", ndp, " / microbatches ", m, " = ", mb);
+  WEFT_REQUIRE(mb == stage.microbatch_samples(), ConfigError, "pipeline::train_step: the stage is built for microbatches of ",
+               stage.microbatch_samples(), " samples, but batch ", global_batch, " / dp ", ndp, " / microbatches ", m, " = ", mb);
   // zb adds weight gradients after the group hooks' after_backward: zero2
   // and fsdp then reduce-scatter each group once, after its last weight half.
-  if (dp) dp->set_weight_gradients_deferred(ex.schedule().split);
-  const std::size_t seq = stage.config().seq, tok = stage.config().tokens();
+  if (dp) dp->set_weight_gradients_deferred(Ex::schedule_type::splits_backward);
   const std::size_t first = (dp ? std::size_t(dp->comm().rank()) : 0) * mb * m;
-  for (std::size_t i = 0; i < m; ++i)
-    data.fill(step, global_batch, first + i * mb, mb, Kokkos::subview(ex.ids(), std::make_pair(i * tok, (i + 1) * tok)),
-              Kokkos::subview(ex.targets(), std::make_pair(i * tok, (i + 1) * tok)));
+  for (std::size_t i = 0; i < m; ++i) fill(i, first + i * mb, mb);
   if (dp) {
     dp->zero_grad();
     dp->begin_microbatch(false);  // replicate/zero1 reduce after the flush; zero2/fsdp per group in the hooks
   } else {
-    stage.zero_grad();
+    for (auto* p : stage.parameters())
+      if (p->grad.extent(0)) Kokkos::deep_copy(p->grad, 0);
   }
-  const double local = ex.run(1.0 / double(global_batch * seq));
+  const double local = ex.run(1.0 / double(global_batch * stage.loss_terms_per_sample()));
   if (dp) dp->finish_gradients();
   // The global gradient norm: stages hold disjoint parameters; sharded DP
   // modes hold disjoint pieces, replicate holds copies; TP-sharded
   // parameters are disjoint pieces over TP, TP-replicated ones copies.
   auto params = dp ? dp->optimizer_parameters() : stage.parameters();
-  const nn::TensorParallel& tp = stage.tensor_parallel();
+  Comm* tp = stage.tp_comm();
   double sums[2] = {0, 0};  // TP-sharded, the rest
   for (auto* p : params) {
     auto g = p->grad;
     double s = 0;
     Kokkos::parallel_reduce(
-        "weft::pipeline_sumsq", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+        "weft::pipeline_sumsq", Kokkos::RangePolicy<Space>(0, g.extent(0)),
         KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
-    sums[tp.active() && p->tp_sharded() ? 0 : 1] += s;
+    sums[tp && p->tp_sharded() ? 0 : 1] += s;
   }
   using HostSums = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   if (dp && dp->mode() != parallel::DPMode::replicate && dp->comm().size() > 1) dp->comm().all_reduce(HostSums(sums, 2));
-  if (tp.active()) tp.comm->all_reduce(HostSums(sums, 1));
+  if (tp) tp->all_reduce(HostSums(sums, 1));
   const double sq = ex.sum_over_pipeline(sums[0] + sums[1]);
   optim::StepResult r;
   r.grad_norm = std::sqrt(sq);
   if (clip > 0 && r.grad_norm > clip) {
-    const T f = T(clip / (r.grad_norm + 1e-6));
     for (auto* p : params) {
       auto g = p->grad;
-      Kokkos::parallel_for("weft::pipeline_clip", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+      using V = typename decltype(g)::non_const_value_type;
+      const V f = V(clip / (r.grad_norm + 1e-6));
+      Kokkos::parallel_for("weft::pipeline_clip", Kokkos::RangePolicy<Space>(0, g.extent(0)),
                            KOKKOS_LAMBDA(std::size_t i) { g(i) *= f; });
     }
   }
@@ -510,6 +549,18 @@ optim::StepResult train_step(Executor<T, Space>& ex, parallel::DataParallel<T, S
   }
   r.loss = loss;
   return r;
+}
+
+/// One optimizer step of a GPT pipeline on step `step` of `data`: the global
+/// batch of `global_batch` sequences, each DP rank its slice (the same
+/// sequences as the single-process run). See train_step_with.
+template <class Ex, class DP, class Optimizer>
+optim::StepResult train_step(Ex& ex, DP* dp, Optimizer& opt, const data::TokenStream& data, std::uint64_t step,
+                             std::size_t global_batch, double lr, double clip) {
+  auto& stage = ex.stage();
+  return train_step_with(ex, dp, opt, global_batch, lr, clip, [&](std::size_t i, std::size_t first, std::size_t n) {
+    data.fill(step, global_batch, first, n, stage.ids(i), stage.targets(i));
+  });
 }
 
 }  // namespace weft::pipeline

@@ -33,16 +33,30 @@
 #include <weft/nn/tp_comm.hpp>
 #include <weft/ops/cross_entropy.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
+#include <weft/parallel/strategy.hpp>
 
 namespace weft::pipeline {
 
-/// The chunks of one pipeline rank and the activations of its in-flight microbatches.
-template <class T, class Space = Kokkos::DefaultExecutionSpace>
-class Stage {
+/// The chunks of one pipeline rank of a GPT and the activations of its
+/// in-flight microbatches. LayerPolicy is the strategy's layer_policy_t:
+/// NoPolicy (layers not split), TensorParallel<> or
+/// TensorParallel<SequenceParallel>. Users name it through pipeline::Stage<T, S>.
+template <class T, class Space, class LayerPolicy>
+class GPTStage {
+  static_assert(std::is_same_v<LayerPolicy, NoPolicy> || weft::detail::is_tp_policy<LayerPolicy>::value,
+                "pipeline::GPTStage<T, Space, LayerPolicy>: LayerPolicy must be weft::layer_policy_t<Strategy> "
+                "(NoPolicy or TensorParallel<...>); write pipeline::Stage<T, Strategy>");
+
  public:
   using Param = nn::Parameter<T, Space>;
   using Matrix = ops::Matrix<T, Space>;
   using BlockT = nn::Block<T, Space>;
+  /// Whether the layers are split over TP, and the residual stream's tokens too.
+  static constexpr bool tensor_parallel_v = !std::is_same_v<LayerPolicy, NoPolicy>;
+  static constexpr bool sequence_parallel_v = [] {
+    if constexpr (tensor_parallel_v) return LayerPolicy::sequence_parallel;
+    else return false;
+  }();
 
   /// One virtual stage on this rank: units [first_unit, end_unit).
   struct Chunk {
@@ -69,15 +83,40 @@ class Stage {
     nn::DeferredWork deferred;                   ///< weight-gradient work of a split backward
   };
 
+  /// The chunks of the pipeline rank of `mesh` (its PP coordinate, of the PP
+  /// extent; with a TP policy the layers split over mesh.axis<TP>()): chunk c
+  /// runs virtual stage c * pp + rank of `part`, which must have pp * chunks
+  /// stages. cfg.batch is the microbatch. Collective over nothing.
+  template <class MeshT>
+    requires requires(MeshT& m) { m.template extent<PP>(); }
+  GPTStage(MeshT& mesh, const nn::GPTConfig& cfg, const StagePartition& part, int chunks = 1)
+      : GPTStage(cfg, part, mesh.template extent<PP>(), mesh.template coord<PP>(), chunks, tp_of(mesh)) {}
+
   /// The chunks of pipeline rank `rank` of `ranks`: chunk c runs virtual stage
   /// c * ranks + rank of `part`, which must have ranks * chunks stages.
-  /// cfg.batch is the microbatch (sequences per forward). With `tp` (the TP
-  /// axis of this rank, optionally sequence parallel) the layers are split
-  /// over it; ConfigError when the model does not divide over tp (heads,
-  /// key/value heads, d_model, MLP width, vocabulary; with sequence
-  /// parallelism the tokens of a microbatch).
-  Stage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks = 1,
-        nn::TensorParallel tp = {})
+  /// cfg.batch is the microbatch (sequences per forward). With a TP policy,
+  /// `tp` is the TP axis of this rank (sequence parallel when the policy
+  /// says so) and the layers are split over it; ConfigError when the model
+  /// does not divide over tp (heads, key/value heads, d_model, MLP width,
+  /// vocabulary; with sequence parallelism the tokens of a microbatch).
+  GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks = 1, Comm* tp_comm = nullptr)
+      : GPTStage(cfg, part, ranks, rank, chunks, nn::TensorParallel{tp_checked(tp_comm), sequence_parallel_v}, 0) {}
+
+ private:
+  template <class MeshT>
+  static Comm* tp_of(MeshT& mesh) {
+    if constexpr (tensor_parallel_v) return &mesh.template axis<TP>();
+    else return nullptr;
+  }
+  static Comm* tp_checked(Comm* c) {
+    WEFT_REQUIRE(tensor_parallel_v || c == nullptr, ConfigError,
+                 "pipeline::Stage: a TP communicator was given, but the strategy has no TensorParallel policy on TP; "
+                 "add On<TP, TensorParallel<...>> to the strategy");
+    if constexpr (sequence_parallel_v)
+      WEFT_REQUIRE(c && c->size() > 1, ConfigError, weft::detail::sp_needs_tp_text, " (tp is ", c ? c->size() : 1, ")");
+    return c;
+  }
+  GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks, nn::TensorParallel tp, int)
       : cfg_(checked(cfg, tp)), ctx_(std::make_shared<nn::Context>(nn::Context{nullptr, tp, nullptr})),
         ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
     WEFT_REQUIRE(!cfg.recompute, ConfigError,
@@ -139,8 +178,10 @@ class Stage {
       pos_partial_ = std::make_unique<nn::detail::PartialGrads<T, Space>>(pos);
     }
   }
-  Stage(const Stage&) = delete;
-  Stage& operator=(const Stage&) = delete;
+
+ public:
+  GPTStage(const GPTStage&) = delete;
+  GPTStage& operator=(const GPTStage&) = delete;
 
   /// The model configuration (batch = the microbatch).
   const nn::GPTConfig& config() const { return cfg_; }
@@ -159,6 +200,38 @@ class Stage {
   std::size_t rows() const { return rows_; }
   /// The model context its layers share (profiler, deferred weight gradients).
   nn::Context& context() { return *ctx_; }
+  /// Chunks on this rank.
+  std::size_t num_chunks() const { return chunks_.size(); }
+  /// The virtual stage chunk c runs.
+  std::size_t virtual_stage(int c) const { return chunks_.at(std::size_t(c)).virtual_stage; }
+  /// Sequences per microbatch.
+  std::size_t microbatch_samples() const { return cfg_.batch; }
+  /// Loss terms per sequence (its tokens): train_step scales gradients by 1 / (batch x this).
+  std::size_t loss_terms_per_sample() const { return cfg_.seq; }
+  /// The TP communicator when the layers are split (null otherwise).
+  Comm* tp_comm() const { return ctx_->tp.active() ? ctx_->tp.comm : nullptr; }
+  /// Allocates the token ids and targets of `n` microbatches (the executor
+  /// calls it with its microbatch count).
+  void reserve_microbatches(std::size_t n) {
+    if (ids_.extent(0) >= n * cfg_.tokens()) return;
+    ids_ = ops::Tokens<Space>("pipeline.ids", n * cfg_.tokens());
+    targets_ = ops::Tokens<Space>("pipeline.targets", n * cfg_.tokens());
+  }
+  /// Token ids of microbatch i ([tokens]); fill before the executor runs.
+  auto ids(std::size_t i) const { return Kokkos::subview(ids_, std::make_pair(i * cfg_.tokens(), (i + 1) * cfg_.tokens())); }
+  /// Targets of microbatch i ([tokens]).
+  auto targets(std::size_t i) const {
+    return Kokkos::subview(targets_, std::make_pair(i * cfg_.tokens(), (i + 1) * cfg_.tokens()));
+  }
+  /// Forward of microbatch `mb` (its ids and targets from ids(mb), targets(mb))
+  /// on chunk c; the head chunk returns the mean token loss, others 0.
+  double forward_microbatch(int mb, int c, double grad_scale) {
+    const double sum = forward(mb, c, ids(std::size_t(mb)), targets(std::size_t(mb)), grad_scale);
+    return sum / double(cfg_.tokens());
+  }
+  /// Backward of microbatch `mb` on chunk c (split: the input-gradient half only).
+  void backward_microbatch(int mb, int c, bool split) { backward(mb, c, ids(std::size_t(mb)), split); }
+
   /// Whether virtual stage `vs` is the first one (its input is token ids).
   bool first_virtual_stage(std::size_t vs) const { return vs == 0; }
   /// Whether chunk c holds the head (computes the loss).
@@ -429,10 +502,10 @@ class Stage {
 
   // Fenced timing of one unit, for --stages auto.
   struct Timer {
-    Stage* st;
+    GPTStage* st;
     std::size_t unit;
     std::chrono::steady_clock::time_point t0;
-    Timer(Stage* s, std::size_t u) : st(s), unit(u) {
+    Timer(GPTStage* s, std::size_t u) : st(s), unit(u) {
       if (st->unit_time_) {
         Kokkos::fence();
         t0 = std::chrono::steady_clock::now();
@@ -516,7 +589,13 @@ class Stage {
   std::size_t root_chunks_done_ = 0;  // chunks holding root parameters whose weights are done this step
   std::vector<Matrix> spare_send_;     // send buffers free for reuse
   std::size_t send_buffers_ = 0;       // send buffers allocated
+  ops::Tokens<Space> ids_, targets_;   // every microbatch of the step (reserve_microbatches)
 };
+
+/// The GPT stage a strategy S gives: its layers split as S's TP policy says
+/// (the DP mode and the schedule do not change the stage's type).
+template <class T, StrategyType S = SingleProcess, class Space = Kokkos::DefaultExecutionSpace>
+using Stage = GPTStage<T, Space, layer_policy_t<S>>;
 
 /// Measures what --stages auto partitions by: for each unit (embedding,
 /// blocks, head) the seconds of its forward and backward on one microbatch of
@@ -528,7 +607,7 @@ std::vector<UnitCost> measure_unit_costs(const nn::GPTConfig& cfg, int reps = 3,
   const std::size_t n = unit_count(cfg.layers);
   StagePartition whole;
   whole.bounds = {0, n};
-  Stage<T, Space> st(cfg, whole, 1, 0, 1);
+  GPTStage<T, Space, NoPolicy> st(cfg, whole, 1, 0, 1);
   ops::Tokens<Space> ids("ids", cfg.tokens()), tg("targets", cfg.tokens());
   std::vector<double> acc(n, 0.0);
   for (int r = 0; r <= reps; ++r) {
@@ -551,7 +630,7 @@ std::vector<UnitCost> measure_unit_costs(const nn::GPTConfig& cfg, int reps = 3,
   };
   auto& chunk = st.chunks().front();
   const double row = double(cfg.tokens() * cfg.d_model * sizeof(T));
-  const double block_act = double(typename Stage<T, Space>::BlockT::Saved("measure", cfg).bytes()) + row;
+  const double block_act = double(typename GPTStage<T, Space, NoPolicy>::BlockT::Saved("measure", cfg).bytes()) + row;
   const double head_act = 2 * row + double(cfg.tokens() * cfg.vocab * sizeof(T)) + double(2 * cfg.tokens() * sizeof(T));
   out[0].bytes = 4 * param_bytes(*chunk.emb) + in_flight * row;
   for (std::size_t b = 0; b < cfg.layers; ++b) out[b + 1].bytes = 4 * param_bytes(chunk.blocks[b]) + in_flight * block_act;
