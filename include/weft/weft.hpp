@@ -31,6 +31,7 @@
 #include <weft/parallel/pipeline/simulator.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
 #include <weft/parallel/pipeline/stage.hpp>
+#include <weft/parallel/pipeline/layer_stage.hpp>
 #include <weft/parallel/pipeline/executor.hpp>
 #include <weft/plan/model.hpp>
 #include <weft/plan/memory.hpp>

@@ -7,6 +7,7 @@
 #include <weft/nn/config.hpp>
 #include <weft/nn/embedding.hpp>
 #include <weft/nn/gpt.hpp>
+#include <weft/nn/layer.hpp>
 #include <weft/nn/linear.hpp>
 #include <weft/nn/mlp.hpp>
 #include <weft/nn/norm.hpp>

@@ -101,6 +101,12 @@ class Linear<T, On<Axis, P>> {
     return dx;
   }
 
+  /// While `work` is non-null, backward() computes the input gradient and the
+  /// bias gradient and queues the weight gradient's gemm on `work` instead
+  /// (the split backward of zero-bubble schedules; x must stay unchanged
+  /// until the work runs). Null: backward computes everything.
+  void defer_weight_gradients(DeferredWork* work) { ctx_->deferred_weight_grads = work; }
+
   /// This rank's part of the layer (its parameters, the raw-view forward).
   Linear<T, Space>& local() { return local_; }
   /// Global input features.

@@ -100,6 +100,7 @@ inline std::string parse_schedule(std::string_view s) {
 template <class St>
 concept PipelineStage = requires(St& s, const St& cs, int mb, int c, double scale, bool split, std::size_t n) {
   typename St::Matrix;
+  { St::splits_backward } -> std::convertible_to<bool>;
   { cs.ranks() } -> std::convertible_to<int>;
   { cs.rank() } -> std::convertible_to<int>;
   { cs.num_chunks() } -> std::convertible_to<std::size_t>;
@@ -155,6 +156,11 @@ struct ExecutorOptions {
 /// The schedule is a type: Executor ex(stage, pp, Pipeline<OneFOneB>(pp.size(), m)).
 template <PipelineStage StageT, PipelineSchedule Schedule>
 class Executor {
+  static_assert(!Schedule::splits_backward || StageT::splits_backward,
+                "pipeline::Executor: the schedule splits every backward into its input-gradient and weight-gradient "
+                "halves (Pipeline<ZeroBubble>), but the stage's blocks do not split theirs; give the block "
+                "backward_input(x, dy, dx, saved, work) (nn::SplitBackwardLayer) or use Pipeline<OneFOneB>");
+
  public:
   using stage_type = StageT;        ///< the model part it runs
   using schedule_type = Schedule;   ///< the schedule it runs

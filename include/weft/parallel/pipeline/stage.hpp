@@ -53,6 +53,8 @@ class GPTStage {
   using BlockT = nn::Block<T, Space>;
   /// Whether the layers are split over TP, and the residual stream's tokens too.
   static constexpr bool tensor_parallel_v = !std::is_same_v<LayerPolicy, NoPolicy>;
+  /// The GPT's blocks split their backward (zero-bubble schedules run on it).
+  static constexpr bool splits_backward = true;
   static constexpr bool sequence_parallel_v = [] {
     if constexpr (tensor_parallel_v) return LayerPolicy::sequence_parallel;
     else return false;

@@ -1,0 +1,463 @@
+// custom_model: a model that is not a GPT, trained with weft's strategies.
+// A stack of residual MLP blocks (x + W2 gelu(W1 x + b1) + b2) between a
+// linear input projection and a linear regression head with a mean squared
+// error, learning a fixed random function of synthetic inputs drawn from a
+// seed. The blocks are the user's own layers: they meet nn::Layer (and
+// nn::SplitBackwardLayer, so zero-bubble schedules run them), their MLPs are
+// tensor-parallel through the placed Linear layers, and the same code runs
+// data-parallel in every mode, pipelined under every schedule, and both:
+//
+//   mpirun -n 8 custom_model --mesh dp=2,pp=2,tp=2 --dp fsdp --schedule zb --steps 8 --record run.json
+//
+// The same flags with any other --mesh train the same model on the same data:
+// --batch is the global batch, parameters depend only on the seed and their
+// global indices. --baseline FILE compares the loss curve with another run's
+// --record and fails when they differ by more than --tolerance.
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <weft/weft.hpp>
+
+namespace {
+
+using T = float;
+using Space = Kokkos::DefaultExecutionSpace;
+using Matrix = weft::ops::Matrix<T, Space>;
+using Param = weft::nn::Parameter<T, Space>;
+using MeshT = weft::Mesh<weft::DP, weft::PP, weft::TP>;
+using weft::ConfigError;
+
+// The model's sizes; `samples` is the microbatch on each rank.
+struct Sizes {
+  std::size_t in = 8, width = 32, hidden = 64, out = 4, blocks = 4, samples = 4;
+  std::uint64_t seed = 7;
+};
+
+// One microbatch of data: inputs [samples, in], targets [samples, out].
+struct Batch {
+  Matrix x, y;
+};
+
+// The input projection: data into the residual stream (a plain, replicated Linear).
+class InputProjection {
+ public:
+  using value_type = T;
+  using execution_space = Space;
+  explicit InputProjection(const Sizes& z)
+      : ctx_(std::make_shared<weft::nn::Context>()), lin_(ctx_, "input", z.in, z.width, true, z.seed, 0.35) {}
+  void forward(const Batch& b, const Matrix& x0) { lin_.forward(b.x, x0); }
+  void backward(const Batch& b, const Matrix& dx0) { lin_.backward(b.x, dx0, Matrix()); }
+  void collect(std::vector<Param*>& ps) { lin_.collect(ps); }
+
+ private:
+  weft::nn::ContextPtr ctx_;
+  weft::nn::Linear<T, Space> lin_;
+};
+
+// A residual MLP block, its two matrices split over TP (column- then
+// row-parallel): y = x + all_reduce(gelu(x W1 + b1) W2) + b2.
+class ResidualMLP {
+  using Up = weft::nn::Linear<T, weft::On<weft::TP, weft::Shard<0>>>;
+  using Down = weft::nn::Linear<T, weft::On<weft::TP, weft::Shard<1>>>;
+  using Rep = weft::DistView<T, 2, weft::On<weft::TP, weft::Replicate>>;
+  using Hidden = decltype(std::declval<const Up&>().forward(std::declval<const Rep&>()));
+
+ public:
+  using value_type = T;
+  using execution_space = Space;
+  // What forward keeps for backward: the hidden pre-activation and activation (this rank's columns).
+  struct Saved {
+    Hidden h, a;
+  };
+
+  ResidualMLP(MeshT& mesh, std::size_t index, const Sizes& z)
+      : mesh_(&mesh), width_(z.width), hidden_(z.hidden),
+        up_(mesh, z.width, z.hidden, {"block." + std::to_string(index) + ".up", true, z.seed, 0.15}),
+        down_(mesh, z.hidden, z.width, {"block." + std::to_string(index) + ".down", true, z.seed, 0.05}) {}
+
+  Saved make_saved(std::size_t rows) const {
+    return {Hidden(*mesh_, rows, hidden_), Hidden(*mesh_, rows, hidden_)};
+  }
+  std::size_t saved_bytes(const Saved& s) const { return (s.h.local().span() + s.a.local().span()) * sizeof(T); }
+
+  void forward(const Matrix& x, const Matrix& y, Saved& s) {
+    const Rep X(*mesh_, {x.extent(0), width_}, x);
+    s.h = up_.forward(X);                                        // Shard<1>: this rank's hidden units
+    weft::ops::gelu_forward(s.h.local(), s.a.local());
+    auto r = weft::redistribute<weft::Replicate>(down_.forward(s.a), weft::TP{});  // Partial<Sum> -> all-reduce
+    add(x, r.local(), y);
+  }
+
+  void backward(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s) { run_backward(x, dy, dx, s, nullptr); }
+  // The split backward: dx now, the weight gradients' gemms queued on `work`.
+  void backward_input(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s, weft::nn::DeferredWork& work) {
+    run_backward(x, dy, dx, s, &work);
+  }
+
+  void collect(std::vector<Param*>& ps) {
+    up_.local().collect(ps);
+    down_.local().collect(ps);
+  }
+
+ private:
+  void run_backward(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s, weft::nn::DeferredWork* work) {
+    up_.defer_weight_gradients(work);
+    down_.defer_weight_gradients(work);
+    const Rep X(*mesh_, {x.extent(0), width_}, x), DY(*mesh_, {dy.extent(0), width_}, dy);
+    auto da = down_.backward(s.a, DY);                           // Shard<1>
+    weft::ops::gelu_backward(da.local(), s.h.local(), da.local());
+    auto dr = weft::redistribute<weft::Replicate>(up_.backward(X, da), weft::TP{});  // Partial<Sum> -> all-reduce
+    add(dy, dr.local(), dx);
+    up_.defer_weight_gradients(nullptr);
+    down_.defer_weight_gradients(nullptr);
+  }
+  template <class A, class B>
+  static void add(const A& a, const B& b, const Matrix& out) {
+    Kokkos::parallel_for(
+        "custom_model.residual", Kokkos::MDRangePolicy<Space, Kokkos::Rank<2>>({0, 0}, {out.extent(0), out.extent(1)}),
+        KOKKOS_LAMBDA(std::size_t i, std::size_t j) { out(i, j) = a(i, j) + b(i, j); });
+  }
+
+  MeshT* mesh_;
+  std::size_t width_, hidden_;
+  Up up_;
+  Down down_;
+};
+
+// The regression head: pred = x W + b; loss term per sample mean_k (pred_k - y_k)^2.
+class RegressionHead {
+ public:
+  using value_type = T;
+  using execution_space = Space;
+  struct Saved {
+    Matrix g;  // the prediction, then grad_scale * d(sum of loss terms)/d(pred)
+  };
+  explicit RegressionHead(const Sizes& z)
+      : ctx_(std::make_shared<weft::nn::Context>()), lin_(ctx_, "head", z.width, z.out, true, z.seed, 0.05), out_(z.out) {}
+  Saved make_saved(std::size_t rows) const { return {Matrix("head.pred", rows, out_)}; }
+  std::size_t saved_bytes(const Saved& s) const { return s.g.span() * sizeof(T); }
+  double forward(const Matrix& x, const Batch& b, Saved& s, double grad_scale) {
+    lin_.forward(x, s.g);
+    auto g = s.g;
+    auto y = b.y;
+    const double k = double(out_);
+    const T c = T(2.0 * grad_scale / k);
+    double sum = 0;
+    Kokkos::parallel_reduce(
+        "custom_model.mse", Kokkos::MDRangePolicy<Space, Kokkos::Rank<2>>({0, 0}, {g.extent(0), g.extent(1)}),
+        KOKKOS_LAMBDA(std::size_t i, std::size_t j, double& acc) {
+          const T e = g(i, j) - y(i, j);
+          acc += double(e) * double(e) / k;
+          g(i, j) = c * e;
+        },
+        sum);
+    return sum;
+  }
+  void backward(const Matrix& x, Saved& s, const Matrix& dx) { lin_.backward(x, s.g, dx); }
+  void collect(std::vector<Param*>& ps) { lin_.collect(ps); }
+
+ private:
+  weft::nn::ContextPtr ctx_;
+  weft::nn::Linear<T, Space> lin_;
+  std::size_t out_;
+};
+
+// The model: what weft::pipeline::LayerStage builds its chunks from.
+class ResidualMLPModel {
+ public:
+  using value_type = T;
+  using execution_space = Space;
+  using Input = InputProjection;
+  using Block = ResidualMLP;
+  using Head = RegressionHead;
+  using Batch = ::Batch;
+
+  ResidualMLPModel(MeshT& mesh, const Sizes& z)
+      : mesh_(&mesh), z_(z), tp_(mesh.extent<weft::TP>() > 1 ? &mesh.axis<weft::TP>() : nullptr) {}
+  std::size_t blocks() const { return z_.blocks; }
+  std::size_t rows() const { return z_.samples; }
+  std::size_t width() const { return z_.width; }
+  std::size_t microbatch_samples() const { return z_.samples; }
+  std::size_t loss_terms_per_sample() const { return 1; }
+  std::unique_ptr<Input> make_input() { return std::make_unique<Input>(z_); }
+  std::unique_ptr<Block> make_block(std::size_t i) { return std::make_unique<Block>(*mesh_, i, z_); }
+  std::unique_ptr<Head> make_head() { return std::make_unique<Head>(z_); }
+  Batch make_batch() { return {Matrix("batch.x", z_.samples, z_.in), Matrix("batch.y", z_.samples, z_.out)}; }
+  weft::Comm* tp_comm() const { return tp_; }
+  const Sizes& sizes() const { return z_; }
+
+ private:
+  MeshT* mesh_;
+  Sizes z_;
+  weft::Comm* tp_;
+};
+static_assert(weft::nn::LayeredModel<ResidualMLPModel>);
+static_assert(weft::nn::SplitBackwardLayer<ResidualMLP>);
+
+// The data: sample g of the run (step * batch + index in the global batch)
+// has inputs x ~ N(0, 1) and targets y_k = sin(sum_c A_kc x_c) + x_k / 2,
+// all drawn from the seed, so every mesh sees the same samples.
+void fill_batch(Batch& b, const Sizes& z, std::uint64_t first_sample) {
+  auto x = Kokkos::create_mirror_view(b.x);
+  auto y = Kokkos::create_mirror_view(b.y);
+  for (std::size_t i = 0; i < x.extent(0); ++i) {
+    const std::uint64_t g = first_sample + i;
+    for (std::size_t c = 0; c < z.in; ++c) x(i, c) = T(weft::ops::Philox(z.seed, 101, g * z.in + c).normal());
+    for (std::size_t k = 0; k < z.out; ++k) {
+      double u = 0;
+      for (std::size_t c = 0; c < z.in; ++c)
+        u += weft::ops::Philox(z.seed, 202, k * z.in + c).normal() / std::sqrt(double(z.in)) * double(x(i, c));
+      y(i, k) = T(std::sin(u) + 0.5 * double(x(i, k % z.in)));
+    }
+  }
+  Kokkos::deep_copy(b.x, x);
+  Kokkos::deep_copy(b.y, y);
+}
+
+struct Options {
+  int dp = 0, pp = 1, tp = 1;
+  std::string dp_mode = "replicate", schedule = "1f1b", record, baseline;
+  std::size_t batch = 16, microbatches = 2, steps = 8;
+  double lr = 3e-3, clip = 1.0, tolerance = 1e-5;
+  Sizes z;
+};
+
+const char* kUsage =
+    "usage: custom_model [flags]\n"
+    "  --mesh dp=A,pp=B,tp=C  the mesh; axes left out have size 1 (default dp = ranks / (pp x tp))\n"
+    "  --dp MODE              replicate | zero1 | zero2 | fsdp (default replicate)\n"
+    "  --schedule S           gpipe | 1f1b | interleaved:2 | zb (default 1f1b; also at pp = 1)\n"
+    "  --batch N              global batch in samples (default 16)\n"
+    "  --microbatches M       microbatches per step (default 2)\n"
+    "  --steps N              optimizer steps (default 8)\n"
+    "  --blocks L --width D --hidden H   model sizes (default 4, 32, 64)\n"
+    "  --lr X --clip X        AdamW learning rate (3e-3), clipping norm (1.0; 0: none)\n"
+    "  --seed N               seed of parameters and data (7)\n"
+    "  --record FILE          write the run record (JSON: strategy, losses, memory)\n"
+    "  --baseline FILE        compare the loss curve with FILE's, fail beyond --tolerance (1e-5 relative)\n"
+    "  --help                 this text\n";
+
+std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false) {
+  std::size_t pos = 0;
+  long long x = -1;
+  try {
+    x = std::stoll(v, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  WEFT_REQUIRE(pos == v.size() && !v.empty() && x >= (allow_zero ? 0 : 1), ConfigError, flag, " ", v,
+               ": expected a ", allow_zero ? "non-negative" : "positive", " integer");
+  return std::size_t(x);
+}
+double parse_real(const std::string& flag, const std::string& v) {
+  std::size_t pos = 0;
+  double x = -1;
+  try {
+    x = std::stod(v, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  WEFT_REQUIRE(pos == v.size() && !v.empty() && std::isfinite(x) && x >= 0, ConfigError, flag, " ", v,
+               ": expected a non-negative number");
+  return x;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::map<std::string, std::function<void(const std::string&)>> flags = {
+      {"--mesh",
+       [&](const std::string& v) {
+         std::map<std::string, int> seen;
+         std::size_t start = 0;
+         while (start <= v.size()) {
+           const std::size_t end = std::min(v.find(',', start), v.size());
+           const std::string item = v.substr(start, end - start);
+           const std::size_t eq = item.find('=');
+           WEFT_REQUIRE(eq != std::string::npos, ConfigError, "--mesh ", v, ": expected axis=size items such as dp=2, got '",
+                        item, "'");
+           const std::string axis = item.substr(0, eq);
+           const int n = int(parse_count("--mesh " + axis, item.substr(eq + 1)));
+           WEFT_REQUIRE(seen[axis]++ == 0, ConfigError, "--mesh ", v, ": axis ", axis, " is given twice");
+           if (axis == "dp") o.dp = n;
+           else if (axis == "pp") o.pp = n;
+           else if (axis == "tp") o.tp = n;
+           else weft::detail::throw_error<ConfigError>("--mesh ", v, ": unknown axis '", axis, "'; custom_model runs dp, pp and tp");
+           start = end + 1;
+         }
+       }},
+      {"--dp", [&](const std::string& v) { o.dp_mode = weft::parallel::to_string(weft::parallel::parse_dp_mode(v)); }},
+      {"--schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v); }},
+      {"--batch", [&](const std::string& v) { o.batch = parse_count("--batch", v); }},
+      {"--microbatches", [&](const std::string& v) { o.microbatches = parse_count("--microbatches", v); }},
+      {"--steps", [&](const std::string& v) { o.steps = parse_count("--steps", v); }},
+      {"--blocks", [&](const std::string& v) { o.z.blocks = parse_count("--blocks", v); }},
+      {"--width", [&](const std::string& v) { o.z.width = parse_count("--width", v); }},
+      {"--hidden", [&](const std::string& v) { o.z.hidden = parse_count("--hidden", v); }},
+      {"--lr", [&](const std::string& v) { o.lr = parse_real("--lr", v); }},
+      {"--clip", [&](const std::string& v) { o.clip = parse_real("--clip", v); }},
+      {"--seed", [&](const std::string& v) { o.z.seed = parse_count("--seed", v, true); }},
+      {"--record", [&](const std::string& v) { o.record = v; }},
+      {"--baseline", [&](const std::string& v) { o.baseline = v; }},
+      {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v); }},
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--help" || f == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    auto it = flags.find(f);
+    WEFT_REQUIRE(it != flags.end(), ConfigError, f, ": unknown flag; see custom_model --help");
+    WEFT_REQUIRE(i + 1 < argc, ConfigError, f, ": missing value");
+    it->second(argv[++i]);
+  }
+  return o;
+}
+
+// The "loss" array of a --record file.
+std::vector<double> read_losses(const std::string& path) {
+  std::ifstream f(path);
+  WEFT_REQUIRE(f.good(), ConfigError, "--baseline ", path, ": cannot open the file (", std::strerror(errno), ")");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const weft::plan::JsonValue doc = weft::plan::parse_json(text, "--baseline " + path);
+  const weft::plan::JsonValue* loss = doc.kind == weft::plan::JsonValue::Kind::object ? doc.find("loss") : nullptr;
+  WEFT_REQUIRE(loss && loss->kind == weft::plan::JsonValue::Kind::array && !loss->array.empty(), ConfigError,
+               "--baseline ", path, ": no \"loss\" array found; expected a record written by custom_model --record");
+  std::vector<double> out;
+  for (const auto& v : loss->array) out.push_back(v.number);
+  return out;
+}
+
+// Trains with the data-parallel policy DPPolicy and the schedule Sched (the
+// types the command line selects), on the mesh.
+template <class DPPolicy, class Sched>
+int train(const Options& o, MeshT& mesh) {
+  using S = weft::Strategy<weft::On<weft::DP, DPPolicy>, weft::On<weft::PP, weft::Pipeline<Sched>>,
+                           weft::On<weft::TP, weft::TensorParallel<>>>;
+  const bool root = mesh.rank_in_mesh() == 0;
+  weft::validate_strategy<S>(mesh);
+  const std::size_t ndp = std::size_t(mesh.extent<weft::DP>()), npp = std::size_t(mesh.extent<weft::PP>());
+  Sizes z = o.z;
+  z.samples = weft::parallel::local_microbatch(o.batch, ndp, o.microbatches);
+  WEFT_REQUIRE(z.hidden % std::size_t(mesh.extent<weft::TP>()) == 0, ConfigError, "--hidden ", z.hidden,
+               " does not divide by tp ", mesh.extent<weft::TP>(), "; choose a multiple of tp");
+  std::vector<double> baseline;
+  if (!o.baseline.empty()) baseline = read_losses(o.baseline);  // before any step: a bad file fails at once
+  WEFT_REQUIRE(baseline.empty() || baseline.size() >= o.steps, ConfigError, "--baseline ", o.baseline, " has ",
+               baseline.size(), " steps, fewer than --steps ", o.steps);
+
+  ResidualMLPModel model(mesh, z);
+  const auto part = weft::pipeline::equal_partition(z.blocks, npp * std::size_t(Sched::chunks));
+  weft::pipeline::LayerStage<ResidualMLPModel> stage(model, part, int(npp), mesh.coord<weft::PP>(), Sched::chunks);
+  weft::parallel::DPOptions dpo;
+  dpo.mode = DPPolicy::mode;
+  weft::parallel::DataParallel<T> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), dpo);
+  stage.set_hooks(&dp);
+  weft::optim::AdamW<T, Space> opt(dp.optimizer_parameters());
+  weft::pipeline::Executor ex(stage, mesh.axis<weft::PP>(), weft::Pipeline<Sched>(int(npp), int(o.microbatches)));
+  if (root)
+    std::printf("custom_model: %s\ncustom_model: mesh dp=%zu,pp=%zu,tp=%d; %zu blocks of width %zu (hidden %zu), global batch %zu in %zu microbatches\n",
+                S::name().c_str(), ndp, npp, mesh.extent<weft::TP>(), z.blocks, z.width, z.hidden, o.batch, o.microbatches);
+  std::vector<double> losses, norms;
+  for (std::size_t step = 0; step < o.steps; ++step) {
+    auto r = weft::pipeline::train_step_with(ex, &dp, opt, o.batch, o.lr, o.clip,
+                                             [&](std::size_t i, std::size_t first, std::size_t) {
+                                               fill_batch(stage.batch(i), z, step * o.batch + first);
+                                             });
+    losses.push_back(r.loss);
+    norms.push_back(r.grad_norm);
+    if (root) std::printf("step %zu loss %.6f grad_norm %.4f\n", step, r.loss, r.grad_norm);
+  }
+  weft::metrics::MemoryLedger ledger;
+  using C = weft::metrics::MemoryCategory;
+  const auto stage_memory = stage.memory();
+  for (const auto& item : stage_memory.items())  // parameters and gradients are owned by the data-parallel engine
+    if (item.category != C::parameters && item.category != C::gradients) ledger.add(item.category, item.label, item.bytes);
+  ledger.merge(dp.memory());
+  ledger.merge(opt.memory());
+  int status = 0;
+  double worst = 0;
+  if (!baseline.empty()) {
+    for (std::size_t i = 0; i < o.steps; ++i)
+      worst = std::max(worst, std::abs(losses[i] - baseline[i]) / std::max(std::abs(baseline[i]), 1e-30));
+    if (worst > o.tolerance) status = 1;
+    if (root)
+      std::printf(status ? "custom_model: error: the loss curve departs from %s: worst relative difference %.3g > %.3g\n"
+                         : "custom_model: the loss curve follows %s (worst relative difference %.3g <= %.3g over the steps)\n",
+                  o.baseline.c_str(), worst, o.tolerance);
+  }
+  if (root && !o.record.empty()) {
+    using weft::metrics::Json;
+    Json mem = Json::object();
+    for (C c : {C::parameters, C::gradients, C::optimizer_state, C::activations, C::buffers})
+      mem.set(weft::metrics::category_name(c), Json(std::size_t(ledger.bytes(c))));
+    Json rec = Json::object();
+    rec.set("example", "custom_model")
+        .set("strategy", S::name())
+        .set("mesh", Json::object().set("dp", Json(int(ndp))).set("pp", Json(int(npp))).set("tp", mesh.extent<weft::TP>()))
+        .set("dp_mode", o.dp_mode)
+        .set("schedule", weft::pipeline::schedule_name<Sched>())
+        .set("batch", Json(o.batch))
+        .set("microbatches", Json(o.microbatches))
+        .set("steps", Json(o.steps))
+        .set("loss", losses)
+        .set("grad_norm", norms)
+        .set("memory_rank0", mem);
+    if (!baseline.empty()) rec.set("baseline", Json::object().set("file", o.baseline).set("worst_relative_difference", worst));
+    std::ofstream f(o.record);
+    f << rec.dump(2) << "\n";
+    WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot write the file");
+  }
+  return status;
+}
+
+// The table of compiled strategies: every --dp mode with every --schedule.
+template <class DPPolicy>
+int with_schedule(const Options& o, MeshT& mesh) {
+  if (o.schedule == "gpipe") return train<DPPolicy, weft::GPipe>(o, mesh);
+  if (o.schedule == "1f1b") return train<DPPolicy, weft::OneFOneB>(o, mesh);
+  if (o.schedule == "interleaved:2") return train<DPPolicy, weft::Interleaved1F1B<2>>(o, mesh);
+  if (o.schedule == "zb") return train<DPPolicy, weft::ZeroBubble>(o, mesh);
+  weft::detail::throw_error<ConfigError>("--schedule ", o.schedule,
+                                         ": not compiled into custom_model; the compiled schedules are gpipe, 1f1b, "
+                                         "interleaved:2 and zb");
+}
+
+int run(const Options& o, weft::Environment& env) {
+  const int world = env.world().size();
+  WEFT_REQUIRE(world % (o.pp * o.tp) == 0, ConfigError, "--mesh pp=", o.pp, ",tp=", o.tp, ": ", world,
+               " ranks do not divide by pp x tp = ", o.pp * o.tp);
+  const int ndp = o.dp ? o.dp : world / (o.pp * o.tp);
+  MeshT mesh(env.world(), {.dp = ndp, .pp = o.pp, .tp = o.tp});
+  using weft::parallel::DPMode;
+  switch (weft::parallel::parse_dp_mode(o.dp_mode)) {
+    case DPMode::replicate: return with_schedule<weft::Replicated>(o, mesh);
+    case DPMode::zero1: return with_schedule<weft::ZeRO<1>>(o, mesh);
+    case DPMode::zero2: return with_schedule<weft::ZeRO<2>>(o, mesh);
+    case DPMode::fsdp: return with_schedule<weft::FullyShard>(o, mesh);
+  }
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  weft::Environment env(argc, argv);
+  try {
+    const Options o = parse(argc, argv);
+    return run(o, env);
+  } catch (const weft::Error& e) {
+    if (env.world().rank() == 0) std::fprintf(stderr, "custom_model: error: %s\n", e.what());
+    return 2;
+  }
+}
