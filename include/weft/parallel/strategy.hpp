@@ -308,7 +308,7 @@ struct Strategy {
   /// ("Strategy<>" for the single-process model). Run records name it.
   static std::string name() {
     std::string s = "Strategy<";
-    bool first = true;
+    [[maybe_unused]] bool first = true;
     (
         [&] {
           if (!first) s += ", ";
