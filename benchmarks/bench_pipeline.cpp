@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <weft/weft.hpp>
@@ -71,15 +72,13 @@ int bubble_part(weft::Comm& world, Args a) {
   if (root)
     std::printf("\n%-14s %9s %9s   %s\n", "schedule", "analytic", "measured", "idle fraction per stage (rank 0..p-1)");
   for (std::string name : {"gpipe", "1f1b", "interleaved:2", "zb"}) {
-    const auto sched = weft::pipeline::parse_schedule(name);
-    const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(p * sched.chunks));
-    weft::pipeline::Stage<float, Space> stage(cfg, part, p, world.rank(), sched.chunks);
-    weft::pipeline::Executor<float, Space> ex(stage, world, sched, m);
+    weft::pipeline::visit_schedule(name, [&]<class S>(std::type_identity<S>) {
+    const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(p * S::chunks));
+    weft::pipeline::Stage<float> stage(cfg, part, p, world.rank(), S::chunks);
+    weft::pipeline::Executor ex(stage, world, weft::Pipeline<S>(p, m));
     const std::size_t tok = cfg.tokens();
     for (std::size_t i = 0; i < std::size_t(m); ++i)
-      data.fill(0, std::size_t(m) * cfg.batch, i * cfg.batch, cfg.batch,
-                Kokkos::subview(ex.ids(), std::make_pair(i * tok, (i + 1) * tok)),
-                Kokkos::subview(ex.targets(), std::make_pair(i * tok, (i + 1) * tok)));
+      data.fill(0, std::size_t(m) * cfg.batch, i * cfg.batch, cfg.batch, stage.ids(i), stage.targets(i));
     std::vector<double> idle_sum(std::size_t(p), 0.0);
     double fwd = 0, bin = 0, bw = 0, nf = 0, nb = 0, nw = 0;
     Kokkos::View<double*, Kokkos::HostSpace> mine("mine", 3), all("all", 3 * std::size_t(p));
@@ -161,8 +160,8 @@ int bubble_part(weft::Comm& world, Args a) {
     costs.forward = sums(0) / std::max(sums(1), 1.0);
     costs.backward_input = sums(3) > 0 ? sums(2) / sums(3) : 1.0;
     costs.backward_weight = sums(5) > 0 ? sums(4) / sums(5) : 1.0;
-    const double analytic = sched.bubble(p, m, costs);
-    if (!root) continue;
+    const double analytic = S::bubble_fraction(p, m, costs);
+    if (!root) return;
     double mean = 0;
     for (double x : idle_sum) mean += x / double(a.steps) / double(p);
     std::printf("%-14s %8.1f%% %8.1f%%  ", name.c_str(), 100 * analytic, 100 * mean);
@@ -182,7 +181,7 @@ int bubble_part(weft::Comm& world, Args a) {
     weft::PipeSimulation sim;
     sim.stages = p;
     sim.microbatches = m;
-    sim.chunks = sched.chunks;
+    sim.chunks = S::chunks;
     sim.makespan = last_span;
     sim.busy.assign(std::size_t(p), 0.0);
     sim.events = last_events;
@@ -199,6 +198,7 @@ int bubble_part(weft::Comm& world, Args a) {
     for (auto& b : scaled.busy) b /= unit;
     std::printf("%s  (trace: %s; one column = %.1f ms)\n", weft::pipeline_timeline_text(scaled, 1).c_str(), file.c_str(),
                 unit * 1e3);
+    });
   }
   return 0;
 }
@@ -231,10 +231,9 @@ int throughput_part(weft::Comm& world, Args a) {
   }
   world.barrier();
   // pp=2, 1f1b, auto stages would need a measurement: equal blocks here.
-  const auto sched = weft::pipeline::parse_schedule("1f1b");
   const auto part = weft::pipeline::equal_partition(cfg.layers, 2);
-  weft::pipeline::Stage<float, Space> stage(cfg, part, 2, world.rank(), 1);
-  weft::pipeline::Executor<float, Space> ex(stage, world, sched, m);
+  weft::pipeline::Stage<float> stage(cfg, part, 2, world.rank(), 1);
+  weft::pipeline::Executor ex(stage, world, weft::Pipeline<weft::OneFOneB>(2, m));
   weft::optim::AdamW<float, Space> opt(stage.parameters());
   std::vector<double> t;
   double waited = 0, total = 0;
@@ -255,7 +254,7 @@ int throughput_part(weft::Comm& world, Args a) {
   if (!root) return 0;
   std::printf("  pp=1 (rank 0 alone)   %10.0f tok/s\n", pp1);
   std::printf("  pp=2 (1f1b, stages %s) %10.0f tok/s   ratio %.3f (ideal on 2 cores with bubble %.3f: %.3f); rank 0 blocked in receives %.1f%% of its step\n",
-              part.to_string(cfg.layers).c_str(), pp2, pp2 / pp1, sched.bubble(2, m, {}), 2 * (1 - sched.bubble(2, m, {})),
+              part.to_string(cfg.layers).c_str(), pp2, pp2 / pp1, weft::OneFOneB::bubble_fraction(2, m, {}), 2 * (1 - weft::OneFOneB::bubble_fraction(2, m, {})),
               100 * waited / total);
   return 0;
 }

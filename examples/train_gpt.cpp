@@ -216,7 +216,7 @@ Options parse(int argc, char** argv) {
          o.tp = m.tp;
          o.pp = m.pp;
        }},
-      {"--schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v).name; }},
+      {"--schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v); }},
       {"--stages", [&](const std::string& v) { o.stages = (weft::pipeline::parse_stage_spec(v), v); }},
       {"--stage-memory-mb", [&](const std::string& v) { o.stage_memory_mb = parse_real("--stage-memory-mb", v, false); }},
       {"--compare", [&](const std::string& v) { o.compare = v; }},
@@ -312,8 +312,9 @@ const char* name_of(weft::nn::PositionKind k) { return k == weft::nn::PositionKi
 // The pipeline as train() sees it (the model of the pipeline path): this
 // rank's stage and the executor of its schedule over the PP axis, and the
 // stage boundaries for the record.
+template <class Ex>
 struct PipelineJob {
-  weft::pipeline::Executor<float, Space>& ex;
+  Ex& ex;
   std::string stages;  // blocks per virtual stage
   const weft::nn::GPTConfig& config() const { return ex.stage().config(); }
   auto parameter_groups() { return ex.stage().parameter_groups(); }
@@ -330,7 +331,7 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
           weft::Comm& tpc,
           const weft::data::TokenStream& stream, const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram,
           const std::string& data_name) {
-  constexpr bool pipelined = std::is_same_v<Model, PipelineJob>;
+  constexpr bool pipelined = requires { gpt.ex; };
   const auto& c = gpt.config();
   weft::Comm& comm = dp.comm();
   weft::Comm* ppc = nullptr;  // the pipeline axis
@@ -353,7 +354,8 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
     nparams = v(0);
   }
   [[maybe_unused]] double bubble = 0;
-  if constexpr (pipelined) bubble = gpt.ex.schedule().bubble(npp, gpt.ex.microbatches(), {});
+  if constexpr (pipelined)
+    bubble = std::remove_reference_t<decltype(gpt.ex)>::schedule_type::bubble_fraction(npp, gpt.ex.microbatches(), {});
   if (root) {
     std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
                 nparams, flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
@@ -361,7 +363,7 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
       std::printf("train_gpt: mesh dp=%d (%s) x pp=%d x tp=%d%s, schedule %s, %d microbatches of %zu sequences per dp rank, "
                   "stages (blocks per virtual stage) %s, analytic bubble %.3f\n",
                   ndp, weft::parallel::to_string(dp.mode()), npp, ntp, gpt.tensor_parallel().sp() ? " (sequence parallel)" : "",
-                  gpt.ex.schedule().name.c_str(), gpt.ex.microbatches(), c.batch, gpt.stages.c_str(), bubble);
+                  gpt.ex.schedule().c_str(), gpt.ex.microbatches(), c.batch, gpt.stages.c_str(), bubble);
     else if (ntp == 1)
       std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp,
                   weft::parallel::to_string(dp.mode()), c.batch);
@@ -602,7 +604,7 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
                     .set("dp_mode", weft::parallel::to_string(dp.mode())).set("bucket_mb", o.dp_options.bucket_mb)
                     .set("overlap", o.dp_options.overlap);
     if constexpr (pipelined)
-      mesh.set("schedule", gpt.ex.schedule().name).set("stages", gpt.stages).set("bubble_analytic", bubble);
+      mesh.set("schedule", gpt.ex.schedule()).set("stages", gpt.stages).set("bubble_analytic", bubble);
     rec.set("mesh", mesh);
     rec.set("runtime", Json::object()
                            .set("execution_space", Space::name()).set("kokkos_version", Json(KOKKOS_VERSION))
@@ -697,19 +699,19 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
 // layers (split over the TP axis when tp > 1), data parallelism over the DP
 // axis, the schedule's executor over the PP axis; the mesh is DP x PP x TP
 // with TP innermost, so a stage's TP group is consecutive ranks.
-int run_pipeline(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
-                 const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+template <class Sched, class LayerPolicy>
+int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
+                      const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
   weft::Mesh<weft::DP, weft::PP, weft::TP> mesh(env.world(), {.dp = ndp, .pp = o.pp, .tp = o.tp});
-  const auto sched = weft::pipeline::parse_schedule(o.schedule);
-  sched.check(o.pp, int(o.microbatches));
-  const std::size_t L = o.model.layers, S = std::size_t(o.pp * sched.chunks);
+  Sched::check(o.pp, int(o.microbatches));
+  const std::size_t L = o.model.layers, S = std::size_t(o.pp * Sched::chunks);
   const auto spec = weft::pipeline::parse_stage_spec(o.stages);
   weft::pipeline::StagePartition part;
   if (spec.kind == weft::pipeline::StageSpec::Kind::equal) {
     part = weft::pipeline::equal_partition(L, S);
   } else if (spec.kind == weft::pipeline::StageSpec::Kind::explicit_counts) {
     WEFT_REQUIRE(spec.counts.size() == S, ConfigError, "--stages ", o.stages, ": ", spec.counts.size(),
-                 " block counts, but pp=", o.pp, " x ", sched.chunks, " chunks per rank (", sched.name, ") = ", S,
+                 " block counts, but pp=", o.pp, " x ", Sched::chunks, " chunks per rank (", weft::pipeline::schedule_name<Sched>(), ") = ", S,
                  " virtual stages; give one count per virtual stage");
     part = weft::pipeline::partition_from_counts(L, spec.counts);
   } else {
@@ -717,7 +719,7 @@ int run_pipeline(const Options& o, weft::Environment& env, int ndp, const weft::
     const std::size_t n = weft::pipeline::unit_count(L);
     Kokkos::View<double*, Kokkos::HostSpace> costs("unit_costs", 2 * n);
     if (env.world().rank() == 0) {
-      const double in_flight = double(sched.peak_in_flight(o.pp, int(o.microbatches), 0)) / double(sched.chunks);
+      const double in_flight = double(Sched::peak_in_flight(o.pp, int(o.microbatches), 0)) / double(Sched::chunks);
       const auto u = weft::pipeline::measure_unit_costs<float, Space>(o.model, 3, in_flight);
       for (std::size_t i = 0; i < n; ++i) {
         costs(2 * i) = u[i].seconds;
@@ -735,18 +737,29 @@ int run_pipeline(const Options& o, weft::Environment& env, int ndp, const weft::
                   weft::pipeline::slowest_stage(weft::pipeline::equal_partition(L, S), u) * 1e3);
     }
   }
-  weft::pipeline::Stage<float, Space> stage(o.model, part, o.pp, mesh.coord<weft::PP>(), sched.chunks,
-                                            {&mesh.axis<weft::TP>(), o.sequence_parallel});
+  weft::pipeline::GPTStage<float, Space, LayerPolicy> stage(mesh, o.model, part, Sched::chunks);
   weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), o.dp_options);
   stage.set_hooks(&dp);
-  weft::pipeline::Executor<float, Space> ex(stage, mesh.axis<weft::PP>(), sched, int(o.microbatches));
-  PipelineJob job{ex, part.to_string(L)};
+  weft::pipeline::Executor ex(stage, mesh.axis<weft::PP>(), weft::Pipeline<Sched>(o.pp, int(o.microbatches)));
+  PipelineJob<decltype(ex)> job{ex, part.to_string(L)};
   if (o.optimizer == "adamw") {
     weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters(), {.weight_decay = o.weight_decay});
     return train(o, job, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
   }
   weft::optim::SGD<float, Space> opt(dp.optimizer_parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
   return train(o, job, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
+}
+
+// The pipeline path's compiled schedules and layer policies, chosen by --schedule and --sequence-parallel.
+int run_pipeline(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
+                 const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+  return weft::pipeline::visit_schedule(o.schedule, [&]<class Sch>(std::type_identity<Sch>) {
+    if (o.tp == 1) return run_pipeline_with<Sch, weft::NoPolicy>(o, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
+    if (o.sequence_parallel)
+      return run_pipeline_with<Sch, weft::TensorParallel<weft::SequenceParallel>>(o, env, ndp, stream, bt, ranks_per_node,
+                                                                                   unigram, data_name);
+    return run_pipeline_with<Sch, weft::TensorParallel<>>(o, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
+  });
 }
 
 int run(int argc, char** argv, weft::Environment& env) {
@@ -768,7 +781,8 @@ int run(int argc, char** argv, weft::Environment& env) {
     m.validate_tensor_parallel(std::size_t(ntp), o.sequence_parallel);
     WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
                  "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
-    if (o.pp > 1) weft::pipeline::parse_schedule(o.schedule).check(o.pp, int(o.microbatches));
+    if (o.pp > 1)
+      weft::pipeline::visit_schedule(o.schedule, [&]<class Sch>(std::type_identity<Sch>) { Sch::check(o.pp, int(o.microbatches)); });
     if (env.world().rank() == 0)
       std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks\n",
                   n, ntp, o.pp, weft::parallel::to_string(o.dp_options.mode), m.batch, n * ntp * o.pp);

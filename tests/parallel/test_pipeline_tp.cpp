@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -44,29 +45,37 @@ struct Run {
   weft::metrics::MemoryLedger memory;
 };
 
-// Trains on the mesh's pipeline with the stages split over its TP axis.
-Run run_pp_tp(Mesh3& mesh, const std::string& schedule, std::size_t microbatches, bool sp, bool llama,
-              weft::parallel::DPMode mode = weft::parallel::DPMode::replicate, std::size_t steps = kSteps) {
+// Trains on the mesh's pipeline with the stages split over its TP axis, with schedule Sched and layer policy LP.
+template <class Sched, class LP>
+Run run_pp_tp_with(Mesh3& mesh, std::size_t microbatches, bool llama, weft::parallel::DPMode mode, std::size_t steps) {
   auto& pp = mesh.axis<weft::PP>();
   auto& dpc = mesh.axis<weft::DP>();
-  const auto sched = weft::pipeline::parse_schedule(schedule);
   const std::size_t mb = weft::parallel::local_microbatch(kGlobalBatch, std::size_t(dpc.size()), microbatches);
   const auto cfg = tiny(mb, llama);
-  const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(pp.size() * sched.chunks));
-  weft::pipeline::Stage<float> stage(cfg, part, pp.size(), pp.rank(), sched.chunks, {&mesh.axis<weft::TP>(), sp});
+  const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(pp.size() * Sched::chunks));
+  weft::pipeline::GPTStage<float, Space, LP> stage(mesh, cfg, part, Sched::chunks);
   weft::parallel::DPOptions o;
   o.mode = mode;
   o.bucket_mb = 0.004;
   weft::parallel::DataParallel<float> dp(dpc, stage.parameter_groups(), o);
   stage.set_hooks(&dp);
   weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
-  weft::pipeline::Executor<float> ex(stage, pp, sched, int(microbatches));
+  weft::pipeline::Executor ex(stage, pp, weft::Pipeline<Sched>(pp.size(), int(microbatches)));
   auto data = successor_stream();
   Run r;
   for (std::size_t s = 0; s < steps; ++s)
     r.loss.push_back(weft::pipeline::train_step(ex, &dp, opt, data, s, kGlobalBatch, kLr, kClip).loss);
   r.memory = stage.memory();
   return r;
+}
+
+// The same with the schedule named as on the command line and sequence parallelism on or off.
+Run run_pp_tp(Mesh3& mesh, const std::string& schedule, std::size_t microbatches, bool sp, bool llama,
+              weft::parallel::DPMode mode = weft::parallel::DPMode::replicate, std::size_t steps = kSteps) {
+  return weft::pipeline::visit_schedule(schedule, [&]<class S>(std::type_identity<S>) {
+    if (sp) return run_pp_tp_with<S, weft::TensorParallel<weft::SequenceParallel>>(mesh, microbatches, llama, mode, steps);
+    return run_pp_tp_with<S, weft::TensorParallel<>>(mesh, microbatches, llama, mode, steps);
+  });
 }
 
 double worst_of(const std::vector<double>& a, const std::vector<double>& ref) {
@@ -151,23 +160,25 @@ TEST_CASE("pipeline x tp: a model that does not divide over tp is a ConfigError 
   if (w.size() < 2 || w.size() % 2) return;
   Mesh3 mesh(w, weft::MeshSizes{.dp = w.size() / 2, .pp = 1, .tp = 2});
   const auto part = weft::pipeline::equal_partition(4, 1);
-  weft::nn::TensorParallel tp{&mesh.axis<weft::TP>(), false};
+  using TPStage = weft::pipeline::Stage<float, weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>>;
+  using SPStage = weft::pipeline::Stage<float, weft::Strategy<weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>>;
+  weft::Comm* tp = &mesh.axis<weft::TP>();
   auto cfg = tiny(2, false);
   cfg.vocab = 33;
-  CHECK_THROWS_WITH_AS(weft::pipeline::Stage<float>(cfg, part, 1, 0, 1, tp),
+  CHECK_THROWS_WITH_AS(TPStage(cfg, part, 1, 0, 1, tp),
                        doctest::Contains("the vocabulary (--vocab) 33 is not divisible by tp 2"), weft::ConfigError);
   cfg = tiny(2, true);
   cfg.kv_heads = 1;
-  CHECK_THROWS_WITH_AS(weft::pipeline::Stage<float>(cfg, part, 1, 0, 1, tp),
+  CHECK_THROWS_WITH_AS(TPStage(cfg, part, 1, 0, 1, tp),
                        doctest::Contains("the key/value heads (--kv-heads) 1 is not divisible by tp 2"),
                        weft::ConfigError);
   cfg = tiny(2, false);
   cfg.heads = 1;
-  CHECK_THROWS_WITH_AS(weft::pipeline::Stage<float>(cfg, part, 1, 0, 1, tp),
+  CHECK_THROWS_WITH_AS(TPStage(cfg, part, 1, 0, 1, tp),
                        doctest::Contains("the query heads (--heads) 1 is not divisible by tp 2"), weft::ConfigError);
   // Sequence parallelism splits the tokens of a microbatch: 1 x 7 do not split in 2.
   cfg = tiny(1, false);
   cfg.seq = 7;
-  CHECK_THROWS_WITH_AS(weft::pipeline::Stage<float>(cfg, part, 1, 0, 1, {&mesh.axis<weft::TP>(), true}),
+  CHECK_THROWS_WITH_AS(SPStage(cfg, part, 1, 0, 1, tp),
                        doctest::Contains("the tokens of a microbatch"), weft::ConfigError);
 }

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <weft/parallel/pipeline/executor.hpp>
@@ -70,7 +71,8 @@ std::size_t label_bytes(const weft::metrics::MemoryLedger& l, const std::string&
 struct PooledSlots {
   std::size_t count = 0, message_bytes = 0;
 };
-PooledSlots pooled_slots(weft::pipeline::Stage<float>& st, int chunk) {
+template <class St>
+PooledSlots pooled_slots(St& st, int chunk) {
   PooledSlots r;
   const std::size_t base = label_bytes(st.memory(), "pipeline.slots");
   for (int mb = 1000;; ++mb) {
@@ -84,7 +86,8 @@ PooledSlots pooled_slots(weft::pipeline::Stage<float>& st, int chunk) {
 }
 
 // The slots of every chunk against the planner's layout; their totals.
-PooledSlots checked_slots(weft::pipeline::Stage<float>& st, const std::vector<weft::plan::ChunkLayout>& layout) {
+template <class St>
+PooledSlots checked_slots(St& st, const std::vector<weft::plan::ChunkLayout>& layout) {
   REQUIRE(layout.size() == st.chunks().size());
   PooledSlots all;
   for (std::size_t c = 0; c < layout.size(); ++c) {
@@ -152,24 +155,23 @@ void check_stage_budget(const StageMeasured& got, const weft::plan::TrainingBudg
 // there is one (its hooks set on the stage), AdamW, the executor on `m`
 // microbatches of a `global_batch`; `pstats` holds the PP axis' statistics
 // of the step.
+template <class Sched, class LayerPolicy>
 struct StageStep {
-  weft::pipeline::ScheduleChoice sched;
-  weft::pipeline::Stage<float> stage;
+  weft::pipeline::GPTStage<float, Space, LayerPolicy> stage;
   std::unique_ptr<weft::parallel::DataParallel<float>> ddp;
   weft::optim::AdamW<float, Space> opt;
-  weft::pipeline::Executor<float> ex;
+  weft::pipeline::Executor<weft::pipeline::GPTStage<float, Space, LayerPolicy>, Sched> ex;
   weft::CommStats pstats;
 
-  StageStep(const weft::nn::GPTConfig& cfg, const std::string& schedule, weft::Comm& ppc, weft::Comm* dpc,
-            weft::parallel::DPMode mode, weft::nn::TensorParallel tp, std::size_t m, std::size_t global_batch)
-      : sched(weft::pipeline::parse_schedule(schedule)),
-        stage(cfg, weft::pipeline::equal_partition(cfg.layers, std::size_t(ppc.size()) * std::size_t(sched.chunks)),
-              ppc.size(), ppc.rank(), sched.chunks, tp),
+  StageStep(const weft::nn::GPTConfig& cfg, weft::Comm& ppc, weft::Comm* dpc, weft::parallel::DPMode mode,
+            weft::Comm* tp, std::size_t m, std::size_t global_batch)
+      : stage(cfg, weft::pipeline::equal_partition(cfg.layers, std::size_t(ppc.size()) * std::size_t(Sched::chunks)),
+              ppc.size(), ppc.rank(), Sched::chunks, tp),
         ddp(dpc ? std::make_unique<weft::parallel::DataParallel<float>>(*dpc, stage.parameter_groups(),
                                                                          weft::parallel::DPOptions{.mode = mode})
                 : nullptr),
         opt(ddp ? ddp->optimizer_parameters() : stage.parameters()),
-        ex(stage, ppc, sched, int(m)) {
+        ex(stage, ppc, weft::Pipeline<Sched>(ppc.size(), int(m))) {
     if (ddp) stage.set_hooks(ddp.get());
     auto data = stream(int(cfg.vocab));
     ppc.reset_stats();
@@ -180,6 +182,24 @@ struct StageStep {
   StageStep& operator=(const StageStep&) = delete;
   ~StageStep() { stage.set_hooks(nullptr); }
 };
+
+// Runs body(step) on the StageStep of the schedule `name` (as on the command
+// line) with the layers split as LayerPolicy says.
+template <class LayerPolicy, class Body>
+void with_step(const weft::nn::GPTConfig& cfg, const std::string& name, weft::Comm& ppc, weft::Comm* dpc,
+               weft::parallel::DPMode mode, weft::Comm* tp, std::size_t m, std::size_t global_batch, Body&& body) {
+  weft::pipeline::visit_schedule(name, [&]<class S>(std::type_identity<S>) {
+    StageStep<S, LayerPolicy> run(cfg, ppc, dpc, mode, tp, m, global_batch);
+    body(run);
+  });
+}
+// The same over TP, with or without sequence parallelism.
+template <class Body>
+void with_tp_step(bool sp, const weft::nn::GPTConfig& cfg, const std::string& name, weft::Comm& ppc, weft::Comm* dpc,
+                  weft::parallel::DPMode mode, weft::Comm* tp, std::size_t m, std::size_t global_batch, Body&& body) {
+  if (sp) with_step<weft::TensorParallel<weft::SequenceParallel>>(cfg, name, ppc, dpc, mode, tp, m, global_batch, body);
+  else with_step<weft::TensorParallel<>>(cfg, name, ppc, dpc, mode, tp, m, global_batch, body);
+}
 
 }  // namespace
 
@@ -192,8 +212,10 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
   const ModelSpec spec = spec_of(cfg, m);
   for (std::string name : {"gpipe", "1f1b", "interleaved:2", "zb"}) {
     CAPTURE(name);
-    const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-    StageStep run(cfg, name, w, nullptr, weft::parallel::DPMode::replicate, {}, m, m * mb);
+    const auto kind_chunks = weft::plan::parse_schedule_name(name);
+    const auto kind = kind_chunks.first;
+    const auto chunks = kind_chunks.second;
+    with_step<weft::NoPolicy>(cfg, name, w, nullptr, weft::parallel::DPMode::replicate, nullptr, m, m * mb, [&](auto& run) {
     auto& stage = run.stage;
     auto& opt = run.opt;
     const auto& stats = run.pstats;
@@ -225,6 +247,7 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
       std::fflush(stdout);
       w.barrier();
     }
+    });
   }
 }
 
@@ -342,8 +365,10 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
     const std::string name = k.schedule;
     CAPTURE(weft::parallel::to_string(mode));
     CAPTURE(name);
-    const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-    StageStep run(cfg, name, ppc, &dpc, mode, {}, m, spec.global_batch);
+    const auto kind_chunks = weft::plan::parse_schedule_name(name);
+    const auto kind = kind_chunks.first;
+    const auto chunks = kind_chunks.second;
+    with_step<weft::NoPolicy>(cfg, name, ppc, &dpc, mode, nullptr, m, spec.global_batch, [&](auto& run) {
     auto& stage = run.stage;
     auto& opt = run.opt;
     const auto& pstats = run.pstats;
@@ -393,6 +418,7 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
       std::fflush(stdout);
       w.barrier();
     }
+    });
   }
 }
 
@@ -409,8 +435,10 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
     for (std::string name : {"1f1b", "zb", "gpipe", "interleaved:2"}) {
       CAPTURE(sp);
       CAPTURE(name);
-      const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-      StageStep run(cfg, name, ppc, nullptr, weft::parallel::DPMode::replicate, {&mesh.axis<weft::TP>(), sp}, m, m * mb);
+      const auto kind_chunks = weft::plan::parse_schedule_name(name);
+      const auto kind = kind_chunks.first;
+      const auto chunks = kind_chunks.second;
+      with_tp_step(sp, cfg, name, ppc, nullptr, weft::parallel::DPMode::replicate, &mesh.axis<weft::TP>(), m, m * mb, [&](auto& run) {
       auto& stage = run.stage;
       auto& opt = run.opt;
       const auto& pstats = run.pstats;
@@ -435,6 +463,7 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
         std::fflush(stdout);
         w.barrier();
       }
+      });
     }
 }
 
@@ -458,8 +487,10 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
     const std::string name = k.schedule;
     CAPTURE(name);
     CAPTURE(k.sp);
-    const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-    StageStep run(cfg, name, ppc, &dpc, mode, {&mesh.axis<weft::TP>(), k.sp}, m, spec.global_batch);
+    const auto kind_chunks = weft::plan::parse_schedule_name(name);
+    const auto kind = kind_chunks.first;
+    const auto chunks = kind_chunks.second;
+    with_tp_step(k.sp, cfg, name, ppc, &dpc, mode, &mesh.axis<weft::TP>(), m, spec.global_batch, [&](auto& run) {
     auto& stage = run.stage;
     auto& opt = run.opt;
     const auto& pstats = run.pstats;
@@ -483,5 +514,6 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
       std::fflush(stdout);
       w.barrier();
     }
+    });
   }
 }
