@@ -6,6 +6,7 @@
 #   scripts/run_example.sh
 #   WEFT_RANKS=4 WEFT_DP_MODE=replicate scripts/run_example.sh
 #   WEFT_EXAMPLE=mesh_demo scripts/run_example.sh     the Mesh and Comm demo on 8 ranks
+#   WEFT_EXAMPLE=custom_model scripts/run_example.sh  a model of the user's own layers on dp x pp x tp = 2 x 2 x 2
 # The build tree is build-ci-gcc, shared with the g++ variant of scripts/run_tests.sh.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -19,6 +20,12 @@ cmake --build "$dir" --target "$example" -j "$WEFT_CI_JOBS"
 if [[ "$example" == mesh_demo ]]; then
   echo "+ mpirun -n ${WEFT_RANKS:-8} ${WEFT_MPIRUN_FLAGS[*]} $dir/examples/mesh_demo"
   OPENBLAS_NUM_THREADS=1 mpirun -n "${WEFT_RANKS:-8}" "${WEFT_MPIRUN_FLAGS[@]}" "$dir/examples/mesh_demo"
+  exit 0
+fi
+if [[ "$example" == custom_model ]]; then
+  cm_args=(--mesh dp=2,pp=2,tp=2 --dp fsdp --schedule zb --batch 16 --microbatches 4 --steps 100 --record "$dir/custom_model_run.json")
+  echo "+ mpirun -n 8 ${WEFT_MPIRUN_FLAGS[*]} $dir/examples/custom_model ${cm_args[*]}"
+  OPENBLAS_NUM_THREADS=1 mpirun -n 8 "${WEFT_MPIRUN_FLAGS[@]}" "$dir/examples/custom_model" "${cm_args[@]}"
   exit 0
 fi
 ranks="${WEFT_RANKS:-2}"
