@@ -175,7 +175,8 @@ class Linear<T, On<Axis, P>> {
                     "weft::nn::Linear<On<Axis, Shard<1>>> (row-parallel) got a Replicate input but needs it Shard<1> "
                     "over its axis (each rank multiplies only its own input features). Feed it the output of a "
                     "column-parallel layer (Linear<T, On<Axis, Shard<0>>>), or slice it first with "
-                    "weft::redistribute<weft::Shard<1>>(x, axis) (no communication)");
+                    "weft::redistribute<weft::Shard<1>>(x, axis) (no communication; the input's type must name the "
+                    "axis, e.g. DistView<T, 2, On<Axis, Replicate>>)");
   }
 
   Comm* comm_;
