@@ -1,10 +1,10 @@
-// Element-wise operations on DistViews -- activations (gelu, relu, silu), bias
-// add, residual add and scaling -- whose placements are checked at compile
-// time: an operation that would give a wrong result on some placement (gelu of
-// partial sums, a bias or a replicated tensor added to partial sums) does not
-// compile, and the message names the operation, the placement and the
-// redistribute that fixes it. Each runs as a Kokkos kernel on the view's
-// execution space and returns a new DistView with the propagated placement.
+// Element-wise operations on DistViews -- gelu, relu, silu, scale, add (the
+// residual) and bias_add -- with placements checked at compile time; each runs
+// on the view's execution space and returns a DistView of the propagated placement.
+//
+// A combination that would give a wrong result (gelu of partial sums, a bias
+// or a replicated tensor added to partial sums) does not compile, and the
+// message names the operation, the placement and the redistribute that fixes it.
 //
 // The checks see only DistViews: a kernel applied to x.local() escapes them.
 // gelu on the .local() block of a Partial<Sum> tensor (a row-parallel matmul's
