@@ -1,5 +1,10 @@
 # Run by CTest (cmake -P): builds TARGET in BUILD_DIR, which must FAIL, with
-# compiler output matching REGEX. Either way the output is shown on failure.
+# compiler output matching REGEX. With FIRST_ERROR, the first line of the
+# output that contains "error:" (the compiler's first diagnostic: g++ writes
+# "error: static assertion failed: <message>", clang "error: static_assert
+# failed due to requirement '...' "<message>"", both on one line) must match
+# it too, so that a message is not only present but the one the user reads
+# first. Either way the output is shown on failure.
 execute_process(COMMAND ${CMAKE_COMMAND} --build ${BUILD_DIR} --target ${TARGET}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(all "${out}${err}")
@@ -10,4 +15,16 @@ string(REGEX MATCH "${REGEX}" found "${all}")
 if(NOT found)
   message(FATAL_ERROR "compile-fail test: ${TARGET} failed to compile as it must, but the output does not contain the expected message /${REGEX}/:\n${all}")
 endif()
-message(STATUS "compile-fail test: ${TARGET} does not compile, and says /${REGEX}/")
+if(DEFINED FIRST_ERROR AND NOT FIRST_ERROR STREQUAL "")
+  string(REGEX MATCH "[^\n]*error:[^\n]*" first "${all}")
+  if(NOT first)
+    message(FATAL_ERROR "compile-fail test: ${TARGET} failed to compile, but no line of the output contains 'error:':\n${all}")
+  endif()
+  string(REGEX MATCH "${FIRST_ERROR}" found_first "${first}")
+  if(NOT found_first)
+    message(FATAL_ERROR "compile-fail test: ${TARGET} failed to compile with the expected message, but the first error does not match /${FIRST_ERROR}/; it is:\n${first}\n\nThe whole output:\n${all}")
+  endif()
+  message(STATUS "compile-fail test: ${TARGET} does not compile, says /${REGEX}/, and its first error matches /${FIRST_ERROR}/")
+else()
+  message(STATUS "compile-fail test: ${TARGET} does not compile, and says /${REGEX}/")
+endif()

@@ -2,8 +2,9 @@
 #   weft_add_mpi_test(NAME SOURCES ... [RANKS 1 2 4 8] [TIMEOUT s] [ARGS ...] [ENV ...])
 #     one doctest executable, run by CTest at each rank count (oversubscribed
 #     where the machine has fewer cores, ranks yielding when idle).
-#   weft_add_compile_fail_test(NAME SOURCE file REGEX message [DEFINES ...])
-#     proves the snippet does NOT compile and that the compiler says `message`.
+#   weft_add_compile_fail_test(NAME SOURCE file REGEX message [FIRST_ERROR regex] [DEFINES ...])
+#     proves the snippet does NOT compile and that the compiler says `message`;
+#     with FIRST_ERROR, also that the first line containing "error:" matches it.
 include_guard(GLOBAL)
 
 set(WEFT_TEST_RANKS "1;2;4;8" CACHE STRING "Rank counts at which every MPI test runs")
@@ -32,14 +33,14 @@ function(weft_add_mpi_test name)
 endfunction()
 
 function(weft_add_compile_fail_test name)
-  cmake_parse_arguments(T "" "SOURCE;REGEX" "DEFINES" ${ARGN})
+  cmake_parse_arguments(T "" "SOURCE;REGEX;FIRST_ERROR" "DEFINES" ${ARGN})
   set(obj compile_fail_${name})
   add_library(${obj} OBJECT EXCLUDE_FROM_ALL ${T_SOURCE})
   target_link_libraries(${obj} PRIVATE weft::weft)
   target_compile_definitions(${obj} PRIVATE ${T_DEFINES})
   add_test(NAME compile_fail.${name}
            COMMAND ${CMAKE_COMMAND} -DTARGET=${obj} -DBUILD_DIR=${CMAKE_BINARY_DIR} "-DREGEX=${T_REGEX}"
-                   -P ${PROJECT_SOURCE_DIR}/cmake/weftCompileFail.cmake)
+                   "-DFIRST_ERROR=${T_FIRST_ERROR}" -P ${PROJECT_SOURCE_DIR}/cmake/weftCompileFail.cmake)
   # Builds in the same tree must not run concurrently.
   set_tests_properties(compile_fail.${name} PROPERTIES LABELS "compile_fail" RESOURCE_LOCK weft_build_tree TIMEOUT 300)
 endfunction()

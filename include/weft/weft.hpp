@@ -19,6 +19,7 @@
 #include <weft/placement/node_shared.hpp>
 #include <weft/placement/redistribute.hpp>
 #include <weft/placement/propagation.hpp>
+#include <weft/placement/elementwise.hpp>
 #include <weft/nn/nn.hpp>
 #include <weft/optim/optim.hpp>
 #include <weft/data/corpus.hpp>

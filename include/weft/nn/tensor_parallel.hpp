@@ -69,15 +69,23 @@ class Linear<T, On<Axis, P>> {
   /// only, so the Partial<Sum> result sums to x W + b.
   template <DistributedView X>
   auto forward(const X& x) const {
-    check_input<typename X::template placement_on<Axis>>();
-    using W = BasicDistView<T, dextents<2>, typename X::memory_space, On<Axis, weight_placement>>;
-    using Y = matmul_result_t<X, W>;
-    Y y(weft::detail::internal_tag{}, x.axis_table(), {x.global_extent(0), out_}, local_name() + ".out");
-    local_.forward(x.local(), y.local());
-    // A split row-parallel layer leaves the bias out of its partial sum (one
-    // TP rank of 1 is the whole layer, which has added it already).
-    if (local_.split().kind == LinearSplit::Kind::row && comm_->rank() == 0) local_.add_bias(y.local());
-    return y;
+    // The layer's contract first, and the matmul rule only for inputs that
+    // meet it: a misused layer then reports its own message, not the generic
+    // matmul one about the operands "A" and "B" (whose advice, to
+    // redistribute the layer's internal weight, a layer's user cannot follow).
+    constexpr bool ok = accepts<X>();
+    if constexpr (!ok) {
+      return x;  // not reached: a static_assert in accepts() has failed
+    } else {
+      using W = BasicDistView<T, dextents<2>, typename X::memory_space, On<Axis, weight_placement>>;
+      using Y = matmul_result_t<X, W>;
+      Y y(weft::detail::internal_tag{}, x.axis_table(), {x.global_extent(0), out_}, local_name() + ".out");
+      local_.forward(x.local(), y.local());
+      // A split row-parallel layer leaves the bias out of its partial sum (one
+      // TP rank of 1 is the whole layer, which has added it already).
+      if (local_.split().kind == LinearSplit::Kind::row && comm_->rank() == 0) local_.add_bias(y.local());
+      return y;
+    }
   }
 
   /// Backward of forward(x): parameter gradients accumulate and the input
@@ -87,7 +95,7 @@ class Linear<T, On<Axis, P>> {
   /// that a row-parallel layer needs it Replicate (the reduced gradient).
   template <DistributedView X, DistributedView DY>
   auto backward(const X& x, const DY& dy) {
-    check_input<typename X::template placement_on<Axis>>();
+    constexpr bool input_ok = accepts<X>();
     using PDY = typename DY::template placement_on<Axis>;
     static_assert(!column || std::is_same_v<PDY, Shard<1>>,
                   "weft::nn::Linear<On<Axis, Shard<0>>>::backward (column-parallel): the output gradient must be "
@@ -95,10 +103,14 @@ class Linear<T, On<Axis, P>> {
     static_assert(column || is_replicate_v<PDY>,
                   "weft::nn::Linear<On<Axis, Shard<1>>>::backward (row-parallel): the output gradient must be "
                   "Replicate over the layer's axis (the gradient of the reduced output); redistribute it first");
-    using DX = redistributed_t<X, Axis, std::conditional_t<column, Partial<Sum>, Shard<1>>>;
-    DX dx(weft::detail::internal_tag{}, x.axis_table(), {x.global_extent(0), in_}, local_name() + ".dx");
-    local_.backward(x.local(), dy.local(), dx.local(), false);
-    return dx;
+    if constexpr (!input_ok || !(column ? std::is_same_v<PDY, Shard<1>> : is_replicate_v<PDY>)) {
+      return x;  // not reached: a static_assert above has failed
+    } else {
+      using DX = redistributed_t<X, Axis, std::conditional_t<column, Partial<Sum>, Shard<1>>>;
+      DX dx(weft::detail::internal_tag{}, x.axis_table(), {x.global_extent(0), in_}, local_name() + ".dx");
+      local_.backward(x.local(), dy.local(), dx.local(), false);
+      return dx;
+    }
   }
 
   /// While `work` is non-null, backward() computes the input gradient and the
@@ -116,6 +128,34 @@ class Linear<T, On<Axis, P>> {
 
  private:
   std::string local_name() const { return "weft::nn::Linear"; }
+
+  // The layer's compile-time contract on its input: its placement over Axis
+  // (check_input), and over every other axis it names no split of the input
+  // features (the weight is whole there). Evaluated as a constant, so that
+  // the compiler reports these messages before anything else.
+  template <class X>
+  static constexpr bool accepts() {
+    using PX = typename X::template placement_on<Axis>;
+    check_input<PX>();
+    return std::is_same_v<PX, input_placement> && other_axes_ok(typename X::placements{});
+  }
+  template <class... O>
+  static constexpr bool other_axes_ok(type_list<O...>) {
+    return (true && ... && other_axis_ok<typename O::axis, typename O::placement>());
+  }
+  template <class OtherAxis, class PO>
+  static constexpr bool other_axis_ok() {
+    if constexpr (std::is_same_v<OtherAxis, Axis>) {
+      return true;
+    } else {
+      static_assert(!(is_shard_v<PO> && weft::detail::shard_dim_or_npos<PO>() == 1),
+                    "weft::nn::Linear<On<Axis, Shard<...>>>: the input's features are split (Shard<1>) over a mesh "
+                    "axis other than the layer's (named in the instantiation note), over which the layer's weight "
+                    "is whole. All-gather it over that axis first: weft::redistribute<weft::Replicate>(x, "
+                    "OtherAxis{})");
+      return !(is_shard_v<PO> && weft::detail::shard_dim_or_npos<PO>() == 1);
+    }
+  }
 
   // The layer's compile-time contract on its input's placement over Axis.
   template <class PX>
@@ -141,7 +181,8 @@ class Linear<T, On<Axis, P>> {
                     "weft::nn::Linear<On<Axis, Shard<1>>> (row-parallel) got a Replicate input but needs it Shard<1> "
                     "over its axis (each rank multiplies only its own input features). Feed it the output of a "
                     "column-parallel layer (Linear<T, On<Axis, Shard<0>>>), or slice it first with "
-                    "weft::redistribute<weft::Shard<1>>(x, axis) (no communication)");
+                    "weft::redistribute<weft::Shard<1>>(x, axis) (no communication; the input's type must name the "
+                    "axis, e.g. DistView<T, 2, On<Axis, Replicate>>)");
   }
 
   Comm* comm_;

@@ -246,6 +246,68 @@ struct unary_placement {
 template <class Kind, class P>
 using unary_placement_t = typename unary_placement<Kind, P>::type;
 
+namespace detail {
+// The rules of elementwise_placement and unary_placement as predicates, with
+// no static_assert, so that an operation can test them and say in its own
+// words what is wrong (weft/placement/elementwise.hpp) before any result
+// type is formed.
+template <class Kind, class PA, class PB>
+constexpr bool elementwise_valid() {
+  if constexpr (is_partial_v<PA> || is_partial_v<PB>) {
+    if constexpr (std::is_same_v<Kind, Nonlinear> || is_shard_v<PA> || is_shard_v<PB>) return false;
+    else if constexpr (is_partial_v<PA> && is_partial_v<PB>)
+      return std::is_same_v<PA, PB> && std::is_same_v<Kind, Additive> && linear_partial<PA>();
+    else return !std::is_same_v<Kind, Additive> && (linear_partial<PA>() || linear_partial<PB>());
+  } else {
+    return std::is_same_v<PA, PB>;
+  }
+}
+template <class Kind, class P>
+constexpr bool unary_valid() {
+  if constexpr (is_partial_v<P>) return !std::is_same_v<Kind, Nonlinear> && linear_partial<P>();
+  else return true;
+}
+
+// The placement a bias along the last dimension of a rank-Rank tensor placed
+// PX needs over the same axis (Replicate for Partial PX, which has no valid
+// bias; see bias_placement).
+template <class PX, std::size_t Rank>
+constexpr auto bias_for() {
+  if constexpr (is_shard_v<PX>) {
+    if constexpr (PX::dim + 1 == Rank) return Shard<0>{};
+    else return Replicate{};
+  } else {
+    return Replicate{};
+  }
+}
+template <class PX, class PB, std::size_t Rank>
+constexpr bool bias_valid() {
+  return !is_partial_v<PX> && std::is_same_v<PB, decltype(bias_for<PX, Rank>())>;
+}
+}  // namespace detail
+
+/// The placement over one axis that a bias b (a vector along the last
+/// dimension) needs to be added to a rank-Rank tensor x placed PX, y(..., j)
+/// = x(..., j) + b(j); y keeps PX:
+///   Replicate, or Shard<D> over a leading dimension -> b Replicate (every rank holds every feature)
+///   Shard<Rank-1> (the features split)             -> b Shard<0> (the same slice of the bias)
+///   Partial<Op>                                    -> no bias: it would be added once per rank
+/// A Partial PX is a compile error that says to reduce x first.
+template <class PX, std::size_t Rank>
+struct bias_placement {
+  static_assert(Placement<PX>, "weft::bias_placement: the placement must be Shard<D>, Replicate or Partial<Op>");
+  static_assert(!is_partial_v<PX>,
+                "weft::bias_placement: a bias added to a Partial tensor is added once per rank of the axis, so the "
+                "reduced sum holds it as many times as the axis has ranks. Redistribute the tensor to Replicate "
+                "(all-reduce) or to Shard<D> (reduce-scatter) first.");
+  /// The placement the bias needs.
+  using type = decltype(detail::bias_for<PX, Rank>());
+};
+
+/// The placement over one axis that a bias of a rank-Rank tensor placed PX needs.
+template <class PX, std::size_t Rank>
+using bias_placement_t = typename bias_placement<PX, Rank>::type;
+
 // --------------------------------------------------------------- reductions
 
 /// The placement over one axis of a reduction with Op (Sum, Max, Min, Avg

@@ -63,11 +63,30 @@ struct front_axis<type_list<First, Rest...>> {
   using type = typename First::axis;
 };
 
+// Whether the placements name Axis. A DistView's type knows only the axes it
+// names (its mesh's other axes are known at run time only), so a step over
+// another axis is refused at compile time: over an axis the mesh lacks, a
+// Shard target would fail at run time and a Replicate one silently do
+// nothing. The axis and the placements are this function's template
+// arguments, which the compiler's instantiation note prints.
+template <class Axis, class... Ons>
+constexpr bool axis_is_placed(type_list<Ons...>) {
+  static_assert(axis_position<Axis, Ons...>() != npos,
+                "weft::redistribute: the tensor is not placed over the axis passed (Axis in the instantiation note; "
+                "the axes it is placed over are the On<...> list Ons there). A DistView's type knows only the axes "
+                "it names, so it cannot tell whether its mesh has this one: redistribute<Shard<D>> over an axis the "
+                "mesh lacks would fail at run time, and redistribute<Replicate> would silently do nothing. Pass one "
+                "of the tensor's axes; if the mesh has this axis and the tensor is replicated over it, name the axis "
+                "in the tensor's type: weft::On<Axis, weft::Replicate>.");
+  return axis_position<Axis, Ons...>() != npos;
+}
+
 // Every compile-time rule of one redistribution step over Axis. The messages
 // name both placements, because the step's From and To are what the user sees.
 template <class DV, class Axis, class To>
 constexpr bool check_step() {
   static_assert(AxisTag<Axis>, "weft::redistribute: the axis must be a mesh axis tag such as weft::TP");
+  [[maybe_unused]] constexpr bool placed = axis_is_placed<Axis>(typename DV::placements{});
   static_assert(Placement<To>,
                 "weft::redistribute<To>: To must be weft::Shard<D>, weft::Replicate or weft::Partial<Op> (or, for "
                 "the multi-axis form, a list of weft::On<Axis, P>)");
@@ -586,7 +605,10 @@ class Pending {
 /// from (From, To): Shard->Replicate all-gather, Partial->Replicate
 /// all-reduce, Partial->Shard reduce-scatter, Shard<i>->Shard<j> all-to-all,
 /// Replicate->Shard a local slice, equal placements nothing (the result shares
-/// x's data). Collective over the axis.
+/// x's data). Collective over the axis. Axis must be one of the axes x's
+/// type names (On<Axis, P>; On<Axis, weft::Replicate> for a replicated
+/// tensor to be sliced): any other does not compile, in every form that takes
+/// an axis tag, because the type cannot tell whether the mesh has it.
 ///   auto y = weft::redistribute<weft::Replicate>(x, weft::TP{});
 template <Placement To, DistributedView DV, AxisTag Axis>
 redistributed_t<DV, Axis, To> redistribute(const DV& x, Axis) {
