@@ -92,10 +92,10 @@ class ResidualMLP {
 
   void forward(const Matrix& x, const Matrix& y, Saved& s) {
     const Rep X(*mesh_, {x.extent(0), width_}, x);
-    s.h = up_.forward(X);                                        // Shard<1>: this rank's hidden units
-    weft::ops::gelu_forward(s.h.local(), s.a.local());
+    s.h = up_.forward(X);   // Shard<1>: this rank's hidden units
+    s.a = weft::gelu(s.h);  // element-wise on a Shard: allowed (on the Partial output of down_ it would not compile)
     auto r = weft::redistribute<weft::Replicate>(down_.forward(s.a), weft::TP{});  // Partial<Sum> -> all-reduce
-    add(x, r.local(), y);
+    Kokkos::deep_copy(y, weft::add(X, r).local());  // the residual: Replicate + Replicate
   }
 
   void backward(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s) { run_backward(x, dy, dx, s, nullptr); }
@@ -117,17 +117,10 @@ class ResidualMLP {
     auto da = down_.backward(s.a, DY);                           // Shard<1>
     weft::ops::gelu_backward(da.local(), s.h.local(), da.local());
     auto dr = weft::redistribute<weft::Replicate>(up_.backward(X, da), weft::TP{});  // Partial<Sum> -> all-reduce
-    add(dy, dr.local(), dx);
+    Kokkos::deep_copy(dx, weft::add(DY, dr).local());
     up_.defer_weight_gradients(nullptr);
     down_.defer_weight_gradients(nullptr);
   }
-  template <class A, class B>
-  static void add(const A& a, const B& b, const Matrix& out) {
-    Kokkos::parallel_for(
-        "custom_model.residual", Kokkos::MDRangePolicy<Space, Kokkos::Rank<2>>({0, 0}, {out.extent(0), out.extent(1)}),
-        KOKKOS_LAMBDA(std::size_t i, std::size_t j) { out(i, j) = a(i, j) + b(i, j); });
-  }
-
   MeshT* mesh_;
   std::size_t width_, hidden_;
   Up up_;
