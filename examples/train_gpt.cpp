@@ -80,6 +80,7 @@ struct Options {
   std::string compare;  // a run record whose loss curve this run must follow (--baseline, alias --compare)
   bool check_only = false;  // --check: validate the flags and exit without training
   double tolerance = 1e-5;
+  weft::parallel::DPMode dp_mode = weft::parallel::DPMode::replicate;  // --dp: selects the compiled DP policy type
   weft::parallel::DPOptions dp_options;
 };
 
@@ -222,7 +223,7 @@ Options parse(int argc, char** argv) {
       {"--compare", [&](const std::string& v) { o.compare = v; }},
       {"--baseline", [&](const std::string& v) { o.compare = v; }},
       {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v, true); }},
-      {"--dp", [&](const std::string& v) { o.dp_options.mode = weft::parallel::parse_dp_mode(v); }},
+      {"--dp", [&](const std::string& v) { o.dp_mode = weft::parallel::parse_dp_mode(v); }},
       {"--bucket-mb", [&](const std::string& v) { o.dp_options.bucket_mb = parse_real("--bucket-mb", v, true); }},
       {"--optimizer",
        [&](const std::string& v) {
@@ -309,33 +310,60 @@ const char* name_of(weft::nn::NormKind k) { return k == weft::nn::NormKind::laye
 const char* name_of(weft::nn::MlpKind k) { return k == weft::nn::MlpKind::gelu ? "gelu" : "swiglu"; }
 const char* name_of(weft::nn::PositionKind k) { return k == weft::nn::PositionKind::learned ? "learned" : "rotary"; }
 
-// The pipeline as train() sees it (the model of the pipeline path): this
-// rank's stage and the executor of its schedule over the PP axis, and the
-// stage boundaries for the record.
-template <class Ex>
-struct PipelineJob {
-  Ex& ex;
-  std::string stages;  // blocks per virtual stage
-  const weft::nn::GPTConfig& config() const { return ex.stage().config(); }
-  auto parameter_groups() { return ex.stage().parameter_groups(); }
-  weft::metrics::MemoryLedger memory() { return ex.stage().memory(); }
-  const weft::nn::TensorParallel& tensor_parallel() const { return ex.stage().tensor_parallel(); }
+// One run as train() sees it, whatever strategy type it was built from: the
+// strategy's name, its communicators, one optimizer step and the memory
+// ledgers. train() is compiled once; only the code that builds the model,
+// DataParallel and the executor of each strategy in the table is
+// instantiated per strategy (see the strategy table below).
+struct Job {
+  const weft::nn::GPTConfig* config = nullptr;
+  std::string strategy;        // weft::Strategy<...>::name()
+  std::string model_name;      // "weft GPT (nn::GPT)" or "weft GPT (pipeline::Stage)"
+  weft::parallel::DPMode dp_mode = weft::parallel::DPMode::replicate;
+  bool sequence_parallel = false;
+  weft::Comm* dp = nullptr;    // the DP axis
+  weft::Comm* pp = nullptr;    // the PP axis (null without a pipeline)
+  std::string schedule, stages;  // pipeline: the schedule's name, blocks per virtual stage
+  int microbatches = 1;
+  double bubble = 0;           // pipeline: the schedule's analytic bubble
+  std::size_t parameters = 0;  // elements of this rank's share of the model
+  std::function<weft::optim::StepResult(std::size_t step, double lr, weft::metrics::Profiler* prof)> step;
+  std::function<weft::metrics::MemoryLedger()> model_memory, dp_memory, opt_memory;
 };
 
-// Trains `gpt` (the whole model, split over tp: nn::GPT; or this rank's
-// pipeline stage: PipelineJob) and writes the run record; one code path for
-// every mesh, so a pipeline run's record has the same fields (memory per
-// rank by category included) as a data-parallel one's.
-template <class Opt, class Model>
-int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Space>& dp, Opt& opt,
-          weft::Comm& tpc,
-          const weft::data::TokenStream& stream, const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram,
+// The optimizer --optimizer names, behind one type: the optimizer is not part
+// of the strategy, so the strategy table is not multiplied by it.
+class AnyOptimizer {
+ public:
+  AnyOptimizer(const std::string& name, const std::vector<weft::nn::Parameter<float, Space>*>& params,
+               double weight_decay, double momentum) {
+    if (name == "adamw")
+      adamw_ = std::make_unique<weft::optim::AdamW<float, Space>>(params, weft::optim::AdamWOptions{.weight_decay = weight_decay});
+    else
+      sgd_ = std::make_unique<weft::optim::SGD<float, Space>>(
+          params, weft::optim::SGDOptions{.momentum = momentum, .weight_decay = weight_decay});
+  }
+  void step(double lr) {
+    if (adamw_) adamw_->step(lr);
+    else sgd_->step(lr);
+  }
+  weft::metrics::MemoryLedger memory() const { return adamw_ ? adamw_->memory() : sgd_->memory(); }
+
+ private:
+  std::unique_ptr<weft::optim::AdamW<float, Space>> adamw_;
+  std::unique_ptr<weft::optim::SGD<float, Space>> sgd_;
+};
+
+// Trains the job (the whole model, split over tp: nn::GPT; or this rank's
+// pipeline stage) and writes the run record; one code path for every mesh,
+// so a pipeline run's record has the same fields (memory per rank by
+// category included) as a data-parallel one's.
+int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram,
           const std::string& data_name) {
-  constexpr bool pipelined = requires { gpt.ex; };
-  const auto& c = gpt.config();
-  weft::Comm& comm = dp.comm();
-  weft::Comm* ppc = nullptr;  // the pipeline axis
-  if constexpr (pipelined) ppc = &gpt.ex.comm();
+  const bool pipelined = job.pp != nullptr;
+  const auto& c = *job.config;
+  weft::Comm& comm = *job.dp;
+  weft::Comm* ppc = job.pp;  // the pipeline axis
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   const bool root = world_rank == 0;
@@ -344,32 +372,29 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
   // The MFU yardstick: the best float gemm of the model's own MLP shape and a square one, measured now.
   const auto peak = weft::metrics::measure_sgemm_peak<Space>({{c.tokens(), 4 * c.d_model, c.d_model}, {512, 512, 512}}, 3);
   const double flops_per_token = c.flops_per_token();
-  std::size_t nparams = 0;  // of one TP rank's share of the model (the whole model at tp = 1)
-  for (auto& g : gpt.parameter_groups())
-    for (auto* p : g) nparams += p->size();
+  std::size_t nparams = job.parameters;  // of one TP rank's share of the model (the whole model at tp = 1)
   if (ppc) {  // every stage holds different layers
     Kokkos::View<std::size_t*, Kokkos::HostSpace> v("nparams", 1);
     v(0) = nparams;
     ppc->all_reduce(v);
     nparams = v(0);
   }
-  [[maybe_unused]] double bubble = 0;
-  if constexpr (pipelined)
-    bubble = std::remove_reference_t<decltype(gpt.ex)>::schedule_type::bubble_fraction(npp, gpt.ex.microbatches(), {});
+  const double bubble = job.bubble;
   if (root) {
     std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
                 nparams, flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
-    if constexpr (pipelined)
+    std::printf("train_gpt: strategy %s\n", job.strategy.c_str());
+    if (pipelined)
       std::printf("train_gpt: mesh dp=%d (%s) x pp=%d x tp=%d%s, schedule %s, %d microbatches of %zu sequences per dp rank, "
                   "stages (blocks per virtual stage) %s, analytic bubble %.3f\n",
-                  ndp, weft::parallel::to_string(dp.mode()), npp, ntp, gpt.tensor_parallel().sp() ? " (sequence parallel)" : "",
-                  gpt.ex.schedule().c_str(), gpt.ex.microbatches(), c.batch, gpt.stages.c_str(), bubble);
+                  ndp, weft::parallel::to_string(job.dp_mode), npp, ntp, job.sequence_parallel ? " (sequence parallel)" : "",
+                  job.schedule.c_str(), job.microbatches, c.batch, job.stages.c_str(), bubble);
     else if (ntp == 1)
       std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp,
-                  weft::parallel::to_string(dp.mode()), c.batch);
+                  weft::parallel::to_string(job.dp_mode), c.batch);
     else
       std::printf("train_gpt: mesh dp=%d (%s) x tp=%d%s, %zu sequences per data-parallel rank per microbatch\n", ndp,
-                  weft::parallel::to_string(dp.mode()), ntp, gpt.tensor_parallel().sp() ? " (sequence parallel)" : "",
+                  weft::parallel::to_string(job.dp_mode), ntp, job.sequence_parallel ? " (sequence parallel)" : "",
                   c.batch);
     std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s per rank\n", bt.threads, bt.reason.c_str(),
                 peak.wall * 1e-9);
@@ -383,7 +408,6 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
   comm.reset_stats();
   tpc.reset_stats();
   if (ppc) ppc->reset_stats();
-  weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("targets", c.tokens());
   std::vector<double> losses, norms, walls, cpus;
   weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
   weft::CommStats warm_stats;    // communication during the warm-up steps (excluded from the steady figures)
@@ -395,11 +419,7 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
     Kokkos::fence();
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = weft::metrics::process_cpu_seconds();
-    weft::optim::StepResult r;
-    if constexpr (pipelined)
-      r = weft::pipeline::train_step(gpt.ex, &dp, opt, stream, s, o.batch, lr, o.clip);
-    else
-      r = weft::parallel::train_step(gpt, dp, opt, stream, s, o.batch, o.microbatches, ids, tg, lr, o.clip, &prof);
+    const weft::optim::StepResult r = job.step(s, lr, &prof);
     Kokkos::fence();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     cpus.push_back(weft::metrics::process_cpu_seconds() - c0);
@@ -433,12 +453,12 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
   // Memory per category on every rank (sharded modes differ by rank).
   using C = weft::metrics::MemoryCategory;
   const C cats[] = {C::parameters, C::gradients, C::optimizer_state, C::activations, C::buffers};
-  auto mem = gpt.memory();
+  auto mem = job.model_memory();
   weft::metrics::MemoryLedger ledger;
   for (const auto& item : mem.items())  // parameters and gradients are owned by the data-parallel engine
     if (item.category != C::parameters && item.category != C::gradients) ledger.add(item.category, item.label, item.bytes);
-  ledger.merge(dp.memory());
-  ledger.merge(opt.memory());
+  ledger.merge(job.dp_memory());
+  ledger.merge(job.opt_memory());
   // The planner splits buffers into communication (the data-parallel engine's
   // collective staging) and temporary (everything else: scratch, gathered groups).
   std::size_t comm_buffers = 0;
@@ -584,7 +604,7 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
     rec.set("record_version", 1);
     rec.set("program", "train_gpt").set("weft_version", WEFT_VERSION_STRING).set("git_commit", WEFT_BUILD_COMMIT);
     rec.set("model", Json::object()
-                         .set("name", pipelined ? "weft GPT (pipeline::Stage)" : "weft GPT (nn::GPT)").set("parameters", Json(nparams))
+                         .set("name", job.model_name).set("parameters", Json(nparams))
                          .set("matmul_parameters", c.matmul_params()).set("layers", Json(c.layers))
                          .set("d_model", Json(c.d_model)).set("heads", Json(c.heads)).set("kv_heads", Json(c.kv()))
                          .set("ffn_hidden", Json(c.hidden())).set("vocab", Json(c.vocab)).set("seq", Json(c.seq))
@@ -600,11 +620,10 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
                           .set("data", data_name).set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp))
                           .set("position", name_of(c.position)).set("recompute", c.recompute).set("dtype", "float32"));
     Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", 1).set("ep", 1).set("world_size", world)
-                    .set("sequence_parallel", gpt.tensor_parallel().sp())
-                    .set("dp_mode", weft::parallel::to_string(dp.mode())).set("bucket_mb", o.dp_options.bucket_mb)
+                    .set("sequence_parallel", job.sequence_parallel).set("strategy", job.strategy)
+                    .set("dp_mode", weft::parallel::to_string(job.dp_mode)).set("bucket_mb", o.dp_options.bucket_mb)
                     .set("overlap", o.dp_options.overlap);
-    if constexpr (pipelined)
-      mesh.set("schedule", gpt.ex.schedule()).set("stages", gpt.stages).set("bubble_analytic", bubble);
+    if (pipelined) mesh.set("schedule", job.schedule).set("stages", job.stages).set("bubble_analytic", bubble);
     rec.set("mesh", mesh);
     rec.set("runtime", Json::object()
                            .set("execution_space", Space::name()).set("kokkos_version", Json(KOKKOS_VERSION))
@@ -699,10 +718,13 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
 // layers (split over the TP axis when tp > 1), data parallelism over the DP
 // axis, the schedule's executor over the PP axis; the mesh is DP x PP x TP
 // with TP innermost, so a stage's TP group is consecutive ranks.
-template <class Sched, class LayerPolicy>
+template <class Strat>
 int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
                       const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+  using Sched = weft::strategy_schedule_t<Strat>;
+  using DPPolicy = typename Strat::data_parallel;
   weft::Mesh<weft::DP, weft::PP, weft::TP> mesh(env.world(), {.dp = ndp, .pp = o.pp, .tp = o.tp});
+  weft::validate_strategy<Strat>(mesh, o.model.heads);
   Sched::check(o.pp, int(o.microbatches));
   const std::size_t L = o.model.layers, S = std::size_t(o.pp * Sched::chunks);
   const auto spec = weft::pipeline::parse_stage_spec(o.stages);
@@ -737,28 +759,126 @@ int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const w
                   weft::pipeline::slowest_stage(weft::pipeline::equal_partition(L, S), u) * 1e3);
     }
   }
-  weft::pipeline::GPTStage<float, Space, LayerPolicy> stage(mesh, o.model, part, Sched::chunks);
-  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), o.dp_options);
+  weft::pipeline::Stage<float, Strat> stage(mesh, o.model, part, Sched::chunks);
+  weft::parallel::DPOptions dpo = o.dp_options;
+  dpo.mode = DPPolicy::mode;
+  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), dpo);
   stage.set_hooks(&dp);
   weft::pipeline::Executor ex(stage, mesh.axis<weft::PP>(), weft::Pipeline<Sched>(o.pp, int(o.microbatches)));
-  PipelineJob<decltype(ex)> job{ex, part.to_string(L)};
-  if (o.optimizer == "adamw") {
-    weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters(), {.weight_decay = o.weight_decay});
-    return train(o, job, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
-  }
-  weft::optim::SGD<float, Space> opt(dp.optimizer_parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
-  return train(o, job, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
+  AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
+  Job job;
+  job.config = &stage.config();
+  job.strategy = Strat::name();
+  job.model_name = "weft GPT (pipeline::Stage)";
+  job.dp_mode = DPPolicy::mode;
+  job.sequence_parallel = Strat::sequence_parallel;
+  job.dp = &mesh.axis<weft::DP>();
+  job.pp = &mesh.axis<weft::PP>();
+  job.schedule = weft::pipeline::schedule_name<Sched>();
+  job.stages = part.to_string(L);
+  job.microbatches = int(o.microbatches);
+  job.bubble = Sched::bubble_fraction(o.pp, int(o.microbatches), {});
+  for (auto* p : stage.parameters()) job.parameters += p->size();
+  job.step = [&](std::size_t step, double lr, weft::metrics::Profiler*) {
+    return weft::pipeline::train_step(ex, &dp, opt, stream, step, o.batch, lr, o.clip);
+  };
+  job.model_memory = [&] { return stage.memory(); };
+  job.dp_memory = [&] { return dp.memory(); };
+  job.opt_memory = [&] { return opt.memory(); };
+  return train(o, job, mesh.axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
 }
 
-// The pipeline path's compiled schedules and layer policies, chosen by --schedule and --sequence-parallel.
-int run_pipeline(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
-                 const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
-  return weft::pipeline::visit_schedule(o.schedule, [&]<class Sch>(std::type_identity<Sch>) {
-    if (o.tp == 1) return run_pipeline_with<Sch, weft::NoPolicy>(o, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
-    if (o.sequence_parallel)
-      return run_pipeline_with<Sch, weft::TensorParallel<weft::SequenceParallel>>(o, env, ndp, stream, bt, ranks_per_node,
-                                                                                   unigram, data_name);
-    return run_pipeline_with<Sch, weft::TensorParallel<>>(o, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
+// Without a pipeline: nn::GPT split as S's TP policy says, DataParallel of S's DP policy.
+template <class S>
+int run_data_tensor(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
+                    const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+  using DPPolicy = typename S::data_parallel;
+  weft::Mesh<weft::DP, weft::TP> mesh(env.world(), ndp, o.tp);
+  weft::validate_strategy<S>(mesh, o.model.heads);
+  weft::nn::GPT<float, Space> gpt(o.model, {&mesh.axis<weft::TP>(), S::sequence_parallel});
+  weft::parallel::DPOptions dpo = o.dp_options;
+  dpo.mode = DPPolicy::mode;
+  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), dpo);
+  gpt.set_hooks(&dp);
+  AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
+  weft::ops::Tokens<Space> ids("ids", o.model.tokens()), tg("targets", o.model.tokens());
+  Job job;
+  job.config = &gpt.config();
+  job.strategy = S::name();
+  job.model_name = "weft GPT (nn::GPT)";
+  job.dp_mode = DPPolicy::mode;
+  job.sequence_parallel = S::sequence_parallel;
+  job.dp = &mesh.axis<weft::DP>();
+  for (auto* p : gpt.parameters()) job.parameters += p->size();
+  job.step = [&](std::size_t step, double lr, weft::metrics::Profiler* prof) {
+    return weft::parallel::train_step(gpt, dp, opt, stream, step, o.batch, o.microbatches, ids, tg, lr, o.clip, prof);
+  };
+  job.model_memory = [&] { return gpt.memory(); };
+  job.dp_memory = [&] { return dp.memory(); };
+  job.opt_memory = [&] { return opt.memory(); };
+  return train(o, job, mesh.axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
+}
+
+// ---------------------------------------------------------------------------
+// The table of compiled strategies. A run-time flag selects among them here
+// and nowhere else: --dp picks the DP policy, tp and --sequence-parallel the
+// TP policy, --schedule (with pp > 1) the pipeline's. Every DP mode combines
+// with every TP choice, with and without each compiled schedule.
+
+// The schedules compiled into train_gpt.
+constexpr const char* kCompiledSchedules = "gpipe, 1f1b, interleaved:2, interleaved:4 and zb";
+
+template <class D, class TPPolicy, class Sched>
+struct StrategyOf {
+  using type = weft::Strategy<weft::On<weft::DP, D>, weft::On<weft::PP, weft::Pipeline<Sched>>, weft::On<weft::TP, TPPolicy>>;
+};
+template <class D, class TPPolicy>
+struct StrategyOf<D, TPPolicy, void> {
+  using type = weft::Strategy<weft::On<weft::DP, D>, weft::On<weft::TP, TPPolicy>>;
+};
+template <class D, class Sched>
+struct StrategyOf<D, weft::NoPolicy, Sched> {
+  using type = weft::Strategy<weft::On<weft::DP, D>, weft::On<weft::PP, weft::Pipeline<Sched>>>;
+};
+template <class D>
+struct StrategyOf<D, weft::NoPolicy, void> {
+  using type = weft::Strategy<weft::On<weft::DP, D>>;
+};
+
+// Calls f(std::type_identity<S>{}) with the compiled strategy the flags name.
+template <class F>
+int pick_strategy(const Options& o, F&& f) {
+  auto with_dp = [&](auto g) -> int {
+    switch (o.dp_mode) {
+      case weft::parallel::DPMode::replicate: return g(std::type_identity<weft::Replicated>{});
+      case weft::parallel::DPMode::zero1: return g(std::type_identity<weft::ZeRO<1>>{});
+      case weft::parallel::DPMode::zero2: return g(std::type_identity<weft::ZeRO<2>>{});
+      case weft::parallel::DPMode::fsdp: return g(std::type_identity<weft::FullyShard>{});
+    }
+    return 2;
+  };
+  auto with_tp = [&](auto g) -> int {
+    if (o.tp == 1) return g(std::type_identity<weft::NoPolicy>{});
+    if (o.sequence_parallel) return g(std::type_identity<weft::TensorParallel<weft::SequenceParallel>>{});
+    return g(std::type_identity<weft::TensorParallel<>>{});
+  };
+  auto with_schedule = [&](auto g) -> int {
+    if (o.pp == 1) return g(std::type_identity<void>{});
+    if (o.schedule == "gpipe") return g(std::type_identity<weft::GPipe>{});
+    if (o.schedule == "1f1b") return g(std::type_identity<weft::OneFOneB>{});
+    if (o.schedule == "interleaved:2") return g(std::type_identity<weft::Interleaved1F1B<2>>{});
+    if (o.schedule == "interleaved:4") return g(std::type_identity<weft::Interleaved1F1B<4>>{});
+    if (o.schedule == "zb") return g(std::type_identity<weft::ZeroBubble>{});
+    weft::detail::throw_error<ConfigError>("--schedule ", o.schedule, ": this schedule is not compiled into train_gpt; the compiled "
+                                           "strategies are every --dp mode x (no TP, TP, TP with --sequence-parallel) x (no "
+                                           "pipeline, or pp > 1 with --schedule ", kCompiledSchedules, ")");
+  };
+  return with_dp([&]<class D>(std::type_identity<D>) {
+    return with_tp([&]<class TPPolicy>(std::type_identity<TPPolicy>) {
+      return with_schedule([&]<class Sched>(std::type_identity<Sched>) {
+        return f(std::type_identity<typename StrategyOf<D, TPPolicy, Sched>::type>{});
+      });
+    });
   });
 }
 
@@ -781,11 +901,13 @@ int run(int argc, char** argv, weft::Environment& env) {
     m.validate_tensor_parallel(std::size_t(ntp), o.sequence_parallel);
     WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
                  "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
-    if (o.pp > 1)
-      weft::pipeline::visit_schedule(o.schedule, [&]<class Sch>(std::type_identity<Sch>) { Sch::check(o.pp, int(o.microbatches)); });
+    pick_strategy(o, [&]<class S>(std::type_identity<S>) {
+      if constexpr (S::pipelined) weft::strategy_schedule_t<S>::check(o.pp, int(o.microbatches));
+      return 0;
+    });
     if (env.world().rank() == 0)
       std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks\n",
-                  n, ntp, o.pp, weft::parallel::to_string(o.dp_options.mode), m.batch, n * ntp * o.pp);
+                  n, ntp, o.pp, weft::parallel::to_string(o.dp_mode), m.batch, n * ntp * o.pp);
     return 0;
   }
   const int model_ranks = ntp * o.pp;  // ranks that hold one copy of the model
@@ -818,17 +940,10 @@ int run(int argc, char** argv, weft::Environment& env) {
                " bytes, fewer than --seq + 1 = ", o.model.seq + 1, "; use a longer file or a shorter --seq");
   const double unigram = weft::data::unigram_entropy(bytes);
   weft::data::TokenStream stream(bytes, opts.model.seq, opts.model.seed);
-  if (o.pp > 1) return run_pipeline(opts, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
-  weft::Mesh<weft::DP, weft::TP> mesh(env.world(), ndp, ntp);
-  weft::nn::GPT<float, Space> gpt(opts.model, {&mesh.axis<weft::TP>(), o.sequence_parallel});
-  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), opts.dp_options);
-  gpt.set_hooks(&dp);
-  if (o.optimizer == "adamw") {
-    weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters(), {.weight_decay = o.weight_decay});
-    return train(opts, gpt, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
-  }
-  weft::optim::SGD<float, Space> opt(dp.optimizer_parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
-  return train(opts, gpt, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
+  return pick_strategy(opts, [&]<class S>(std::type_identity<S>) {
+    if constexpr (S::pipelined) return run_pipeline_with<S>(opts, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
+    else return run_data_tensor<S>(opts, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
+  });
 }
 
 }  // namespace
