@@ -20,6 +20,7 @@
 #include <weft/nn/layer.hpp>
 #include <weft/nn/parameter.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
+#include <weft/parallel/pipeline/slots.hpp>
 
 namespace weft::pipeline {
 
@@ -159,36 +160,18 @@ class LayerStage {
 
   /// The slot of (microbatch, chunk), created (or taken from the pool) on first use.
   Slot& slot(int mb, int c) {
-    auto key = std::make_pair(mb, c);
-    auto it = live_.find(key);
-    if (it != live_.end()) return *it->second;
-    auto& pool = pool_[std::size_t(c)];
-    std::unique_ptr<Slot> s;
-    if (!pool.empty()) {
-      s = std::move(pool.back());
-      pool.pop_back();
-    } else {
-      s = make_slot(chunks_.at(std::size_t(c)));
-    }
-    Slot& ref = *s;
-    live_.emplace(key, std::move(s));
-    peak_live_ = std::max(peak_live_, live_.size());
-    return ref;
+    return slots_.get(mb, c, [&] { return make_slot(chunks_.at(std::size_t(c))); });
   }
   /// Whether (microbatch, chunk) has a slot.
-  bool has_slot(int mb, int c) const { return live_.count(std::make_pair(mb, c)) != 0; }
+  bool has_slot(int mb, int c) const { return slots_.has(mb, c); }
   /// Returns the slot to the pool (its requests must be complete).
-  void release(int mb, int c) {
-    auto it = live_.find(std::make_pair(mb, c));
-    if (it == live_.end()) return;
-    it->second->deferred.clear();
-    pool_[std::size_t(c)].push_back(std::move(it->second));
-    live_.erase(it);
-  }
-  /// Most slots held at once so far.
-  std::size_t peak_slots() const { return peak_live_; }
+  void release(int mb, int c) { slots_.release(mb, c); }
+  /// Drops every slot (after a failed step).
+  void release_all() { slots_.release_all(); }
+  /// Most slots held at once so far (all chunks).
+  std::size_t peak_slots() const { return slots_.peak(); }
   /// Slots held now.
-  std::size_t live_slots() const { return live_.size(); }
+  std::size_t live_slots() const { return slots_.live(); }
 
   /// Forward of microbatch `mb` on chunk c, from batch(mb) (input chunk) or
   /// the received xs[0] to xs.back() or, on the loss chunk, to the loss;
@@ -287,13 +270,11 @@ class LayerStage {
       act += slot_bytes(s, chunks_[c]);
       deferred += s.deferred.bytes();
     };
-    for (auto& [key, s] : live_) add(*s, std::size_t(key.second));
-    for (auto& [c, pool] : pool_)
-      for (auto& s : pool) add(*s, c);
+    slots_.for_each(add);
     m.add(C::activations, "pipeline.slots", act);
     if (deferred) m.add(C::activations, "pipeline.deferred_output_gradients", deferred);
     m.add(C::buffers, "pipeline.backward_workspace", nn::detail::bytes_of(g_[0]) * 2);
-    if (send_buffers_) m.add(C::buffers, "pipeline.send_buffers", send_buffers_ * model_.rows() * model_.width() * sizeof(T));
+    if (send_.count()) m.add(C::buffers, "pipeline.send_buffers", send_.count() * model_.rows() * model_.width() * sizeof(T));
     return m;
   }
 
@@ -303,20 +284,13 @@ class LayerStage {
     bool sends_gradients = false;
     for (const auto& k : chunks_) sends_gradients = sends_gradients || !k.input;
     if (!sends_gradients) return;
-    for (; send_buffers_ < n; ++send_buffers_) spare_send_.emplace_back("pipeline.send_buffer", model_.rows(), model_.width());
+    send_.reserve(n, model_.rows(), model_.width());
   }
   /// A buffer of one input-gradient message for a send that outlives its slot.
-  Matrix take_send_buffer() {
-    if (spare_send_.empty()) {
-      ++send_buffers_;
-      return Matrix("pipeline.send_buffer", model_.rows(), model_.width());
-    }
-    Matrix m = spare_send_.back();
-    spare_send_.pop_back();
-    return m;
-  }
-  /// Returns a buffer whose send has completed, for reuse.
-  void return_send_buffer(const Matrix& m) { spare_send_.push_back(m); }
+  Matrix take_send_buffer() { return send_.take(model_.rows(), model_.width()); }
+  /// Returns a buffer from take_send_buffer() (or a slot's, which it
+  /// replaced) whose send has completed, for reuse.
+  void return_send_buffer(const Matrix& m) { send_.give(m); }
 
  private:
   static constexpr std::size_t no_group = std::size_t(-1);
@@ -367,12 +341,9 @@ class LayerStage {
   nn::GroupHooks* hooks_ = nullptr;
   std::function<void()> progress_;
   std::vector<Batch> batches_;
-  std::map<std::pair<int, int>, std::unique_ptr<Slot>> live_;
-  std::map<std::size_t, std::vector<std::unique_ptr<Slot>>> pool_;
-  std::size_t peak_live_ = 0;
+  detail::SlotPool<Slot> slots_;
   std::size_t root_chunks_done_ = 0;
-  std::vector<Matrix> spare_send_;
-  std::size_t send_buffers_ = 0;
+  detail::SendBuffers<Matrix> send_;
 };
 
 }  // namespace weft::pipeline

@@ -33,6 +33,7 @@
 #include <weft/nn/tp_comm.hpp>
 #include <weft/ops/cross_entropy.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
+#include <weft/parallel/pipeline/slots.hpp>
 #include <weft/parallel/strategy.hpp>
 
 namespace weft::pipeline {
@@ -283,42 +284,18 @@ class GPTStage {
 
   /// The slot of (microbatch, chunk), created (or taken from the pool) on first use.
   Slot& slot(int mb, int c) {
-    auto key = std::make_pair(mb, c);
-    auto it = live_.find(key);
-    if (it != live_.end()) return *it->second;
-    auto& pool = pool_[std::size_t(c)];
-    std::unique_ptr<Slot> s;
-    if (!pool.empty()) {
-      s = std::move(pool.back());
-      pool.pop_back();
-    } else {
-      s = make_slot(chunks_.at(std::size_t(c)));
-    }
-    Slot& ref = *s;
-    live_.emplace(key, std::move(s));
-    peak_live_ = std::max(peak_live_, live_.size());
-    return ref;
+    return slots_.get(mb, c, [&] { return make_slot(chunks_.at(std::size_t(c))); });
   }
   /// Whether (microbatch, chunk) has a slot.
-  bool has_slot(int mb, int c) const { return live_.count(std::make_pair(mb, c)) != 0; }
+  bool has_slot(int mb, int c) const { return slots_.has(mb, c); }
   /// Returns the slot to the pool (its requests must be complete).
-  void release(int mb, int c) {
-    auto it = live_.find(std::make_pair(mb, c));
-    if (it == live_.end()) return;
-    it->second->deferred.clear();
-    pool_[std::size_t(c)].push_back(std::move(it->second));
-    live_.erase(it);
-  }
+  void release(int mb, int c) { slots_.release(mb, c); }
   /// Drops every slot (after a failed step).
-  void release_all() {
-    std::vector<std::pair<int, int>> keys;
-    for (auto& [k, s] : live_) keys.push_back(k);
-    for (auto& k : keys) release(k.first, k.second);
-  }
+  void release_all() { slots_.release_all(); }
   /// Most slots held at once so far (all chunks).
-  std::size_t peak_slots() const { return peak_live_; }
+  std::size_t peak_slots() const { return slots_.peak(); }
   /// Slots held now.
-  std::size_t live_slots() const { return live_.size(); }
+  std::size_t live_slots() const { return slots_.live(); }
 
   /// Forward of microbatch `mb` on chunk c: from ids (first virtual stage) or
   /// from the slot's xs[0] (received) to xs.back() (to send) or, on the head
@@ -442,21 +419,18 @@ class GPTStage {
     metrics::MemoryLedger m;
     for (auto* p : parameters()) nn::detail::account(m, *p);
     using C = metrics::MemoryCategory;
-    std::size_t act = 0;
-    for (auto& [k, s] : live_) act += slot_bytes(*s);
-    for (auto& [chunk, pool] : pool_)
-      for (auto& s : pool) act += slot_bytes(*s);
-    m.add(C::activations, "pipeline.slots", act);
     // Split backwards (zb): the copies of output gradients that deferred
     // weight-gradient gemms read, pooled per slot.
-    std::size_t deferred = 0;
-    for (auto& [k, s] : live_) deferred += s->deferred.bytes();
-    for (auto& [chunk, pool] : pool_)
-      for (auto& s : pool) deferred += s->deferred.bytes();
+    std::size_t act = 0, deferred = 0;
+    slots_.for_each([&](const Slot& s, std::size_t) {
+      act += slot_bytes(s);
+      deferred += s.deferred.bytes();
+    });
+    m.add(C::activations, "pipeline.slots", act);
     if (deferred) m.add(C::activations, "pipeline.deferred_output_gradients", deferred);
     m.add(C::buffers, "pipeline.backward_workspace",
           ws_->bytes() + nn::detail::bytes_of(g_[0]) * 2 + nn::detail::bytes_of(dhf_) + nn::detail::bytes_of(dhf_full_));
-    if (send_buffers_) m.add(C::buffers, "pipeline.send_buffers", send_buffers_ * rows_ * cfg_.d_model * sizeof(T));
+    if (send_.count()) m.add(C::buffers, "pipeline.send_buffers", send_.count() * rows_ * cfg_.d_model * sizeof(T));
     if (ctx_->tp.active()) {
       std::size_t emb = 0;
       for (auto& k : chunks_)
@@ -474,24 +448,16 @@ class GPTStage {
     bool sends_gradients = false;
     for (const auto& k : chunks_) sends_gradients = sends_gradients || !k.emb;
     if (!sends_gradients) return;
-    for (; send_buffers_ < n; ++send_buffers_) spare_send_.emplace_back("pipeline.send_buffer", rows_, cfg_.d_model);
+    send_.reserve(n, rows_, cfg_.d_model);
   }
   /// A buffer of one input-gradient message ([rows(), d_model], a slot's dx)
   /// for a send that outlives its slot (the executor detaches in-flight sends
   /// from retired slots): a returned one when there is one, else a new one,
   /// counted by memory().
-  Matrix take_send_buffer() {
-    if (spare_send_.empty()) {
-      ++send_buffers_;
-      return Matrix("pipeline.send_buffer", rows_, cfg_.d_model);
-    }
-    Matrix m = spare_send_.back();
-    spare_send_.pop_back();
-    return m;
-  }
+  Matrix take_send_buffer() { return send_.take(rows_, cfg_.d_model); }
   /// Returns a buffer from take_send_buffer() (or a slot's, which it
   /// replaced) whose send has completed, for reuse.
-  void return_send_buffer(const Matrix& m) { spare_send_.push_back(m); }
+  void return_send_buffer(const Matrix& m) { send_.give(m); }
 
   /// Bytes of one slot of chunk c (its activations for one microbatch).
   std::size_t slot_bytes_of_chunk(int c) {
@@ -585,12 +551,9 @@ class GPTStage {
   nn::GroupHooks* hooks_ = nullptr;
   std::vector<double>* unit_time_ = nullptr;
   std::function<void()> progress_;
-  std::map<std::pair<int, int>, std::unique_ptr<Slot>> live_;
-  std::map<std::size_t, std::vector<std::unique_ptr<Slot>>> pool_;
-  std::size_t peak_live_ = 0;
+  detail::SlotPool<Slot> slots_;
   std::size_t root_chunks_done_ = 0;  // chunks holding root parameters whose weights are done this step
-  std::vector<Matrix> spare_send_;     // send buffers free for reuse
-  std::size_t send_buffers_ = 0;       // send buffers allocated
+  detail::SendBuffers<Matrix> send_;   // buffers of detached gradient sends
   ops::Tokens<Space> ids_, targets_;   // every microbatch of the step (reserve_microbatches)
 };
 
