@@ -177,6 +177,44 @@ TEST_CASE("GELU (tanh form) values and gradient") {
   CHECK(relative_error(to_vector(dx), numeric_gradient(x, loss)) < kTol);
 }
 
+TEST_CASE("fused bias + GELU: same values as bias_add then gelu_forward, gradients of input and bias") {
+  // 37 columns: one full column chunk of the backward's bias sum and a partial one.
+  const std::size_t n = 3, f = 37;
+  Mat<double> x("x", n, f), up("up", n, f), act("act", n, f), ref("ref", n, f), refact("refact", n, f), w("w", n, f),
+      dup("dup", n, f);
+  Vec<double> b("b", f), db("db", f);
+  fill_uniform(x, 40, -3, 3);
+  fill_uniform(b, 41);
+  fill_uniform(w, 42);
+  auto loss = [&] {
+    Kokkos::deep_copy(up, x);
+    ops::bias_gelu_forward(up, b, act);
+    return weighted_sum(act, w);
+  };
+  loss();
+  Kokkos::deep_copy(ref, x);
+  ops::bias_add(ref, b);
+  ops::gelu_forward(ref, refact);
+  CHECK(relative_error(to_vector(up), to_vector(ref)) == 0.0);
+  CHECK(relative_error(to_vector(act), to_vector(refact)) == 0.0);
+  Kokkos::deep_copy(db, 1.0);  // the bias gradient accumulates
+  ops::bias_gelu_backward(w, up, dup, db);
+  const auto gx = numeric_gradient(x, loss), gb = numeric_gradient(b, loss);
+  CHECK(relative_error(to_vector(dup), gx) < kTol);
+  auto dbh = to_vector(db);
+  for (double& v : dbh) v -= 1.0;
+  CHECK(relative_error(dbh, gb) < kTol);
+  // In place (dup = dact) gives the same gradient.
+  loss();  // up again from the unperturbed x and b
+  Mat<double> inplace("inplace", n, f);
+  Vec<double> db2("db2", f);
+  Kokkos::deep_copy(inplace, w);
+  ops::bias_gelu_backward(inplace, up, inplace, db2);
+  CHECK(relative_error(to_vector(inplace), to_vector(dup)) == 0.0);
+  Vec<double> wrong("wrong", f - 1);
+  CHECK_THROWS_AS(ops::bias_gelu_forward(up, wrong, act), ShapeError);
+}
+
 TEST_CASE("SwiGLU values and gradient") {
   Mat<double> u("u", 3, 8), y("y", 3, 4), w("w", 3, 4), du("du", 3, 8);
   fill_uniform(u, 12, -2, 2);
@@ -285,6 +323,47 @@ TEST_CASE("causal softmax: rows sum to one, the future is masked, lse is kept, g
     ops::softmax_backward(P, W, scale, dS);
     CAPTURE(causal);
     CHECK(relative_error(to_vector(dS), numeric_gradient(S, loss)) < kTol);
+  }
+}
+
+TEST_CASE("softmax over rows longer than the lane width: in place, causal backward, float agrees with double") {
+  // 21 keys: one full group of lane-wise partial sums and a tail; 3 queries
+  // against 21 keys exercise the causal offset.
+  const std::size_t nb = 2, tq = 3, tk = 21;
+  for (bool causal : {true, false}) {
+    CAPTURE(causal);
+    ops::Tensor3<double, Space> S("S", nb, tq, tk), P("P", nb, tq, tk), W("W", nb, tq, tk), dS("dS", nb, tq, tk);
+    Kokkos::View<double**, Kokkos::LayoutRight, Space> lse("lse", nb, tq), lse2("lse2", nb, tq);
+    fill_uniform(S, 23, -3, 3);
+    fill_uniform(W, 24);
+    const double scale = 0.6;
+    auto loss = [&] {
+      ops::softmax_forward(S, scale, causal, P, lse);
+      return weighted_sum(P, W);
+    };
+    loss();
+    ops::Tensor3<double, Space> Q("Q", nb, tq, tk);  // in place: P = S
+    Kokkos::deep_copy(Q, S);
+    ops::softmax_forward(Q, scale, causal, Q, lse2);
+    CHECK(relative_error(to_vector(Q), to_vector(P)) == 0.0);
+    CHECK(relative_error(to_vector(lse2), to_vector(lse)) == 0.0);
+    ops::softmax_backward(P, W, scale, dS, causal);
+    CHECK(relative_error(to_vector(dS), numeric_gradient(S, loss)) < kTol);
+    // In place (dS = dP); on causal probabilities the flag only skips the zeros.
+    loss();  // P again from the unperturbed S
+    ops::softmax_backward(P, W, scale, dS, causal);
+    ops::Tensor3<double, Space> dPin("dPin", nb, tq, tk);
+    Kokkos::deep_copy(dPin, W);
+    ops::softmax_backward(P, dPin, scale, dPin, false);
+    CHECK(relative_error(to_vector(dPin), to_vector(dS)) == 0.0);
+    ops::Tensor3<float, Space> Sf("Sf", nb, tq, tk), Pf("Pf", nb, tq, tk);
+    Kokkos::View<float**, Kokkos::LayoutRight, Space> lsef("lsef", nb, tq);
+    auto sh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), S);
+    auto sfh = Kokkos::create_mirror_view(Sf);
+    for (std::size_t i = 0; i < sh.span(); ++i) sfh.data()[i] = float(sh.data()[i]);
+    Kokkos::deep_copy(Sf, sfh);
+    ops::softmax_forward(Sf, float(scale), causal, Pf, lsef);
+    CHECK(relative_error(to_vector(Pf), to_vector(P)) < 1e-6);
   }
 }
 

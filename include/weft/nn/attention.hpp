@@ -140,7 +140,7 @@ class Attention {
     }
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "softmax");
-      ops::softmax_backward(s.probs, w.dprobs, T(1) / std::sqrt(T(hd)), w.dprobs);
+      ops::softmax_backward(s.probs, w.dprobs, T(1) / std::sqrt(T(hd)), w.dprobs, true);
     }
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
