@@ -5,7 +5,9 @@
 //
 //   bench_train_step [--config S|M|all] [--steps N] [--warmup N] [--threads N]
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -36,9 +38,12 @@ struct Timing {
   double wall, cpu;
 };
 
-// Best-of-reps FLOP/s (wall, cpu) of a float gemm C[m,n] = A[m,k] B[k,n] through Kokkos Kernels.
-Timing sgemm_flops(std::size_t m, std::size_t n, std::size_t k, int reps) {
-  weft::ops::Matrix<float, Space> A("A", m, k), B("B", k, n), C("C", m, n);
+// Best-of-reps FLOP/s (wall, cpu) of a float gemm C[m,n] = op(A) op(B) through Kokkos Kernels.
+Timing sgemm_flops(std::size_t m, std::size_t n, std::size_t k, int reps, weft::ops::Trans ta = weft::ops::Trans::N,
+                   weft::ops::Trans tb = weft::ops::Trans::N, float beta = 0.0f) {
+  using weft::ops::Trans;
+  weft::ops::Matrix<float, Space> A("A", ta == Trans::N ? m : k, ta == Trans::N ? k : m),
+      B("B", tb == Trans::N ? k : n, tb == Trans::N ? n : k), C("C", m, n);
   Kokkos::deep_copy(A, 0.5f);
   Kokkos::deep_copy(B, 0.25f);
   Timing best{1e30, 1e30};
@@ -46,7 +51,7 @@ Timing sgemm_flops(std::size_t m, std::size_t n, std::size_t k, int reps) {
     Kokkos::fence();
     const auto t0 = Clock::now();
     const double c0 = cpu_seconds();
-    weft::ops::gemm(weft::ops::Trans::N, weft::ops::Trans::N, 1.0f, A, B, 0.0f, C);
+    weft::ops::gemm(ta, tb, 1.0f, A, B, beta, C);
     Kokkos::fence();
     if (r > 0) {
       best.wall = std::min(best.wall, seconds_since(t0));
@@ -60,6 +65,80 @@ Timing sgemm_flops(std::size_t m, std::size_t n, std::size_t k, int reps) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// CPU seconds (median of reps) of one layer's causal attention, forward and
+// backward, at the config's shapes: per-head BLAS products around a softmax
+// over stored [T, T] probabilities, and the blockwise kernel. nn::Attention
+// uses the blockwise kernel; this is the measurement behind that choice.
+std::pair<double, double> attention_kernels(const weft::nn::GPTConfig& c, int reps) {
+  using T = float;
+  namespace ops = weft::ops;
+  const std::size_t B = c.batch, H = c.heads, S = c.seq, hd = c.head_dim(), D = c.d_model, N = c.tokens();
+  ops::Matrix<T, Space> qkv("qkv", N, 3 * D), heads("heads", N, D), dheads("dheads", N, D), dqkv("dqkv", N, 3 * D),
+      lse("lse", B * H, S);
+  ops::Tensor3<T, Space> P("P", B * H, S, S), dP("dP", B * H, S, S);
+  weft::ops::init_normal(qkv, 1, "qkv", 1.0);
+  weft::ops::init_normal(dheads, 1, "dheads", 1.0);
+  const T scale = T(1) / std::sqrt(T(hd));
+  auto cols = [&](std::size_t c0) { return std::make_pair(c0, c0 + hd); };
+  auto rows = [&](std::size_t b) { return std::make_pair(b * S, (b + 1) * S); };
+  auto blk = [&](const ops::Matrix<T, Space>& m, std::size_t b, std::size_t c0) {
+    return Kokkos::subview(m, rows(b), cols(c0));
+  };
+  auto blas = [&] {
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h)
+        ops::gemm(ops::Trans::N, ops::Trans::T, T(1), blk(qkv, b, h * hd), blk(qkv, b, D + h * hd), T(0),
+                  Kokkos::subview(P, b * H + h, Kokkos::ALL, Kokkos::ALL));
+    ops::softmax_forward(P, scale, true, P, lse);
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h)
+        ops::gemm(ops::Trans::N, ops::Trans::N, T(1), Kokkos::subview(P, b * H + h, Kokkos::ALL, Kokkos::ALL),
+                  blk(qkv, b, 2 * D + h * hd), T(0), blk(heads, b, h * hd));
+    Kokkos::deep_copy(dqkv, T(0));
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h) {
+        auto p = Kokkos::subview(P, b * H + h, Kokkos::ALL, Kokkos::ALL);
+        auto dp = Kokkos::subview(dP, b * H + h, Kokkos::ALL, Kokkos::ALL);
+        ops::gemm(ops::Trans::T, ops::Trans::N, T(1), p, blk(dheads, b, h * hd), T(1), blk(dqkv, b, 2 * D + h * hd));
+        ops::gemm(ops::Trans::N, ops::Trans::T, T(1), blk(dheads, b, h * hd), blk(qkv, b, 2 * D + h * hd), T(0), dp);
+      }
+    ops::softmax_backward(P, dP, scale, dP, true);
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h) {
+        auto ds = Kokkos::subview(dP, b * H + h, Kokkos::ALL, Kokkos::ALL);
+        ops::gemm(ops::Trans::N, ops::Trans::N, T(1), ds, blk(qkv, b, D + h * hd), T(0), blk(dqkv, b, h * hd));
+        ops::gemm(ops::Trans::T, ops::Trans::N, T(1), ds, blk(qkv, b, h * hd), T(1), blk(dqkv, b, D + h * hd));
+      }
+  };
+  using SV = Kokkos::View<T***, Kokkos::LayoutStride, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  auto hv = [&](const ops::Matrix<T, Space>& m, std::size_t b, std::size_t c0) {
+    return SV(&m(b * S, c0), Kokkos::LayoutStride(H, hd, S, m.stride(0), hd, 1));
+  };
+  auto flash = [&] {
+    for (std::size_t b = 0; b < B; ++b)
+      ops::flash_attention_forward(hv(qkv, b, 0), hv(qkv, b, D), hv(qkv, b, 2 * D), scale, true, hv(heads, b, 0),
+                                   Kokkos::subview(lse, std::make_pair(b * H, (b + 1) * H), Kokkos::ALL));
+    Kokkos::deep_copy(dqkv, T(0));
+    for (std::size_t b = 0; b < B; ++b)
+      ops::flash_attention_backward(hv(qkv, b, 0), hv(qkv, b, D), hv(qkv, b, 2 * D), hv(heads, b, 0),
+                                    hv(dheads, b, 0), Kokkos::subview(lse, std::make_pair(b * H, (b + 1) * H), Kokkos::ALL),
+                                    scale, true, hv(dqkv, b, 0), hv(dqkv, b, D), hv(dqkv, b, 2 * D));
+  };
+  std::vector<double> tb, tf;
+  for (int r = 0; r < reps + 1; ++r) {  // alternating; the first round warms up
+    Kokkos::fence();
+    double c0 = cpu_seconds();
+    blas();
+    Kokkos::fence();
+    if (r > 0) tb.push_back(cpu_seconds() - c0);
+    c0 = cpu_seconds();
+    flash();
+    Kokkos::fence();
+    if (r > 0) tf.push_back(cpu_seconds() - c0);
+  }
+  return {median(tb), median(tf)};
 }
 
 struct Named {
@@ -140,6 +219,30 @@ int run(int argc, char** argv) {
       const double tps = double(N) / t, flops = c.flops_per_token() * tps;
       std::printf("  %s: step %.4f s, %.0f tok/s, model %.2f GFLOP/s, sgemm peak %.2f GFLOP/s, MFU %.3f\n", what, t,
                   tps, flops * 1e-9, p * 1e-9, flops / p);
+    }
+
+    {
+      // Each weight product of the step alone (best of 3, CPU time) against the
+      // peak: forward NN, input gradient NT, weight gradient TN (beta = 1).
+      using weft::ops::Trans;
+      const std::size_t F = c.hidden();
+      const std::pair<const char*, std::array<std::size_t, 2>> layers[] = {
+          {"qkv", {D, c.qkv_cols()}}, {"proj", {D, D}}, {"up", {D, F}}, {"down", {F, D}}, {"head", {D, c.vocab}}};
+      std::printf("  weight products alone, GFLOP/s (CPU) and fraction of the peak: forward NN | dx NT | dW TN\n");
+      for (const auto& [lname, io] : layers) {
+        const auto fw = sgemm_flops(N, io[1], io[0], 3);
+        const auto dx = sgemm_flops(N, io[0], io[1], 3, Trans::N, Trans::T);
+        const auto dw = sgemm_flops(io[0], io[1], N, 3, Trans::T, Trans::N, 1.0f);
+        std::printf("    %-5s [%zu x %zu] x [%zu x %zu]: %6.1f %.2f | %6.1f %.2f | %6.1f %.2f\n", lname, N, io[0], io[0],
+                    io[1], fw.cpu * 1e-9, fw.cpu / peak.cpu, dx.cpu * 1e-9, dx.cpu / peak.cpu, dw.cpu * 1e-9,
+                    dw.cpu / peak.cpu);
+      }
+    }
+    {
+      const auto [tb, tf] = attention_kernels(c, 5);
+      std::printf("  attention of one layer, forward + backward (CPU s, median of 5): BLAS products + softmax %.4f, "
+                  "blockwise %.4f, blockwise / BLAS %.2f\n",
+                  tb, tf, tf / tb);
     }
 
     // Where the time goes: one more step with fenced kernel scopes.

@@ -177,6 +177,44 @@ TEST_CASE("GELU (tanh form) values and gradient") {
   CHECK(relative_error(to_vector(dx), numeric_gradient(x, loss)) < kTol);
 }
 
+TEST_CASE("fused bias + GELU: same values as bias_add then gelu_forward, gradients of input and bias") {
+  // 37 columns: one full column chunk of the backward's bias sum and a partial one.
+  const std::size_t n = 3, f = 37;
+  Mat<double> x("x", n, f), up("up", n, f), act("act", n, f), ref("ref", n, f), refact("refact", n, f), w("w", n, f),
+      dup("dup", n, f);
+  Vec<double> b("b", f), db("db", f);
+  fill_uniform(x, 40, -3, 3);
+  fill_uniform(b, 41);
+  fill_uniform(w, 42);
+  auto loss = [&] {
+    Kokkos::deep_copy(up, x);
+    ops::bias_gelu_forward(up, b, act);
+    return weighted_sum(act, w);
+  };
+  loss();
+  Kokkos::deep_copy(ref, x);
+  ops::bias_add(ref, b);
+  ops::gelu_forward(ref, refact);
+  CHECK(relative_error(to_vector(up), to_vector(ref)) == 0.0);
+  CHECK(relative_error(to_vector(act), to_vector(refact)) == 0.0);
+  Kokkos::deep_copy(db, 1.0);  // the bias gradient accumulates
+  ops::bias_gelu_backward(w, up, dup, db);
+  const auto gx = numeric_gradient(x, loss), gb = numeric_gradient(b, loss);
+  CHECK(relative_error(to_vector(dup), gx) < kTol);
+  auto dbh = to_vector(db);
+  for (double& v : dbh) v -= 1.0;
+  CHECK(relative_error(dbh, gb) < kTol);
+  // In place (dup = dact) gives the same gradient.
+  loss();  // up again from the unperturbed x and b
+  Mat<double> inplace("inplace", n, f);
+  Vec<double> db2("db2", f);
+  Kokkos::deep_copy(inplace, w);
+  ops::bias_gelu_backward(inplace, up, inplace, db2);
+  CHECK(relative_error(to_vector(inplace), to_vector(dup)) == 0.0);
+  Vec<double> wrong("wrong", f - 1);
+  CHECK_THROWS_AS(ops::bias_gelu_forward(up, wrong, act), ShapeError);
+}
+
 TEST_CASE("SwiGLU values and gradient") {
   Mat<double> u("u", 3, 8), y("y", 3, 4), w("w", 3, 4), du("du", 3, 8);
   fill_uniform(u, 12, -2, 2);
@@ -286,6 +324,108 @@ TEST_CASE("causal softmax: rows sum to one, the future is masked, lse is kept, g
     CAPTURE(causal);
     CHECK(relative_error(to_vector(dS), numeric_gradient(S, loss)) < kTol);
   }
+}
+
+TEST_CASE("softmax over rows longer than the lane width: in place, causal backward, float agrees with double") {
+  // 21 keys: one full group of lane-wise partial sums and a tail; 3 queries
+  // against 21 keys exercise the causal offset.
+  const std::size_t nb = 2, tq = 3, tk = 21;
+  for (bool causal : {true, false}) {
+    CAPTURE(causal);
+    ops::Tensor3<double, Space> S("S", nb, tq, tk), P("P", nb, tq, tk), W("W", nb, tq, tk), dS("dS", nb, tq, tk);
+    Kokkos::View<double**, Kokkos::LayoutRight, Space> lse("lse", nb, tq), lse2("lse2", nb, tq);
+    fill_uniform(S, 23, -3, 3);
+    fill_uniform(W, 24);
+    const double scale = 0.6;
+    auto loss = [&] {
+      ops::softmax_forward(S, scale, causal, P, lse);
+      return weighted_sum(P, W);
+    };
+    loss();
+    ops::Tensor3<double, Space> Q("Q", nb, tq, tk);  // in place: P = S
+    Kokkos::deep_copy(Q, S);
+    ops::softmax_forward(Q, scale, causal, Q, lse2);
+    CHECK(relative_error(to_vector(Q), to_vector(P)) == 0.0);
+    CHECK(relative_error(to_vector(lse2), to_vector(lse)) == 0.0);
+    ops::softmax_backward(P, W, scale, dS, causal);
+    CHECK(relative_error(to_vector(dS), numeric_gradient(S, loss)) < kTol);
+    // In place (dS = dP); on causal probabilities the flag only skips the zeros.
+    loss();  // P again from the unperturbed S
+    ops::softmax_backward(P, W, scale, dS, causal);
+    ops::Tensor3<double, Space> dPin("dPin", nb, tq, tk);
+    Kokkos::deep_copy(dPin, W);
+    ops::softmax_backward(P, dPin, scale, dPin, false);
+    CHECK(relative_error(to_vector(dPin), to_vector(dS)) == 0.0);
+    ops::Tensor3<float, Space> Sf("Sf", nb, tq, tk), Pf("Pf", nb, tq, tk);
+    Kokkos::View<float**, Kokkos::LayoutRight, Space> lsef("lsef", nb, tq);
+    auto sh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), S);
+    auto sfh = Kokkos::create_mirror_view(Sf);
+    for (std::size_t i = 0; i < sh.span(); ++i) sfh.data()[i] = float(sh.data()[i]);
+    Kokkos::deep_copy(Sf, sfh);
+    ops::softmax_forward(Sf, float(scale), causal, Pf, lsef);
+    CHECK(relative_error(to_vector(Pf), to_vector(P)) < 1e-6);
+  }
+}
+
+// Naive attention on host copies: O(h, i) = sum_j softmax_j(scale q.k) v_j, keys j <= i + tk - tq when causal.
+template <class QV, class KV>
+std::vector<double> naive_attention(const QV& Q, const KV& K, const KV& V, double scale, bool causal) {
+  const auto q = to_vector(Q), k = to_vector(K), v = to_vector(V);
+  const std::size_t H = Q.extent(0), tq = Q.extent(1), hd = Q.extent(2), hk = K.extent(0), tk = K.extent(1);
+  std::vector<double> o(H * tq * hd, 0.0);
+  for (std::size_t h = 0; h < H; ++h)
+    for (std::size_t i = 0; i < tq; ++i) {
+      const std::size_t kh = h / (H / hk), n = causal ? i + tk - tq + 1 : tk;
+      std::vector<double> s(n);
+      double mx = -1e300, z = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        double d = 0;
+        for (std::size_t c = 0; c < hd; ++c) d += q[(h * tq + i) * hd + c] * k[(kh * tk + j) * hd + c];
+        s[j] = scale * d;
+        mx = std::max(mx, s[j]);
+      }
+      for (std::size_t j = 0; j < n; ++j) z += std::exp(s[j] - mx);
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t c = 0; c < hd; ++c)
+          o[(h * tq + i) * hd + c] += std::exp(s[j] - mx) / z * v[(kh * tk + j) * hd + c];
+    }
+  return o;
+}
+
+TEST_CASE("blockwise attention: output matches naive attention, gradients of Q, K and V match finite differences") {
+  // 4 query heads over 2 key/value heads (grouped), 5 queries against 7 keys
+  // (the causal offset), head_dim 3; then one head of 70 x 70, two key blocks.
+  struct Shape {
+    std::size_t H, hk, tq, tk, hd;
+  };
+  for (const Shape sh : {Shape{4, 2, 5, 7, 3}, Shape{1, 1, 70, 70, 2}})
+    for (bool causal : {true, false}) {
+      CAPTURE(causal);
+      CAPTURE(sh.tk);
+      using T3 = ops::Tensor3<double, Space>;
+      T3 Q("Q", sh.H, sh.tq, sh.hd), K("K", sh.hk, sh.tk, sh.hd), V("V", sh.hk, sh.tk, sh.hd), O("O", sh.H, sh.tq, sh.hd),
+          W("W", sh.H, sh.tq, sh.hd), dQ("dQ", sh.H, sh.tq, sh.hd), dK("dK", sh.hk, sh.tk, sh.hd),
+          dV("dV", sh.hk, sh.tk, sh.hd);
+      Kokkos::View<double**, Kokkos::LayoutRight, Space> lse("lse", sh.H, sh.tq);
+      fill_uniform(Q, 50, -2, 2);
+      fill_uniform(K, 51, -2, 2);
+      fill_uniform(V, 52);
+      fill_uniform(W, 53);
+      const double scale = 0.8;
+      auto loss = [&] {
+        ops::flash_attention_forward(Q, K, V, scale, causal, O, lse);
+        return weighted_sum(O, W);
+      };
+      loss();
+      CHECK(relative_error(to_vector(O), naive_attention(Q, K, V, scale, causal)) < 1e-13);
+      ops::flash_attention_backward(Q, K, V, O, W, lse, scale, causal, dQ, dK, dV);
+      if (sh.tk < 64) CHECK(relative_error(to_vector(dQ), numeric_gradient(Q, loss)) < kTol);
+      CHECK(relative_error(to_vector(dK), numeric_gradient(K, loss)) < kTol);
+      if (sh.tk < 64) CHECK(relative_error(to_vector(dV), numeric_gradient(V, loss)) < kTol);
+    }
+  ops::Tensor3<double, Space> Q("Q", 3, 4, 2), K("K", 2, 4, 2), O("O", 3, 4, 2);
+  Kokkos::View<double**, Kokkos::LayoutRight, Space> lse("lse", 3, 4);
+  CHECK_THROWS_AS(ops::flash_attention_forward(Q, K, K, 1.0, true, O, lse), ShapeError);  // 3 heads over 2
 }
 
 TEST_CASE("softmax stays finite for huge scores") {

@@ -14,10 +14,29 @@
 #include <weft/nn/config.hpp>
 #include <weft/nn/linear.hpp>
 #include <weft/nn/tp_comm.hpp>
+#include <weft/ops/flash_attention.hpp>
 #include <weft/ops/rotary.hpp>
 #include <weft/ops/softmax.hpp>
 
 namespace weft::nn {
+
+namespace detail {
+/// Whether nn::Attention uses the blockwise kernel (ops/flash_attention.hpp)
+/// rather than per-head BLAS products around a softmax over stored [T, T]
+/// probabilities. Measured on config S and M shapes (head_dim 32 and 64,
+/// T = 128 and 256; bench_train_step prints the comparison, see
+/// docs/model.md), the BLAS path is faster on one CPU thread, so it is the
+/// default; the blockwise kernel keeps no [T, T] buffers. Compiling with
+/// WEFT_ATTENTION_KERNEL=1 selects the blockwise kernel (head_dim <= 256),
+/// =0 the BLAS path.
+inline bool use_blockwise_attention([[maybe_unused]] const GPTConfig& local) {
+#if defined(WEFT_ATTENTION_KERNEL) && WEFT_ATTENTION_KERNEL
+  return local.head_dim() <= ops::detail::flash_max_head_dim;
+#else
+  return false;
+#endif
+}
+}  // namespace detail
 
 /// Causal self-attention of one block.
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
@@ -29,7 +48,7 @@ class Attention {
   /// sequence parallelism also the gathered input.
   struct Saved {
     ops::Matrix<T, Space> qkv;    ///< [tokens, (D + 2 kv hd) / tp]
-    ops::Tensor3<T, Space> probs; ///< [batch * heads / tp, T, T]
+    ops::Tensor3<T, Space> probs; ///< [batch * heads / tp, T, T]; empty with the blockwise kernel
     ops::Matrix<T, Space> lse;    ///< [batch * heads / tp, T]
     ops::Matrix<T, Space> heads;  ///< [tokens, D / tp]
     ops::Matrix<T, Space> input;  ///< sequence parallelism: [tokens, D], the all-gathered input; else empty
@@ -46,7 +65,8 @@ class Attention {
    private:
     Saved(const std::string& n, const GPTConfig& l, std::size_t d, bool sp)
         : qkv(n + ".qkv", l.tokens(), l.qkv_cols()),
-          probs(n + ".probs", l.batch * l.heads, l.seq, l.seq),
+          probs(detail::use_blockwise_attention(l) ? ops::Tensor3<T, Space>()
+                                                   : ops::Tensor3<T, Space>(n + ".probs", l.batch * l.heads, l.seq, l.seq)),
           lse(n + ".lse", l.batch * l.heads, l.seq),
           heads(n + ".heads", l.tokens(), l.d_model),
           input(sp ? ops::Matrix<T, Space>(n + ".input", l.tokens(), d) : ops::Matrix<T, Space>()) {}
@@ -69,7 +89,8 @@ class Attention {
     Workspace(const GPTConfig& l, std::size_t d, bool sp)
         : dqkv("attn.dqkv", l.tokens(), l.qkv_cols()),
           dheads("attn.dheads", l.tokens(), l.d_model),
-          dprobs("attn.dprobs", l.batch * l.heads, l.seq, l.seq),
+          dprobs(detail::use_blockwise_attention(l) ? ops::Tensor3<T, Space>()
+                                                    : ops::Tensor3<T, Space>("attn.dprobs", l.batch * l.heads, l.seq, l.seq)),
           full(sp ? ops::Matrix<T, Space>("attn.full", l.tokens(), d) : ops::Matrix<T, Space>()) {}
   };
 
@@ -98,6 +119,16 @@ class Attention {
     }
     if (cfg_.position == PositionKind::rotary) rotate(s.qkv, false);
     const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
+    if (detail::use_blockwise_attention(cfg_)) {
+      metrics::Profiler::Scope sc(ctx_->profiler, "attention");
+      for (std::size_t b = 0; b < cfg_.batch; ++b)
+        ops::flash_attention_forward(heads_view(s.qkv, b, 0, H), heads_view(s.qkv, b, cfg_.d_model, cfg_.kv()),
+                                     heads_view(s.qkv, b, cfg_.d_model + cfg_.kv() * hd, cfg_.kv()),
+                                     T(1) / std::sqrt(T(hd)), true, heads_view(s.heads, b, 0, H),
+                                     Kokkos::subview(s.lse, std::make_pair(b * H, (b + 1) * H), Kokkos::ALL));
+      detail::row_parallel_forward(*ctx_, proj_, s.heads, out, w ? &w->full : nullptr, "nn::Attention");
+      return;
+    }
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
       for (std::size_t b = 0; b < cfg_.batch; ++b)
@@ -127,29 +158,17 @@ class Attention {
     detail::row_parallel_backward(*ctx_, proj_, s.heads, dout, w.dheads, w.full);
     const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
     Kokkos::deep_copy(w.dqkv, T(0));  // K and V gradients sum over the query heads of a group
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
+    if (detail::use_blockwise_attention(cfg_)) {
+      metrics::Profiler::Scope sc(ctx_->profiler, "attention");
+      const std::size_t kv = cfg_.kv(), D = cfg_.d_model;
       for (std::size_t b = 0; b < cfg_.batch; ++b)
-        for (std::size_t hh = 0; hh < H; ++hh) {
-          auto P = Kokkos::subview(s.probs, b * H + hh, Kokkos::ALL, Kokkos::ALL);
-          auto dP = Kokkos::subview(w.dprobs, b * H + hh, Kokkos::ALL, Kokkos::ALL);
-          auto dO = head(w.dheads, b, hh);
-          ops::gemm(ops::Trans::T, ops::Trans::N, T(1), P, dO, T(1), v(w.dqkv, b, hh));
-          ops::gemm(ops::Trans::N, ops::Trans::T, T(1), dO, v(s.qkv, b, hh), T(0), dP);
-        }
-    }
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "softmax");
-      ops::softmax_backward(s.probs, w.dprobs, T(1) / std::sqrt(T(hd)), w.dprobs);
-    }
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
-      for (std::size_t b = 0; b < cfg_.batch; ++b)
-        for (std::size_t hh = 0; hh < H; ++hh) {
-          auto dS = Kokkos::subview(w.dprobs, b * H + hh, Kokkos::ALL, Kokkos::ALL);
-          ops::gemm(ops::Trans::N, ops::Trans::N, T(1), dS, k(s.qkv, b, hh), T(0), q(w.dqkv, b, hh));
-          ops::gemm(ops::Trans::T, ops::Trans::N, T(1), dS, q(s.qkv, b, hh), T(1), k(w.dqkv, b, hh));
-        }
+        ops::flash_attention_backward(
+            heads_view(s.qkv, b, 0, H), heads_view(s.qkv, b, D, kv), heads_view(s.qkv, b, D + kv * hd, kv),
+            heads_view(s.heads, b, 0, H), heads_view(w.dheads, b, 0, H),
+            Kokkos::subview(s.lse, std::make_pair(b * H, (b + 1) * H), Kokkos::ALL), T(1) / std::sqrt(T(hd)), true,
+            heads_view(w.dqkv, b, 0, H), heads_view(w.dqkv, b, D, kv), heads_view(w.dqkv, b, D + kv * hd, kv));
+    } else {
+      backward_blas(s, w);
     }
     if (cfg_.position == PositionKind::rotary) rotate(w.dqkv, true);
     if (!tp.active()) {
@@ -170,6 +189,44 @@ class Attention {
   }
 
  private:
+  /// The BLAS path's backward from the output gradient in w.dheads to w.dqkv.
+  void backward_blas(const Saved& s, const Workspace& w) {
+    const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
+      for (std::size_t b = 0; b < cfg_.batch; ++b)
+        for (std::size_t hh = 0; hh < H; ++hh) {
+          auto P = Kokkos::subview(s.probs, b * H + hh, Kokkos::ALL, Kokkos::ALL);
+          auto dP = Kokkos::subview(w.dprobs, b * H + hh, Kokkos::ALL, Kokkos::ALL);
+          auto dO = head(w.dheads, b, hh);
+          ops::gemm(ops::Trans::T, ops::Trans::N, T(1), P, dO, T(1), v(w.dqkv, b, hh));
+          ops::gemm(ops::Trans::N, ops::Trans::T, T(1), dO, v(s.qkv, b, hh), T(0), dP);
+        }
+    }
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "softmax");
+      ops::softmax_backward(s.probs, w.dprobs, T(1) / std::sqrt(T(hd)), w.dprobs, true);
+    }
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
+      for (std::size_t b = 0; b < cfg_.batch; ++b)
+        for (std::size_t hh = 0; hh < H; ++hh) {
+          auto dS = Kokkos::subview(w.dprobs, b * H + hh, Kokkos::ALL, Kokkos::ALL);
+          ops::gemm(ops::Trans::N, ops::Trans::N, T(1), dS, k(s.qkv, b, hh), T(0), q(w.dqkv, b, hh));
+          ops::gemm(ops::Trans::T, ops::Trans::N, T(1), dS, q(s.qkv, b, hh), T(1), k(w.dqkv, b, hh));
+        }
+    }
+  }
+
+  /// Heads [first_col / hd, +count) of sequence b of a [tokens, cols] matrix
+  /// as a [count, T, hd] view over it (no copy): the blockwise kernel's operands.
+  template <class M>
+  auto heads_view(const M& m, std::size_t b, std::size_t first_col, std::size_t count) const {
+    using V = Kokkos::View<typename M::value_type***, Kokkos::LayoutStride, typename M::device_type,
+                           Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    const std::size_t hd = cfg_.head_dim();
+    return V(&m(b * cfg_.seq, first_col), Kokkos::LayoutStride(count, hd, cfg_.seq, m.stride(0), hd, 1));
+  }
   using Pair = std::pair<std::size_t, std::size_t>;
   Pair rows(std::size_t b) const { return {b * cfg_.seq, (b + 1) * cfg_.seq}; }
   Pair cols(std::size_t c0) const { return {c0, c0 + cfg_.head_dim()}; }

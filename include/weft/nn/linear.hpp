@@ -92,6 +92,14 @@ class Linear {
     if (!bias_.empty() && split_.kind != LinearSplit::Kind::row) add_bias(y);
   }
 
+  /// y = x W without the bias (y overwritten), for a caller that fuses the
+  /// bias into the kernel that follows (ops::bias_gelu_forward); bias() holds it.
+  template <class XV, class YV>
+  void forward_product(const XV& x, const YV& y) const {
+    metrics::Profiler::Scope s(ctx_->profiler, "gemm");
+    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), x, weight_.matrix(), T(0), y);
+  }
+
   /// y += b: the bias of a row-parallel layer, added once to the reduced sum.
   template <class YV>
   void add_bias(const YV& y) const {
@@ -109,6 +117,17 @@ class Linear {
   /// instead (with a copy of dy; x must stay unchanged until the queue runs).
   template <class XV, class DYV, class DXV>
   void backward(const XV& x, const DYV& dy, const DXV& dx, bool accumulate_dx = false) {
+    backward_product(x, dy, dx, accumulate_dx);
+    if (!bias_.empty()) {
+      metrics::Profiler::Scope s(ctx_->profiler, "bias");
+      ops::bias_backward(dy, bias_[0].grad);
+    }
+  }
+
+  /// backward without the bias gradient, for a caller that has already added
+  /// colsum(dy) to bias().grad in a fused kernel (ops::bias_gelu_backward).
+  template <class XV, class DYV, class DXV>
+  void backward_product(const XV& x, const DYV& dy, const DXV& dx, bool accumulate_dx = false) {
     {
       metrics::Profiler::Scope s(ctx_->profiler, "gemm");
       if (ctx_->deferred_weight_grads) {
@@ -121,10 +140,6 @@ class Linear {
       }
       if (dx.extent(0) != 0)
         ops::gemm(ops::Trans::N, ops::Trans::T, T(1), dy, weight_.matrix(), T(accumulate_dx ? 1 : 0), dx);
-    }
-    if (!bias_.empty()) {
-      metrics::Profiler::Scope s(ctx_->profiler, "bias");
-      ops::bias_backward(dy, bias_[0].grad);
     }
   }
 
@@ -147,6 +162,8 @@ class Linear {
   bool has_bias() const { return !bias_.empty(); }
   /// The bias (has_bias() must be true).
   Parameter<T, Space>& bias() { return bias_.at(0); }
+  /// The bias, read-only (has_bias() must be true).
+  const Parameter<T, Space>& bias() const { return bias_.at(0); }
   /// Appends pointers to this layer's parameters.
   void collect(std::vector<Parameter<T, Space>*>& out) {
     out.push_back(&weight_);

@@ -62,16 +62,24 @@ class MLP {
   template <class HV, class OV>
   void forward(const HV& h, const Saved& s, const OV& out, const Workspace* w = nullptr) const {
     const TensorParallel& tp = ctx_->tp;
+    const bool gelu = kind_ == MlpKind::gelu;
+    // With GELU the up-projection's bias is added by the activation kernel (one pass fewer).
+    auto up_forward = [&](const auto& x) {
+      if (gelu)
+        up_.forward_product(x, s.up);
+      else
+        up_.forward(x, s.up);
+    };
     if (tp.sp()) {
       detail::tp_all_gather(*ctx_, h, s.input);
-      up_.forward(s.input, s.up);
+      up_forward(s.input);
     } else {
-      up_.forward(h, s.up);
+      up_forward(h);
     }
     {
-      metrics::Profiler::Scope sc(ctx_->profiler, kind_ == MlpKind::gelu ? "gelu" : "swiglu");
-      if (kind_ == MlpKind::gelu)
-        ops::gelu_forward(s.up, s.act);
+      metrics::Profiler::Scope sc(ctx_->profiler, gelu ? "gelu" : "swiglu");
+      if (gelu)
+        ops::bias_gelu_forward(s.up, up_.bias().value, s.act);
       else
         ops::swiglu_forward(s.up, s.act);
     }
@@ -83,20 +91,27 @@ class MLP {
   void backward(const HV& h, const Saved& s, const DOV& dout, const DHV& dh, const Workspace& w) {
     const TensorParallel& tp = ctx_->tp;
     detail::row_parallel_backward(*ctx_, down_, s.act, dout, w.dact, w.full);
+    const bool gelu = kind_ == MlpKind::gelu;
     {
-      metrics::Profiler::Scope sc(ctx_->profiler, kind_ == MlpKind::gelu ? "gelu" : "swiglu");
-      if (kind_ == MlpKind::gelu)
-        ops::gelu_backward(w.dact, s.up, w.dup);
+      metrics::Profiler::Scope sc(ctx_->profiler, gelu ? "gelu" : "swiglu");
+      if (gelu)
+        ops::bias_gelu_backward(w.dact, s.up, w.dup, up_.bias().grad);  // the up-projection's bias gradient too
       else
         ops::swiglu_backward(w.dact, s.up, w.dup);
     }
+    auto up_backward = [&](const auto& x, const auto& dx) {
+      if (gelu)
+        up_.backward_product(x, w.dup, dx, false);
+      else
+        up_.backward(x, w.dup, dx, false);
+    };
     if (!tp.active()) {
-      up_.backward(h, w.dup, dh, false);
+      up_backward(h, dh);
     } else if (!tp.sp()) {
-      up_.backward(h, w.dup, dh, false);
+      up_backward(h, dh);
       detail::tp_all_reduce(*ctx_, dh);
     } else {
-      up_.backward(s.input, w.dup, w.full, false);
+      up_backward(s.input, w.full);
       detail::tp_reduce_scatter(*ctx_, w.full, dh);
     }
   }

@@ -149,6 +149,56 @@ namespace detail {
 /// Columns per thread of the column reductions: wide enough for SIMD and
 /// cache lines, and the same on every backend so sums keep their order.
 inline constexpr std::size_t column_chunk = 32;
+
+/// Partial sums kept by the row reductions below: one AVX-512 register of
+/// floats. Without -ffast-math a compiler keeps a plain `s += x[j]` loop in
+/// source order (one add at a time) and does not vectorise a running maximum
+/// at all; with this many independent partials, combined in a fixed order at
+/// the end, it does both, and the result is still the same on every run and
+/// thread count.
+inline constexpr std::size_t row_lanes = 16;
+
+/// sum_j f(j) for j in [0, n) with row_lanes partial sums.
+template <class T, class F>
+KOKKOS_INLINE_FUNCTION T lane_sum(std::size_t n, const F& f) {
+  T acc[row_lanes] = {};
+  std::size_t j = 0;
+  for (; j + row_lanes <= n; j += row_lanes)
+    for (std::size_t k = 0; k < row_lanes; ++k) acc[k] += f(j + k);
+  for (std::size_t k = 0; j + k < n; ++k) acc[k] += f(j + k);
+  for (std::size_t w = row_lanes / 2; w > 0; w /= 2)
+    for (std::size_t k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+/// max_j f(j) for j in [0, n), n >= 1, with row_lanes partial maxima.
+template <class T, class F>
+KOKKOS_INLINE_FUNCTION T lane_max(std::size_t n, const F& f) {
+  T acc[row_lanes];
+  const T first = f(0);
+  for (std::size_t k = 0; k < row_lanes; ++k) acc[k] = first;
+  std::size_t j = 0;
+  for (; j + row_lanes <= n; j += row_lanes)
+    for (std::size_t k = 0; k < row_lanes; ++k) {
+      const T v = f(j + k);
+      acc[k] = v > acc[k] ? v : acc[k];
+    }
+  for (std::size_t k = 0; j + k < n; ++k) {
+    const T v = f(j + k);
+    acc[k] = v > acc[k] ? v : acc[k];
+  }
+  for (std::size_t w = row_lanes / 2; w > 0; w /= 2)
+    for (std::size_t k = 0; k < w; ++k) acc[k] = acc[k + w] > acc[k] ? acc[k + w] : acc[k];
+  return acc[0];
+}
+
+/// Throws ShapeError unless the rows of v are contiguous (stride 1 along
+/// dimension `dim`), as the kernels that walk a row through a pointer need.
+template <class V>
+void require_contiguous_rows(const char* op, const char* arg, const V& v, unsigned dim) {
+  WEFT_REQUIRE(v.extent(dim) <= 1 || v.stride(dim) == 1, ShapeError, op, ": ", arg, " (label '", v.label(),
+               "') must have contiguous rows (LayoutRight or a column range of it)");
+}
 }  // namespace detail
 
 }  // namespace weft::ops

@@ -36,10 +36,8 @@ double cross_entropy_forward(const LV& logits, const IV& targets) {
       "weft::cross_entropy_forward", detail::range(logits, logits.extent(0)),
       KOKKOS_LAMBDA(std::size_t i, double& acc) {
         using T = typename LV::non_const_value_type;
-        T mx = logits(i, 0);
-        for (std::size_t j = 1; j < v; ++j) mx = logits(i, j) > mx ? logits(i, j) : mx;
-        T s = 0;
-        for (std::size_t j = 0; j < v; ++j) s += math::fast_exp(logits(i, j) - mx);
+        const T mx = detail::lane_max<T>(v, [&](std::size_t j) { return logits(i, j); });
+        const T s = detail::lane_sum<T>(v, [&](std::size_t j) { return math::fast_exp(logits(i, j) - mx); });
         acc += double(mx + math::log(s) - logits(i, targets(i)));
       },
       total);
@@ -53,26 +51,29 @@ template <class LV, class IV>
 double cross_entropy_forward_backward(const LV& logits, const IV& targets,
                                       typename LV::const_value_type grad_scale) {
   detail::check_targets("weft::ops::cross_entropy_forward_backward", logits, targets);
+  detail::require_contiguous_rows("weft::ops::cross_entropy_forward_backward", "logits", logits, 1);
   const std::size_t v = logits.extent(1);
   double total = 0;
   Kokkos::parallel_reduce(
       "weft::cross_entropy_forward_backward", detail::range(logits, logits.extent(0)),
       KOKKOS_LAMBDA(std::size_t i, double& acc) {
+        // Three passes over a row that stays in cache: the maximum (read
+        // only), the exponentials kept in place with their sum, and the
+        // scaling; each is a vectorised loop over the row pointer.
         using T = typename LV::non_const_value_type;
-        T mx = logits(i, 0);
-        for (std::size_t j = 1; j < v; ++j) mx = logits(i, j) > mx ? logits(i, j) : mx;
+        T* z = &logits(i, 0);
+        const T mx = detail::lane_max<T>(v, [&](std::size_t j) { return z[j]; });
         const int t = targets(i);
-        const T zt = logits(i, t);
-        T s = 0;
-        for (std::size_t j = 0; j < v; ++j) {
-          const T e = math::fast_exp(logits(i, j) - mx);
-          logits(i, j) = e;  // keep exp for the gradient: one pass fewer
-          s += e;
-        }
+        const T zt = z[t];
+        const T s = detail::lane_sum<T>(v, [&](std::size_t j) {
+          const T e = math::fast_exp(z[j] - mx);
+          z[j] = e;  // keep exp for the gradient: no exponential recomputed
+          return e;
+        });
         acc += double(mx + math::log(s) - zt);
         const T f = grad_scale / s;
-        for (std::size_t j = 0; j < v; ++j) logits(i, j) *= f;
-        logits(i, t) -= grad_scale;
+        for (std::size_t j = 0; j < v; ++j) z[j] *= f;
+        z[t] -= grad_scale;
       },
       total);
   return total;

@@ -101,6 +101,69 @@ void gelu_backward(const DYV& dy, const XV& x, const DXV& dx) {
       });
 }
 
+/// up(i, j) += b(j), then act(i, j) = gelu(up(i, j)): the bias of the MLP's
+/// up-projection and its GELU in one pass over the product (up keeps the
+/// biased pre-activation, which the backward pass needs). Same values as
+/// bias_add followed by gelu_forward.
+template <class UV, class BV, class AV>
+void bias_gelu_forward(const UV& up, const BV& b, const AV& act) {
+  detail::require_extent("weft::ops::bias_gelu_forward", "bias", b, 0, up.extent(1));
+  detail::require_extent("weft::ops::bias_gelu_forward", "act", act, 0, up.extent(0));
+  detail::require_extent("weft::ops::bias_gelu_forward", "act", act, 1, up.extent(1));
+  detail::require_contiguous_rows("weft::ops::bias_gelu_forward", "up", up, 1);
+  detail::require_contiguous_rows("weft::ops::bias_gelu_forward", "act", act, 1);
+  detail::require_contiguous_rows("weft::ops::bias_gelu_forward", "bias", b, 0);
+  using T = typename AV::non_const_value_type;
+  const std::size_t n = up.extent(1);
+  Kokkos::parallel_for(
+      "weft::bias_gelu_forward", detail::range(up, up.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
+        T* __restrict u = &up(i, 0);
+        T* __restrict a = &act(i, 0);
+        const auto* __restrict bb = b.data();
+        for (std::size_t j = 0; j < n; ++j) {
+          const T x = u[j] + bb[j];
+          u[j] = x;
+          a[j] = detail::gelu_value(x);
+        }
+      });
+}
+
+/// dup = gelu'(up) * dact and db += colsum(dup): GELU's backward fused with
+/// the bias gradient of the up-projection, so that dup is not read back.
+/// Each column still sums its rows in order (as bias_backward does), so db
+/// is the same on every run and thread count. dup may alias dact.
+template <class DAV, class UV, class DUV, class DBV>
+void bias_gelu_backward(const DAV& dact, const UV& up, const DUV& dup, const DBV& db) {
+  const std::size_t rows = up.extent(0), n = up.extent(1), C = detail::column_chunk;
+  detail::require_extent("weft::ops::bias_gelu_backward", "dact", dact, 0, rows);
+  detail::require_extent("weft::ops::bias_gelu_backward", "dact", dact, 1, n);
+  detail::require_extent("weft::ops::bias_gelu_backward", "dup", dup, 0, rows);
+  detail::require_extent("weft::ops::bias_gelu_backward", "dup", dup, 1, n);
+  detail::require_extent("weft::ops::bias_gelu_backward", "bias gradient", db, 0, n);
+  using T = typename DUV::non_const_value_type;
+  Kokkos::parallel_for(
+      "weft::bias_gelu_backward", detail::range(up, (n + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
+        T acc[detail::column_chunk] = {};
+        const std::size_t j0 = c * C, w = n - j0 < C ? n - j0 : C;
+        if (w == C) {  // the common case: a fixed trip count the compiler vectorises fully
+          for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t jj = 0; jj < detail::column_chunk; ++jj) {
+              const T d = dact(i, j0 + jj) * detail::gelu_derivative(up(i, j0 + jj));
+              dup(i, j0 + jj) = d;
+              acc[jj] += d;
+            }
+        } else {
+          for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t jj = 0; jj < w; ++jj) {
+              const T d = dact(i, j0 + jj) * detail::gelu_derivative(up(i, j0 + jj));
+              dup(i, j0 + jj) = d;
+              acc[jj] += d;
+            }
+        }
+        for (std::size_t jj = 0; jj < w; ++jj) db(j0 + jj) += acc[jj];
+      });
+}
+
 /// SwiGLU: u is [rows, 2F] holding the gate a = u(:, 0:F) and the value
 /// b = u(:, F:2F) side by side (one fused up-projection); y = silu(a) * b, [rows, F].
 template <class UV, class YV>

@@ -22,11 +22,14 @@ void layernorm_forward(const XV& x, const GV& gamma, const BV& beta, typename YV
   using T = typename YV::non_const_value_type;
   Kokkos::parallel_for(
       "weft::layernorm_forward", detail::range(x, rows), KOKKOS_LAMBDA(std::size_t i) {
-        T s = 0;
-        for (std::size_t j = 0; j < d; ++j) s += x(i, j);
-        const T mu = s / T(d);
-        T v = 0;  // two passes: the one-pass variance cancels badly for large means
-        for (std::size_t j = 0; j < d; ++j) v += (x(i, j) - mu) * (x(i, j) - mu);
+        // Lane-wise sums (common.hpp) so that both reductions vectorise; the
+        // affine transform is applied in the same row pass that writes y.
+        const T mu = detail::lane_sum<T>(d, [&](std::size_t j) { return T(x(i, j)); }) / T(d);
+        // two passes: the one-pass variance cancels badly for large means
+        const T v = detail::lane_sum<T>(d, [&](std::size_t j) {
+          const T c = x(i, j) - mu;
+          return c * c;
+        });
         const T r = T(1) / math::sqrt(v / T(d) + eps);
         for (std::size_t j = 0; j < d; ++j) y(i, j) = (x(i, j) - mu) * r * gamma(j) + beta(j);
         mean(i) = mu;
@@ -68,14 +71,9 @@ void layernorm_backward(const DYV& dy, const XV& x, const GV& gamma, const SV& m
   Kokkos::parallel_for(
       "weft::layernorm_backward_x", detail::range(x, rows), KOKKOS_LAMBDA(std::size_t i) {
         const T mu = mean(i), r = rstd(i);
-        T sg = 0, sgx = 0;
-        for (std::size_t j = 0; j < d; ++j) {
-          const T g = dy(i, j) * gamma(j);
-          sg += g;
-          sgx += g * (x(i, j) - mu) * r;
-        }
-        sg /= T(d);
-        sgx /= T(d);
+        const T sg = detail::lane_sum<T>(d, [&](std::size_t j) { return T(dy(i, j) * gamma(j)); }) / T(d);
+        const T sgx =
+            detail::lane_sum<T>(d, [&](std::size_t j) { return T(dy(i, j) * gamma(j) * (x(i, j) - mu) * r); }) / T(d);
         for (std::size_t j = 0; j < d; ++j) {
           const T v = r * (dy(i, j) * gamma(j) - sg - (x(i, j) - mu) * r * sgx);
           dx(i, j) = accumulate ? dx(i, j) + v : v;
@@ -94,8 +92,7 @@ void rmsnorm_forward(const XV& x, const GV& gamma, typename YV::const_value_type
   using T = typename YV::non_const_value_type;
   Kokkos::parallel_for(
       "weft::rmsnorm_forward", detail::range(x, rows), KOKKOS_LAMBDA(std::size_t i) {
-        T s = 0;
-        for (std::size_t j = 0; j < d; ++j) s += x(i, j) * x(i, j);
+        const T s = detail::lane_sum<T>(d, [&](std::size_t j) { return T(x(i, j) * x(i, j)); });
         const T r = T(1) / math::sqrt(s / T(d) + eps);
         for (std::size_t j = 0; j < d; ++j) y(i, j) = x(i, j) * r * gamma(j);
         rstd(i) = r;
@@ -128,9 +125,7 @@ void rmsnorm_backward(const DYV& dy, const XV& x, const GV& gamma, const SV& rst
   Kokkos::parallel_for(
       "weft::rmsnorm_backward_x", detail::range(x, rows), KOKKOS_LAMBDA(std::size_t i) {
         const T r = rstd(i);
-        T sgx = 0;
-        for (std::size_t j = 0; j < d; ++j) sgx += dy(i, j) * gamma(j) * x(i, j) * r;
-        sgx /= T(d);
+        const T sgx = detail::lane_sum<T>(d, [&](std::size_t j) { return T(dy(i, j) * gamma(j) * x(i, j) * r); }) / T(d);
         for (std::size_t j = 0; j < d; ++j) {
           const T v = r * (dy(i, j) * gamma(j) - x(i, j) * r * sgx);
           dx(i, j) = accumulate ? dx(i, j) + v : v;

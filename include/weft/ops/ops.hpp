@@ -1,5 +1,6 @@
 // All of weft's kernels: gemm, norms, activations, softmax, embeddings,
-// rotary positions, cross-entropy, counter-based initialisation.
+// blockwise attention, rotary positions, cross-entropy, counter-based
+// initialisation.
 #pragma once
 
 #include <weft/ops/blas_threads.hpp>
@@ -7,6 +8,7 @@
 #include <weft/ops/cross_entropy.hpp>
 #include <weft/ops/elementwise.hpp>
 #include <weft/ops/embedding.hpp>
+#include <weft/ops/flash_attention.hpp>
 #include <weft/ops/gemm.hpp>
 #include <weft/ops/norm.hpp>
 #include <weft/ops/random.hpp>

@@ -19,44 +19,73 @@ void softmax_forward(const SV& S, typename PV::const_value_type scale, bool caus
   for (unsigned r = 0; r < 3; ++r) detail::require_extent("weft::ops::softmax_forward", "P", P, r, S.extent(r));
   detail::require_extent("weft::ops::softmax_forward", "lse", lse, 0, nb);
   detail::require_extent("weft::ops::softmax_forward", "lse", lse, 1, tq);
+  detail::require_contiguous_rows("weft::ops::softmax_forward", "S", S, 2);
+  detail::require_contiguous_rows("weft::ops::softmax_forward", "P", P, 2);
   using T = typename PV::non_const_value_type;
   const std::size_t shift = tk - tq;
+  // Mask, scale, maximum, exponentials, sum and normalisation of a row in one
+  // kernel, through row pointers and lane-wise reductions so that every loop
+  // vectorises. In place (P = S) the same pointer is used for both, so the
+  // compiler needs no run-time overlap check (which would fail and fall back
+  // to scalar code).
+  const bool in_place = static_cast<const void*>(P.data()) == static_cast<const void*>(S.data()) &&
+                        P.stride(0) == S.stride(0) && P.stride(1) == S.stride(1);
+  auto row = [=](const auto* s, T* p, std::size_t n, std::size_t tkk) {
+    const T mx = detail::lane_max<T>(n, [&](std::size_t j) { return T(scale * s[j]); });
+    const T sum = detail::lane_sum<T>(n, [&](std::size_t j) {
+      const T e = math::fast_exp(scale * s[j] - mx);
+      p[j] = e;
+      return e;
+    });
+    const T inv = T(1) / sum;
+    for (std::size_t j = 0; j < n; ++j) p[j] *= inv;
+    for (std::size_t j = n; j < tkk; ++j) p[j] = 0;
+    return mx + math::log(sum);
+  };
   Kokkos::parallel_for(
       "weft::softmax_forward", detail::range(S, nb * tq), KOKKOS_LAMBDA(std::size_t r) {
         const std::size_t b = r / tq, i = r % tq;
         const std::size_t n = causal ? i + shift + 1 : tk;
-        T mx = scale * S(b, i, 0);
-        for (std::size_t j = 1; j < n; ++j) mx = scale * S(b, i, j) > mx ? scale * S(b, i, j) : mx;
-        T sum = 0;
-        for (std::size_t j = 0; j < n; ++j) {
-          const T e = math::fast_exp(scale * S(b, i, j) - mx);
-          P(b, i, j) = e;
-          sum += e;
-        }
-        const T inv = T(1) / sum;
-        for (std::size_t j = 0; j < n; ++j) P(b, i, j) *= inv;
-        for (std::size_t j = n; j < tk; ++j) P(b, i, j) = 0;
-        lse(b, i) = mx + math::log(sum);
+        T* p = &P(b, i, 0);
+        lse(b, i) = in_place ? row(p, p, n, tk) : row(&S(b, i, 0), p, n, tk);
       });
 }
 
 /// dS = scale * P * (dP - sum_j P dP) row by row: the gradient with respect to
 /// the unscaled scores. Masked entries come out 0 because P is 0 there. dS may
-/// alias dP.
+/// alias dP. With `causal` (the mask of softmax_forward) only the keys each
+/// query sees are read; the others are written 0.
 template <class PV, class DPV, class DSV>
-void softmax_backward(const PV& P, const DPV& dP, typename DSV::const_value_type scale, const DSV& dS) {
+void softmax_backward(const PV& P, const DPV& dP, typename DSV::const_value_type scale, const DSV& dS,
+                      bool causal = false) {
   const std::size_t nb = P.extent(0), tq = P.extent(1), tk = P.extent(2);
   for (unsigned r = 0; r < 3; ++r) {
     detail::require_extent("weft::ops::softmax_backward", "dP", dP, r, P.extent(r));
     detail::require_extent("weft::ops::softmax_backward", "dS", dS, r, P.extent(r));
   }
+  detail::require_contiguous_rows("weft::ops::softmax_backward", "P", P, 2);
+  detail::require_contiguous_rows("weft::ops::softmax_backward", "dP", dP, 2);
+  detail::require_contiguous_rows("weft::ops::softmax_backward", "dS", dS, 2);
   using T = typename DSV::non_const_value_type;
+  const bool in_place = static_cast<const void*>(dS.data()) == static_cast<const void*>(dP.data()) &&
+                        dS.stride(0) == dP.stride(0) && dS.stride(1) == dP.stride(1);
+  WEFT_REQUIRE(!causal || tk >= tq, ShapeError, "weft::ops::softmax_backward: causal attention needs at least as many keys (",
+               tk, ") as queries (", tq, ")");
+  const std::size_t shift = tk - tq;
+  auto row = [=](const auto* __restrict p, const auto* dp, T* ds, std::size_t n) {
+    const T dot = detail::lane_sum<T>(n, [&](std::size_t j) { return T(p[j] * dp[j]); });
+    for (std::size_t j = 0; j < n; ++j) ds[j] = scale * p[j] * (dp[j] - dot);
+    for (std::size_t j = n; j < tk; ++j) ds[j] = 0;
+  };
   Kokkos::parallel_for(
       "weft::softmax_backward", detail::range(P, nb * tq), KOKKOS_LAMBDA(std::size_t r) {
         const std::size_t b = r / tq, i = r % tq;
-        T dot = 0;
-        for (std::size_t j = 0; j < tk; ++j) dot += P(b, i, j) * dP(b, i, j);
-        for (std::size_t j = 0; j < tk; ++j) dS(b, i, j) = scale * P(b, i, j) * (dP(b, i, j) - dot);
+        const std::size_t n = causal ? i + shift + 1 : tk;
+        T* ds = &dS(b, i, 0);
+        if (in_place)
+          row(&P(b, i, 0), ds, ds, n);
+        else
+          row(&P(b, i, 0), &dP(b, i, 0), ds, n);
       });
 }
 

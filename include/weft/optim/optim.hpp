@@ -9,6 +9,7 @@
 
 #include <weft/metrics/memory.hpp>
 #include <weft/nn/parameter.hpp>
+#include <weft/ops/common.hpp>
 
 namespace weft::optim {
 
@@ -22,11 +23,22 @@ template <class T, class Space>
 double grad_norm(const std::vector<nn::Parameter<T, Space>*>& params, Comm* tp = nullptr) {
   double sums[2] = {0, 0};  // TP-sharded, replicated
   for (auto* p : params) {
-    auto g = p->grad;
+    // Chunks summed with ops::detail::lane_sum (independent partial sums the
+    // compiler vectorises); one double add per element in a single chain
+    // would run at one add per few cycles.
+    const T* __restrict gp = p->grad.data();
+    const std::size_t n = p->grad.extent(0), chunk = 4096;
     double s = 0;
     Kokkos::parallel_reduce(
-        "weft::grad_norm", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
-        KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
+        "weft::grad_norm", Kokkos::RangePolicy<typename Space::execution_space>(0, (n + chunk - 1) / chunk),
+        KOKKOS_LAMBDA(std::size_t c, double& acc) {
+          const std::size_t i0 = c * chunk, len = n - i0 < chunk ? n - i0 : chunk;
+          acc += ops::detail::lane_sum<double>(len, [&](std::size_t j) {
+            const double x = double(gp[i0 + j]);
+            return x * x;
+          });
+        },
+        s);
     sums[p->tp_sharded() ? 0 : 1] += s;
   }
   if (tp && tp->size() > 1) {
@@ -45,10 +57,14 @@ double clip_grad_norm(const std::vector<nn::Parameter<T, Space>*>& params, doubl
   if (max_norm > 0 && norm > max_norm) {
     const T f = T(max_norm / (norm + 1e-6));
     for (auto* p : params) {
-      auto g = p->grad;
+      T* __restrict gp = p->grad.data();
+      const std::size_t n = p->grad.extent(0), chunk = 4096;
       Kokkos::parallel_for(
-          "weft::clip_grad", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
-          KOKKOS_LAMBDA(std::size_t i) { g(i) *= f; });
+          "weft::clip_grad", Kokkos::RangePolicy<typename Space::execution_space>(0, (n + chunk - 1) / chunk),
+          KOKKOS_LAMBDA(std::size_t c) {
+            const std::size_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+            for (std::size_t i = c * chunk; i < end; ++i) gp[i] *= f;
+          });
     }
   }
   return norm;
