@@ -447,8 +447,8 @@ class Executor {
 /// over DP after the flush, clipped by the global norm (over every stage and
 /// shard) and applied. Returns the global mean loss (identical on every rank)
 /// and the gradient norm before clipping.
-template <class T, class Space, class Optimizer>
-optim::StepResult train_step(Executor<T, Space>& ex, parallel::DataParallel<T, Space>* dp, Optimizer& opt,
+template <class T, class Space, class DP, class Optimizer>
+optim::StepResult train_step(Executor<T, Space>& ex, DP* dp, Optimizer& opt,
                              const data::TokenStream& data, std::uint64_t step, std::size_t global_batch, double lr,
                              double clip) {
   auto& stage = ex.stage();
