@@ -44,6 +44,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -65,6 +66,40 @@ namespace {
 using Space = Kokkos::DefaultExecutionSpace;
 using weft::ConfigError;
 
+// ---------------------------------------------------------------------------
+// The compiled strategies. The runtime is instantiated from strategy types;
+// the command line picks one of the types compiled here, and only here: each
+// function below calls a generic lambda f with the type its flags name,
+// f.template operator()<Type>().
+
+// --dp replicate|zero1|zero2|fsdp: the DP policy (parallel/strategy.hpp).
+template <class F>
+int with_dp_policy(weft::parallel::DPMode mode, F&& f) {
+  using weft::parallel::DPMode;
+  switch (mode) {
+    case DPMode::replicate: return f.template operator()<weft::Replicated>();
+    case DPMode::zero1: return f.template operator()<weft::ZeRO<1>>();
+    case DPMode::zero2: return f.template operator()<weft::ZeRO<2>>();
+    case DPMode::fsdp: return f.template operator()<weft::FullyShard>();
+  }
+  weft::detail::throw_error<ConfigError>("--dp: unknown data-parallel mode");
+}
+
+// The whole strategy of the path without a pipeline, over a DP x TP mesh:
+// the --dp policy on DP and, on TP, nothing at tp = 1, TensorParallel<> at
+// tp > 1 and TensorParallel<SequenceParallel> with --sequence-parallel.
+template <class F>
+int with_strategy(weft::parallel::DPMode mode, int tp, bool sequence_parallel, F&& f) {
+  return with_dp_policy(mode, [&]<class DPPolicy>() {
+    using weft::On;
+    if (sequence_parallel)
+      return f.template operator()<
+          weft::Strategy<On<weft::DP, DPPolicy>, On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>>();
+    if (tp > 1) return f.template operator()<weft::Strategy<On<weft::DP, DPPolicy>, On<weft::TP, weft::TensorParallel<>>>>();
+    return f.template operator()<weft::Strategy<On<weft::DP, DPPolicy>>>();
+  });
+}
+
 struct Options {
   weft::nn::GPTConfig model;
   std::size_t batch = 8, microbatches = 1, steps = 200, threads = 0, corpus_bytes = 2000000;
@@ -80,6 +115,7 @@ struct Options {
   std::string compare;  // a run record whose loss curve this run must follow (--baseline, alias --compare)
   bool check_only = false;  // --check: validate the flags and exit without training
   double tolerance = 1e-5;
+  weft::parallel::DPMode dp_mode = weft::parallel::DPMode::replicate;  // --dp (with_dp_policy picks the type)
   weft::parallel::DPOptions dp_options;
 };
 
@@ -222,7 +258,7 @@ Options parse(int argc, char** argv) {
       {"--compare", [&](const std::string& v) { o.compare = v; }},
       {"--baseline", [&](const std::string& v) { o.compare = v; }},
       {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v, true); }},
-      {"--dp", [&](const std::string& v) { o.dp_options.mode = weft::parallel::parse_dp_mode(v); }},
+      {"--dp", [&](const std::string& v) { o.dp_mode = weft::parallel::parse_dp_mode(v); }},
       {"--bucket-mb", [&](const std::string& v) { o.dp_options.bucket_mb = parse_real("--bucket-mb", v, true); }},
       {"--optimizer",
        [&](const std::string& v) {
@@ -309,32 +345,79 @@ const char* name_of(weft::nn::NormKind k) { return k == weft::nn::NormKind::laye
 const char* name_of(weft::nn::MlpKind k) { return k == weft::nn::MlpKind::gelu ? "gelu" : "swiglu"; }
 const char* name_of(weft::nn::PositionKind k) { return k == weft::nn::PositionKind::learned ? "learned" : "rotary"; }
 
-// The pipeline as train() sees it (the model of the pipeline path): this
-// rank's stage and the executor of its schedule over the PP axis, and the
-// stage boundaries for the record.
-struct PipelineJob {
-  weft::pipeline::Executor<float, Space>& ex;
-  std::string stages;  // blocks per virtual stage
-  const weft::nn::GPTConfig& config() const { return ex.stage().config(); }
-  auto parameter_groups() { return ex.stage().parameter_groups(); }
-  weft::metrics::MemoryLedger memory() { return ex.stage().memory(); }
-  const weft::nn::TensorParallel& tensor_parallel() const { return ex.stage().tensor_parallel(); }
+// The optimizer --optimizer names, behind one type: what train_step calls
+// (step) and what the record reads (memory).
+class Optimizer {
+ public:
+  Optimizer(const Options& o, const std::vector<weft::nn::Parameter<float, Space>*>& params) {
+    if (o.optimizer == "adamw")
+      adamw_ = std::make_unique<weft::optim::AdamW<float, Space>>(params, weft::optim::AdamWOptions{.weight_decay = o.weight_decay});
+    else
+      sgd_ = std::make_unique<weft::optim::SGD<float, Space>>(
+          params, weft::optim::SGDOptions{.momentum = o.momentum, .weight_decay = o.weight_decay});
+  }
+  void step(double lr) { adamw_ ? adamw_->step(lr) : sgd_->step(lr); }
+  weft::metrics::MemoryLedger memory() const { return adamw_ ? adamw_->memory() : sgd_->memory(); }
+
+ private:
+  std::unique_ptr<weft::optim::AdamW<float, Space>> adamw_;
+  std::unique_ptr<weft::optim::SGD<float, Space>> sgd_;
 };
 
-// Trains `gpt` (the whole model, split over tp: nn::GPT; or this rank's
-// pipeline stage: PipelineJob) and writes the run record; one code path for
-// every mesh, so a pipeline run's record has the same fields (memory per
-// rank by category included) as a data-parallel one's.
-template <class Opt, class Model>
-int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Space>& dp, Opt& opt,
-          weft::Comm& tpc,
-          const weft::data::TokenStream& stream, const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram,
-          const std::string& data_name) {
-  constexpr bool pipelined = std::is_same_v<Model, PipelineJob>;
-  const auto& c = gpt.config();
-  weft::Comm& comm = dp.comm();
-  weft::Comm* ppc = nullptr;  // the pipeline axis
-  if constexpr (pipelined) ppc = &gpt.ex.comm();
+// A run as train() sees it, the typed pieces behind functions: the model
+// (the whole GPT of a strategy, or this rank's pipeline stage), its
+// DataParallel and the optimizer. train() -- the loop, the report and the
+// record -- is then compiled once, not once per strategy.
+struct Job {
+  const weft::nn::GPTConfig& config;  // the model's (sequences per microbatch in batch)
+  weft::Comm& dp;                     // the DP axis
+  weft::Comm* pp = nullptr;           // the pipeline axis (null: no pipeline)
+  weft::parallel::DPMode dp_mode;     // the DataParallel's mode()
+  bool sequence_parallel = false;     // the model's tensor_parallel().sp()
+  std::size_t parameters = 0;         // elements of this rank's parameters (its TP share, its stage)
+  // The pipeline: schedule, microbatches, blocks per virtual stage, analytic bubble.
+  std::string schedule = {}, stages = {};
+  int microbatches = 1;
+  double bubble = 0;
+  // One optimizer step: step index, learning rate, profiler (null: none).
+  std::function<weft::optim::StepResult(std::size_t, double, weft::metrics::Profiler*)> step = {};
+  // This rank's memory: the model's but its parameters and gradients (owned
+  // by the data-parallel engine), then DataParallel's and the optimizer's.
+  std::function<weft::metrics::MemoryLedger()> memory = {};
+};
+
+// The ledger Job::memory returns, for a model (nn::GPT or pipeline::Stage), its DataParallel and optimizer.
+template <class Model, class DP>
+weft::metrics::MemoryLedger memory_of(Model& model, const DP& dp, const Optimizer& opt) {
+  using C = weft::metrics::MemoryCategory;
+  weft::metrics::MemoryLedger ledger;
+  const weft::metrics::MemoryLedger mem = model.memory();
+  for (const auto& item : mem.items())
+    if (item.category != C::parameters && item.category != C::gradients) ledger.add(item.category, item.label, item.bytes);
+  ledger.merge(dp.memory());
+  ledger.merge(opt.memory());
+  return ledger;
+}
+
+// Elements of a model's parameters.
+template <class Model>
+std::size_t parameter_count(Model& model) {
+  std::size_t n = 0;
+  for (auto& g : model.parameter_groups())
+    for (auto* p : g) n += p->size();
+  return n;
+}
+
+// Trains the job (the whole model, split over tp; or this rank's pipeline
+// stage) and writes the run record; one code path for every mesh, so a
+// pipeline run's record has the same fields (memory per rank by category
+// included) as a data-parallel one's.
+int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThreads& bt, int ranks_per_node,
+          double unigram, const std::string& data_name) {
+  const bool pipelined = job.pp != nullptr;
+  const auto& c = job.config;
+  weft::Comm& comm = job.dp;
+  weft::Comm* ppc = job.pp;  // the pipeline axis
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   const bool root = world_rank == 0;
@@ -343,32 +426,28 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
   // The MFU yardstick: the best float gemm of the model's own MLP shape and a square one, measured now.
   const auto peak = weft::metrics::measure_sgemm_peak<Space>({{c.tokens(), 4 * c.d_model, c.d_model}, {512, 512, 512}}, 3);
   const double flops_per_token = c.flops_per_token();
-  std::size_t nparams = 0;  // of one TP rank's share of the model (the whole model at tp = 1)
-  for (auto& g : gpt.parameter_groups())
-    for (auto* p : g) nparams += p->size();
+  std::size_t nparams = job.parameters;  // of one TP rank's share of the model (the whole model at tp = 1)
   if (ppc) {  // every stage holds different layers
     Kokkos::View<std::size_t*, Kokkos::HostSpace> v("nparams", 1);
     v(0) = nparams;
     ppc->all_reduce(v);
     nparams = v(0);
   }
-  [[maybe_unused]] double bubble = 0;
-  if constexpr (pipelined) bubble = gpt.ex.schedule().bubble(npp, gpt.ex.microbatches(), {});
+  const double bubble = job.bubble;
+  const char* dp_mode = weft::parallel::to_string(job.dp_mode);
   if (root) {
     std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
                 nparams, flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
-    if constexpr (pipelined)
+    if (pipelined)
       std::printf("train_gpt: mesh dp=%d (%s) x pp=%d x tp=%d%s, schedule %s, %d microbatches of %zu sequences per dp rank, "
                   "stages (blocks per virtual stage) %s, analytic bubble %.3f\n",
-                  ndp, weft::parallel::to_string(dp.mode()), npp, ntp, gpt.tensor_parallel().sp() ? " (sequence parallel)" : "",
-                  gpt.ex.schedule().name.c_str(), gpt.ex.microbatches(), c.batch, gpt.stages.c_str(), bubble);
+                  ndp, dp_mode, npp, ntp, job.sequence_parallel ? " (sequence parallel)" : "",
+                  job.schedule.c_str(), job.microbatches, c.batch, job.stages.c_str(), bubble);
     else if (ntp == 1)
-      std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp,
-                  weft::parallel::to_string(dp.mode()), c.batch);
+      std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp, dp_mode, c.batch);
     else
       std::printf("train_gpt: mesh dp=%d (%s) x tp=%d%s, %zu sequences per data-parallel rank per microbatch\n", ndp,
-                  weft::parallel::to_string(dp.mode()), ntp, gpt.tensor_parallel().sp() ? " (sequence parallel)" : "",
-                  c.batch);
+                  dp_mode, ntp, job.sequence_parallel ? " (sequence parallel)" : "", c.batch);
     std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s per rank\n", bt.threads, bt.reason.c_str(),
                 peak.wall * 1e-9);
   }
@@ -381,7 +460,6 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
   comm.reset_stats();
   tpc.reset_stats();
   if (ppc) ppc->reset_stats();
-  weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("targets", c.tokens());
   std::vector<double> losses, norms, walls, cpus;
   weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
   weft::CommStats warm_stats;    // communication during the warm-up steps (excluded from the steady figures)
@@ -393,11 +471,7 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
     Kokkos::fence();
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = weft::metrics::process_cpu_seconds();
-    weft::optim::StepResult r;
-    if constexpr (pipelined)
-      r = weft::pipeline::train_step(gpt.ex, &dp, opt, stream, s, o.batch, lr, o.clip);
-    else
-      r = weft::parallel::train_step(gpt, dp, opt, stream, s, o.batch, o.microbatches, ids, tg, lr, o.clip, &prof);
+    const weft::optim::StepResult r = job.step(s, lr, &prof);
     Kokkos::fence();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     cpus.push_back(weft::metrics::process_cpu_seconds() - c0);
@@ -431,12 +505,7 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
   // Memory per category on every rank (sharded modes differ by rank).
   using C = weft::metrics::MemoryCategory;
   const C cats[] = {C::parameters, C::gradients, C::optimizer_state, C::activations, C::buffers};
-  auto mem = gpt.memory();
-  weft::metrics::MemoryLedger ledger;
-  for (const auto& item : mem.items())  // parameters and gradients are owned by the data-parallel engine
-    if (item.category != C::parameters && item.category != C::gradients) ledger.add(item.category, item.label, item.bytes);
-  ledger.merge(dp.memory());
-  ledger.merge(opt.memory());
+  const weft::metrics::MemoryLedger ledger = job.memory();
   // The planner splits buffers into communication (the data-parallel engine's
   // collective staging) and temporary (everything else: scratch, gathered groups).
   std::size_t comm_buffers = 0;
@@ -598,11 +667,10 @@ int train(const Options& o, Model& gpt, weft::parallel::DataParallel<float, Spac
                           .set("data", data_name).set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp))
                           .set("position", name_of(c.position)).set("recompute", c.recompute).set("dtype", "float32"));
     Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", 1).set("ep", 1).set("world_size", world)
-                    .set("sequence_parallel", gpt.tensor_parallel().sp())
-                    .set("dp_mode", weft::parallel::to_string(dp.mode())).set("bucket_mb", o.dp_options.bucket_mb)
+                    .set("sequence_parallel", job.sequence_parallel)
+                    .set("dp_mode", dp_mode).set("bucket_mb", o.dp_options.bucket_mb)
                     .set("overlap", o.dp_options.overlap);
-    if constexpr (pipelined)
-      mesh.set("schedule", gpt.ex.schedule().name).set("stages", gpt.stages).set("bubble_analytic", bubble);
+    if (pipelined) mesh.set("schedule", job.schedule).set("stages", job.stages).set("bubble_analytic", bubble);
     rec.set("mesh", mesh);
     rec.set("runtime", Json::object()
                            .set("execution_space", Space::name()).set("kokkos_version", Json(KOKKOS_VERSION))
@@ -737,16 +805,22 @@ int run_pipeline(const Options& o, weft::Environment& env, int ndp, const weft::
   }
   weft::pipeline::Stage<float, Space> stage(o.model, part, o.pp, mesh.coord<weft::PP>(), sched.chunks,
                                             {&mesh.axis<weft::TP>(), o.sequence_parallel});
-  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), o.dp_options);
-  stage.set_hooks(&dp);
-  weft::pipeline::Executor<float, Space> ex(stage, mesh.axis<weft::PP>(), sched, int(o.microbatches));
-  PipelineJob job{ex, part.to_string(L)};
-  if (o.optimizer == "adamw") {
-    weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters(), {.weight_decay = o.weight_decay});
-    return train(o, job, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
-  }
-  weft::optim::SGD<float, Space> opt(dp.optimizer_parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
-  return train(o, job, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
+  return with_dp_policy(o.dp_mode, [&]<class DPPolicy>() {
+    weft::parallel::DataParallel<float, DPPolicy, Space> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), o.dp_options);
+    stage.set_hooks(&dp);
+    weft::pipeline::Executor<float, Space> ex(stage, mesh.axis<weft::PP>(), sched, int(o.microbatches));
+    Optimizer opt(o, dp.optimizer_parameters());
+    Job job{.config = stage.config(), .dp = dp.comm(), .pp = &ex.comm(), .dp_mode = dp.mode(),
+            .sequence_parallel = stage.tensor_parallel().sp(), .parameters = parameter_count(stage),
+            .schedule = ex.schedule().name, .stages = part.to_string(L), .microbatches = ex.microbatches(),
+            .bubble = ex.schedule().bubble(o.pp, ex.microbatches(), {})};
+    // (the pipeline step fills its microbatches before the schedule runs: no input-stall profile)
+    job.step = [&](std::size_t s, double lr, weft::metrics::Profiler*) {
+      return weft::pipeline::train_step(ex, &dp, opt, stream, s, o.batch, lr, o.clip);
+    };
+    job.memory = [&] { return memory_of(stage, dp, opt); };
+    return train(o, job, mesh.axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
+  });
 }
 
 int run(int argc, char** argv, weft::Environment& env) {
@@ -771,7 +845,7 @@ int run(int argc, char** argv, weft::Environment& env) {
     if (o.pp > 1) weft::pipeline::parse_schedule(o.schedule).check(o.pp, int(o.microbatches));
     if (env.world().rank() == 0)
       std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks\n",
-                  n, ntp, o.pp, weft::parallel::to_string(o.dp_options.mode), m.batch, n * ntp * o.pp);
+                  n, ntp, o.pp, weft::parallel::to_string(o.dp_mode), m.batch, n * ntp * o.pp);
     return 0;
   }
   const int model_ranks = ntp * o.pp;  // ranks that hold one copy of the model
@@ -806,15 +880,20 @@ int run(int argc, char** argv, weft::Environment& env) {
   weft::data::TokenStream stream(bytes, opts.model.seq, opts.model.seed);
   if (o.pp > 1) return run_pipeline(opts, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
   weft::Mesh<weft::DP, weft::TP> mesh(env.world(), ndp, ntp);
-  weft::nn::GPT<float, Space> gpt(opts.model, {&mesh.axis<weft::TP>(), o.sequence_parallel});
-  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), opts.dp_options);
-  gpt.set_hooks(&dp);
-  if (o.optimizer == "adamw") {
-    weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters(), {.weight_decay = o.weight_decay});
-    return train(opts, gpt, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
-  }
-  weft::optim::SGD<float, Space> opt(dp.optimizer_parameters(), {.momentum = o.momentum, .weight_decay = o.weight_decay});
-  return train(opts, gpt, dp, opt, mesh.axis<weft::TP>(), stream, bt, ranks_per_node, unigram, data_name);
+  return with_strategy(o.dp_mode, ntp, o.sequence_parallel, [&]<class S>() {
+    weft::nn::GPT<float, S, Space> gpt(mesh, opts.model);
+    weft::parallel::DataParallelOf<float, S, Space> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), opts.dp_options);
+    gpt.set_hooks(&dp);
+    Optimizer opt(opts, dp.optimizer_parameters());
+    weft::ops::Tokens<Space> ids("ids", gpt.config().tokens()), tg("targets", gpt.config().tokens());
+    Job job{.config = gpt.config(), .dp = dp.comm(), .dp_mode = dp.mode(),
+            .sequence_parallel = gpt.tensor_parallel().sp(), .parameters = parameter_count(gpt)};
+    job.step = [&](std::size_t s, double lr, weft::metrics::Profiler* prof) {
+      return weft::parallel::train_step(gpt, dp, opt, stream, s, opts.batch, opts.microbatches, ids, tg, lr, opts.clip, prof);
+    };
+    job.memory = [&] { return memory_of(gpt, dp, opt); };
+    return train(opts, job, mesh.axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
+  });
 }
 
 }  // namespace
