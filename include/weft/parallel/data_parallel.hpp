@@ -23,6 +23,29 @@
 #include <weft/parallel/dp_mode.hpp>
 #include <weft/parallel/strategy.hpp>
 
+namespace weft::detail {
+// DataParallel's kernels. They depend on the element type and the space, not
+// on the policy, so every policy shares one instantiation of each.
+template <class T, class Space>
+double dp_sum_squares(const Kokkos::View<T*, Space>& g) {
+  double s = 0;
+  Kokkos::parallel_reduce(
+      "weft::dp_sumsq", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
+  return s;
+}
+template <class T, class Space>
+void dp_scale(const Kokkos::View<T*, Space>& g, T f) {
+  Kokkos::parallel_for("weft::dp_clip", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) { g(i) *= f; });
+}
+template <class Space, class D, class S>
+void dp_accumulate(const D& dst, const S& src, std::size_t n) {
+  Kokkos::parallel_for("weft::dp_accumulate", Kokkos::RangePolicy<typename Space::execution_space>(0, n),
+                       KOKKOS_LAMBDA(std::size_t i) { dst(i) += src(i); });
+}
+}  // namespace weft::detail
+
 namespace weft::parallel {
 
 /// Run-time options of DataParallel (the mode is its Policy type).
@@ -177,11 +200,7 @@ class DataParallel final : public nn::GroupHooks {
     const double norm = std::sqrt(total);
     if (max_norm > 0 && norm > max_norm) {
       const T f = T(max_norm / (norm + 1e-6));
-      for (auto* p : params) {
-        auto g = p->grad;
-        Kokkos::parallel_for("weft::dp_clip", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
-                             KOKKOS_LAMBDA(std::size_t i) { g(i) *= f; });
-      }
+      for (auto* p : params) weft::detail::dp_scale(p->grad, f);
     }
     return norm;
   }
@@ -312,13 +331,7 @@ class DataParallel final : public nn::GroupHooks {
 
   static std::size_t bytes(const Flat& v) { return v.span() * sizeof(T); }
 
-  static double sum_squares(const Kokkos::View<T*, Space>& g) {
-    double s = 0;
-    Kokkos::parallel_reduce(
-        "weft::dp_sumsq", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
-        KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
-    return s;
-  }
+  static double sum_squares(const Kokkos::View<T*, Space>& g) { return weft::detail::dp_sum_squares(g); }
 
   // Buckets in backward order: blocks last to first, then the root. zero2 and
   // fsdp: one bucket per group; replicate and zero1: parameters packed up to
@@ -516,10 +529,7 @@ class DataParallel final : public nn::GroupHooks {
     q.req.wait();
     if (!q.accumulate) return;
     auto& b = buckets_[q.bucket];
-    auto dst = slice(shard_grad_, b.shard_off, b.chunk);
-    auto src = b.rs_tmp;
-    Kokkos::parallel_for("weft::dp_accumulate", Kokkos::RangePolicy<typename Space::execution_space>(0, b.chunk),
-                         KOKKOS_LAMBDA(std::size_t i) { dst(i) += src(i); });
+    weft::detail::dp_accumulate<Space>(slice(shard_grad_, b.shard_off, b.chunk), b.rs_tmp, b.chunk);
     auto& s = group_state_[q.group];
     track(-std::ptrdiff_t(bytes(s.full_grad)));
     give_back(s.full_grad);
