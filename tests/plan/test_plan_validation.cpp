@@ -23,6 +23,7 @@
 #include <weft/plan/meshes.hpp>
 #include <weft/plan/memory.hpp>
 
+#include "../parallel/tiny_gpt.hpp"
 #include "spec_of_gpt.hpp"
 #include "weft_test.hpp"
 
@@ -148,25 +149,25 @@ void check_stage_budget(const StageMeasured& got, const weft::plan::TrainingBudg
 }
 
 // One training step of this pipeline rank as the runtime runs it: the stage
-// of `schedule` (TP-split over `tp`), DataParallel over `dpc` in `mode` when
-// there is one (its hooks set on the stage), AdamW, the executor on `m`
+// of `schedule` (TP-split over `tp`), DataParallel<float, Policy> over `dpc`
+// when there is one (its hooks set on the stage), AdamW, the executor on `m`
 // microbatches of a `global_batch`; `pstats` holds the PP axis' statistics
 // of the step.
+template <class Policy = weft::Replicated>
 struct StageStep {
   weft::pipeline::ScheduleChoice sched;
   weft::pipeline::Stage<float> stage;
-  std::unique_ptr<weft::parallel::DataParallel<float>> ddp;
+  std::unique_ptr<weft::parallel::DataParallel<float, Policy>> ddp;
   weft::optim::AdamW<float, Space> opt;
   weft::pipeline::Executor<float> ex;
   weft::CommStats pstats;
 
   StageStep(const weft::nn::GPTConfig& cfg, const std::string& schedule, weft::Comm& ppc, weft::Comm* dpc,
-            weft::parallel::DPMode mode, weft::nn::TensorParallel tp, std::size_t m, std::size_t global_batch)
+            weft::nn::TensorParallel tp, std::size_t m, std::size_t global_batch)
       : sched(weft::pipeline::parse_schedule(schedule)),
         stage(cfg, weft::pipeline::equal_partition(cfg.layers, std::size_t(ppc.size()) * std::size_t(sched.chunks)),
               ppc.size(), ppc.rank(), sched.chunks, tp),
-        ddp(dpc ? std::make_unique<weft::parallel::DataParallel<float>>(*dpc, stage.parameter_groups(),
-                                                                         weft::parallel::DPOptions{.mode = mode})
+        ddp(dpc ? std::make_unique<weft::parallel::DataParallel<float, Policy>>(*dpc, stage.parameter_groups())
                 : nullptr),
         opt(ddp ? ddp->optimizer_parameters() : stage.parameters()),
         ex(stage, ppc, sched, int(m)) {
@@ -193,7 +194,7 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
   for (std::string name : {"gpipe", "1f1b", "interleaved:2", "zb"}) {
     CAPTURE(name);
     const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-    StageStep run(cfg, name, w, nullptr, weft::parallel::DPMode::replicate, {}, m, m * mb);
+    StageStep<> run(cfg, name, w, nullptr, {}, m, m * mb);
     auto& stage = run.stage;
     auto& opt = run.opt;
     const auto& stats = run.pstats;
@@ -249,12 +250,20 @@ TEST_CASE("tensor parallelism: the predicted bytes per collective kind equal a r
         c.position = weft::nn::PositionKind::rotary;
       }
       const std::size_t M = 2;  // microbatches per step
-      weft::nn::GPT<float> gpt(c, {&w, sp});
-      weft::optim::AdamW<float, Space> opt(gpt.parameters());
-      auto data = stream(int(c.vocab));
-      Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
-      w.reset_stats();
-      weft::optim::train_step(gpt, opt, data, 0, M, ids, tg, 1e-3, 1.0);
+      auto step = [&](auto& gpt) {
+        weft::optim::AdamW<float, Space> opt(gpt.parameters());
+        auto data = stream(int(c.vocab));
+        Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
+        w.reset_stats();
+        weft::optim::train_step(gpt, opt, data, 0, M, ids, tg, 1e-3, 1.0);
+      };
+      if (sp) {
+        weft::nn::GPT<float, weft::Strategy<weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>> gpt(c, w);
+        step(gpt);
+      } else {
+        weft::nn::GPT<float, weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>> gpt(c, w);
+        step(gpt);
+      }
       const auto& st = w.stats();
       const auto v = weft::plan::comm_volume(spec_of(c, M), MeshSpec{.tp = tp, .sequence_parallel = sp}, 0);
       using K = weft::CommKind;
@@ -330,20 +339,12 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
   ModelSpec spec = spec_of(cfg, m);
   spec.global_batch = dp * m * mb;
   using weft::parallel::DPMode;
-  struct Case {
-    DPMode mode;
-    const char* schedule;
-  };
-  // 1F1B in every mode; zb with the modes whose gradients it changes (zero2
-  // and fsdp reduce-scatter once per step, after the deferred weight halves).
-  for (Case k : {Case{DPMode::replicate, "1f1b"}, Case{DPMode::zero1, "1f1b"}, Case{DPMode::zero2, "1f1b"},
-                 Case{DPMode::fsdp, "1f1b"}, Case{DPMode::zero2, "zb"}, Case{DPMode::fsdp, "zb"}}) {
-    const auto mode = k.mode;
-    const std::string name = k.schedule;
+  auto one = [&]<class Policy>(const std::string& name) {
+    constexpr DPMode mode = Policy::mode;
     CAPTURE(weft::parallel::to_string(mode));
     CAPTURE(name);
     const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-    StageStep run(cfg, name, ppc, &dpc, mode, {}, m, spec.global_batch);
+    StageStep<Policy> run(cfg, name, ppc, &dpc, {}, m, spec.global_batch);
     auto& stage = run.stage;
     auto& opt = run.opt;
     const auto& pstats = run.pstats;
@@ -393,7 +394,12 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
       std::fflush(stdout);
       w.barrier();
     }
-  }
+  };
+  // 1F1B in every mode; zb with the modes whose gradients it changes (zero2
+  // and fsdp reduce-scatter once per step, after the deferred weight halves).
+  weft::test::for_each_dp_policy([&]<class Policy>() { one.template operator()<Policy>("1f1b"); });
+  one.template operator()<weft::ZeRO<2>>("zb");
+  one.template operator()<weft::FullyShard>("zb");
 }
 
 TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per category, with and without sp") {
@@ -410,7 +416,7 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
       CAPTURE(sp);
       CAPTURE(name);
       const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-      StageStep run(cfg, name, ppc, nullptr, weft::parallel::DPMode::replicate, {&mesh.axis<weft::TP>(), sp}, m, m * mb);
+      StageStep<> run(cfg, name, ppc, nullptr, {&mesh.axis<weft::TP>(), sp}, m, m * mb);
       auto& stage = run.stage;
       auto& opt = run.opt;
       const auto& pstats = run.pstats;
@@ -449,7 +455,8 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
   const auto cfg = pipe_gpt(mb);
   ModelSpec spec = spec_of(cfg, m);
   spec.global_batch = dp * m * mb;
-  const auto mode = weft::parallel::DPMode::zero1;  // every category deterministic
+  using Policy = weft::ZeRO<1>;  // every category deterministic
+  const auto mode = Policy::mode;
   struct Case {
     const char* schedule;
     bool sp;
@@ -459,7 +466,7 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
     CAPTURE(name);
     CAPTURE(k.sp);
     const auto [kind, chunks] = weft::plan::parse_schedule_name(name);
-    StageStep run(cfg, name, ppc, &dpc, mode, {&mesh.axis<weft::TP>(), k.sp}, m, spec.global_batch);
+    StageStep<Policy> run(cfg, name, ppc, &dpc, {&mesh.axis<weft::TP>(), k.sp}, m, spec.global_batch);
     auto& stage = run.stage;
     auto& opt = run.opt;
     const auto& pstats = run.pstats;
