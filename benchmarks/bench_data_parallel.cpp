@@ -49,15 +49,16 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Trains `steps` steps after `warmup` on the given communicator and mode.
-Result run(weft::Comm& comm, DPMode mode, bool overlap, const Args& a, const weft::data::TokenStream& data) {
+// Trains `steps` steps after `warmup` on the given communicator with DP policy Policy.
+template <class Policy>
+Result run(weft::Comm& comm, bool overlap, const Args& a, const weft::data::TokenStream& data) {
+  constexpr DPMode mode = Policy::mode;
   const weft::nn::GPTConfig c = a.model.config();
-  weft::nn::GPT<float, Space> gpt(c);
+  weft::nn::GPT<float, weft::SingleProcess, Space> gpt(c);
   weft::parallel::DPOptions o;
-  o.mode = mode;
   o.overlap = overlap;
   o.bucket_mb = a.bucket_mb;
-  weft::parallel::DataParallel<float, Space> dp(comm, gpt.parameter_groups(), o);
+  weft::parallel::DataParallel<float, Policy, Space> dp(comm, gpt.parameter_groups(), o);
   gpt.set_hooks(&dp);
   weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("tg", c.tokens());
@@ -121,22 +122,22 @@ int main(int argc, char** argv) {
 
   weft::Comm self = world.split(world.rank(), 0, "self");
   Result alone;
-  if (root) alone = run(self, DPMode::replicate, true, a, data);
+  if (root) alone = run<weft::Replicated>(self, true, a, data);
   world.barrier();
-  const Result concurrent = run(self, DPMode::replicate, true, a, data);
+  const Result concurrent = run<weft::Replicated>(self, true, a, data);
 
   struct Phase {
     const char* name;
-    DPMode mode;
+    Result (*run)(weft::Comm&, bool, const Args&, const weft::data::TokenStream&);  // run<Policy>
     bool overlap;
     Result r;
   };
-  std::vector<Phase> phases = {{"replicate", DPMode::replicate, true, {}},
-                               {"replicate-no-overlap", DPMode::replicate, false, {}},
-                               {"zero1", DPMode::zero1, true, {}},
-                               {"zero2", DPMode::zero2, true, {}},
-                               {"fsdp", DPMode::fsdp, true, {}}};
-  for (auto& p : phases) p.r = run(world, p.mode, p.overlap, a, data);
+  std::vector<Phase> phases = {{"replicate", &run<weft::Replicated>, true, {}},
+                               {"replicate-no-overlap", &run<weft::Replicated>, false, {}},
+                               {"zero1", &run<weft::ZeRO<1>>, true, {}},
+                               {"zero2", &run<weft::ZeRO<2>>, true, {}},
+                               {"fsdp", &run<weft::FullyShard>, true, {}}};
+  for (auto& p : phases) p.r = p.run(world, p.overlap, a, data);
   if (!root) return 0;
   std::printf("\n%-22s %12s %10s %14s %16s %10s\n", "phase", "tok/s", "step s", "eff vs alone", "eff vs concurrent", "exposed");
   std::printf("%-22s %12.0f %10.3f %14s %16s %10s\n", "dp1-alone", alone.tokens_per_second, alone.step_seconds, "-", "-", "-");

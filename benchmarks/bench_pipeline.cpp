@@ -217,7 +217,7 @@ int throughput_part(weft::Comm& world, Args a) {
   // pp=1: rank 0 alone, gradient accumulation over the same microbatches.
   double pp1 = 0;
   if (root) {
-    weft::nn::GPT<float, Space> gpt(cfg);
+    weft::nn::GPT<float, weft::SingleProcess, Space> gpt(cfg);
     weft::optim::AdamW<float, Space> opt(gpt.parameters());
     weft::ops::Tokens<Space> ids("ids", cfg.tokens()), tg("tg", cfg.tokens());
     std::vector<double> t;
@@ -240,7 +240,7 @@ int throughput_part(weft::Comm& world, Args a) {
   for (std::size_t s = 0; s < a.warmup + a.steps; ++s) {
     world.barrier();
     const double t0 = now();
-    weft::pipeline::train_step(ex, static_cast<weft::parallel::DataParallel<float, Space>*>(nullptr), opt, data, s, global,
+    weft::pipeline::train_step(ex, static_cast<weft::parallel::DataParallel<float, weft::Replicated, Space>*>(nullptr), opt, data, s, global,
                                1e-4, 1.0);
     Kokkos::fence();
     const double dt = now() - t0;

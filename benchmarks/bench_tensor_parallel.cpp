@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,21 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Trains `steps` steps after `warmup`; tp == nullptr: the single-process model.
-Result run(weft::Comm& sync, weft::Comm* tp, bool sp, const Args& a, const weft::data::TokenStream& data) {
+// The strategies measured: tensor parallelism with and without sequence parallelism.
+using TPOnly = weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>;
+using SeqPar = weft::Strategy<weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>;
+
+// Trains `steps` steps after `warmup` of the model strategy S selects, split
+// over tp (S = weft::SingleProcess, tp == nullptr: the single-process model).
+template <class S>
+Result run(weft::Comm& sync, weft::Comm* tp, const Args& a, const weft::data::TokenStream& data) {
   const weft::nn::GPTConfig c = a.model.config();
-  weft::nn::GPT<float, Space> gpt(c, {tp, sp});
+  using Model = weft::nn::GPT<float, S, Space>;
+  const auto model = [&] {
+    if constexpr (Model::tensor_parallel_v) return std::make_unique<Model>(c, *tp);
+    else return std::make_unique<Model>(c);
+  }();
+  Model& gpt = *model;
   weft::optim::AdamW<float, Space> opt(gpt.parameters());
   weft::ops::Tokens<Space> ids("ids", c.tokens()), tg("tg", c.tokens());
   Result r;
@@ -94,10 +106,10 @@ int main(int argc, char** argv) {
                 a.model.layers, a.model.d_model, a.model.heads, a.model.seq, a.model.vocab, a.model.batch, a.model.batch * a.model.seq, a.steps, a.warmup, bt.threads);
   weft::Comm self = world.split(world.rank(), 0, "self");
   Result alone;
-  if (root) alone = run(self, nullptr, false, a, data);
+  if (root) alone = run<weft::SingleProcess>(self, nullptr, a, data);
   world.barrier();
-  const Result tp2 = run(world, &world, false, a, data);
-  const Result sp2 = run(world, &world, true, a, data);
+  const Result tp2 = run<TPOnly>(world, &world, a, data);
+  const Result sp2 = run<SeqPar>(world, &world, a, data);
   if (!root) return 0;
   std::printf("\n%-10s %10s %9s %10s %12s %12s %14s %12s\n", "phase", "tok/s", "step s", "speed-up", "TP exposed",
               "exposed %", "TP MB/step", "param MiB");

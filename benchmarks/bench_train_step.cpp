@@ -194,7 +194,7 @@ int run(int argc, char** argv) {
       peak.cpu = std::max(peak.cpu, f.cpu);
     }
 
-    weft::nn::GPT<float, Space> gpt(c);
+    weft::nn::GPT<float, weft::SingleProcess, Space> gpt(c);
     weft::optim::AdamW<float, Space> opt(gpt.parameters());
     weft::data::TokenStream stream(corpus, c.seq, c.seed);
     weft::ops::Tokens<Space> ids("ids", N), tg("targets", N);

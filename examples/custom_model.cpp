@@ -352,9 +352,7 @@ int train(const Options& o, MeshT& mesh) {
   ResidualMLPModel model(mesh, z);
   const auto part = weft::pipeline::equal_partition(z.blocks, npp * std::size_t(Sched::chunks));
   weft::pipeline::LayerStage<ResidualMLPModel> stage(model, part, int(npp), mesh.coord<weft::PP>(), Sched::chunks);
-  weft::parallel::DPOptions dpo;
-  dpo.mode = DPPolicy::mode;
-  weft::parallel::DataParallel<T> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), dpo);
+  weft::parallel::DataParallelOf<T, S> dp(mesh.axis<weft::DP>(), stage.parameter_groups());
   stage.set_hooks(&dp);
   weft::optim::AdamW<T, Space> opt(dp.optimizer_parameters());
   weft::pipeline::Executor ex(stage, mesh.axis<weft::PP>(), weft::Pipeline<Sched>(int(npp), int(o.microbatches)));

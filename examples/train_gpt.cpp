@@ -760,9 +760,7 @@ int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const w
     }
   }
   weft::pipeline::Stage<float, Strat> stage(mesh, o.model, part, Sched::chunks);
-  weft::parallel::DPOptions dpo = o.dp_options;
-  dpo.mode = DPPolicy::mode;
-  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), dpo);
+  weft::parallel::DataParallel<float, DPPolicy> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), o.dp_options);
   stage.set_hooks(&dp);
   weft::pipeline::Executor ex(stage, mesh.axis<weft::PP>(), weft::Pipeline<Sched>(o.pp, int(o.microbatches)));
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
@@ -795,10 +793,8 @@ int run_data_tensor(const Options& o, weft::Environment& env, int ndp, const wef
   using DPPolicy = typename S::data_parallel;
   weft::Mesh<weft::DP, weft::TP> mesh(env.world(), ndp, o.tp);
   weft::validate_strategy<S>(mesh, o.model.heads);
-  weft::nn::GPT<float, Space> gpt(o.model, {&mesh.axis<weft::TP>(), S::sequence_parallel});
-  weft::parallel::DPOptions dpo = o.dp_options;
-  dpo.mode = DPPolicy::mode;
-  weft::parallel::DataParallel<float, Space> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), dpo);
+  weft::nn::GPT<float, S> gpt(mesh, o.model);
+  weft::parallel::DataParallel<float, DPPolicy> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), o.dp_options);
   gpt.set_hooks(&dp);
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
   weft::ops::Tokens<Space> ids("ids", o.model.tokens()), tg("targets", o.model.tokens());

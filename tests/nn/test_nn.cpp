@@ -223,7 +223,7 @@ TEST_CASE("GPT: whole-model gradients match finite differences") {
     CAPTURE(lc.name);
     auto c = with(lc);
     c.layers = 2;
-    nn::GPT<double, Space> gpt(c);
+    nn::GPT<double, SingleProcess, Space> gpt(c);
     auto ps = gpt.parameters();
     for (auto* p : ps)
       if (p->name().find("bias") != std::string::npos || p->name().find("ln") != std::string::npos)
@@ -239,9 +239,9 @@ TEST_CASE("GPT: whole-model gradients match finite differences") {
 TEST_CASE("GPT: recompute gives bit-identical losses and gradients, with less activation memory") {
   auto c = tiny();
   c.layers = 3;
-  nn::GPT<float, Space> a(c);
+  nn::GPT<float, SingleProcess, Space> a(c);
   c.recompute = true;
-  nn::GPT<float, Space> b(c);
+  nn::GPT<float, SingleProcess, Space> b(c);
   auto ids = ops::Tokens<Space>("ids", c.tokens());
   auto tgt = ops::Tokens<Space>("tgt", c.tokens());
   {
@@ -268,9 +268,9 @@ TEST_CASE("GPT: recompute gives bit-identical losses and gradients, with less ac
 
 TEST_CASE("GPT: initialisation depends on (seed, name, index) only, not on the batch") {
   auto c = tiny();
-  nn::GPT<double, Space> a(c);
+  nn::GPT<double, SingleProcess, Space> a(c);
   c.batch = 3;
-  nn::GPT<double, Space> b(c);
+  nn::GPT<double, SingleProcess, Space> b(c);
   auto pa = a.parameters(), pb = b.parameters();
   for (std::size_t i = 0; i < pa.size(); ++i) CHECK(to_vector(pa[i]->value) == to_vector(pb[i]->value));
   // A parameter is exactly init_normal of its name; its residual projection is scaled down.
@@ -289,7 +289,7 @@ TEST_CASE("GPT: initialisation depends on (seed, name, index) only, not on the b
   ops::init_normal(ref2, c.seed, "blocks.0.attn.proj.weight", c.init_std / std::sqrt(2.0 * double(c.layers)));
   CHECK(to_vector(ref2) == to_vector(proj->value));
   c.seed += 1;
-  nn::GPT<double, Space> d(c);
+  nn::GPT<double, SingleProcess, Space> d(c);
   CHECK(to_vector(d.parameters()[0]->value) != to_vector(pa[0]->value));
 }
 
@@ -304,7 +304,7 @@ TEST_CASE("GPT: parameter count, model FLOPs formula and memory categories") {
   const double L = 2, D = 16, V = 32, T = 8;
   CHECK(c.matmul_params() == 12 * L * D * D + D * V);
   CHECK(c.flops_per_token() == 6 * (12 * L * D * D + D * V) + 12 * L * T * D);
-  nn::GPT<float, Space> gpt(c);
+  nn::GPT<float, SingleProcess, Space> gpt(c);
   // Embeddings V*D + T*D; per block 2 norms (4D), qkv D*3D+3D, proj D*D+D, up D*4D+4D, down 4D*D+D; ln_f 2D; head D*V.
   const std::size_t per_block = 4 * 16 + (16 * 48 + 48) + (16 * 16 + 16) + (16 * 64 + 64) + (64 * 16 + 16);
   CHECK(gpt.num_parameters() == 32 * 16 + 8 * 16 + 2 * per_block + 2 * 16 + 16 * 32);

@@ -72,7 +72,7 @@ TEST_CASE("corpus files: an unreadable or empty file is a clear error") {
 std::vector<double> train(nn::GPTConfig c, int steps, double lr, std::size_t microbatches = 1) {
   const auto bytes = data::synthetic_corpus(200000, 0);
   data::TokenStream stream(bytes, c.seq, c.seed);
-  nn::GPT<float, Space> gpt(c);
+  nn::GPT<float, SingleProcess, Space> gpt(c);
   optim::AdamW<float, Space> opt(gpt.parameters());
   ops::Tokens<Space> ids("ids", c.tokens()), tg("tg", c.tokens());
   std::vector<double> losses;

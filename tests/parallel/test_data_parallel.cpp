@@ -1,4 +1,5 @@
-// Data parallelism: every mode at dp = world size follows the single-process
+// Data parallelism: every policy (Replicated, ZeRO<1>, ZeRO<2>, FullyShard) at
+// dp = world size follows the single-process
 // loss curve of the same model on the same global batch; sharded optimizer
 // states equal the single-process ones; fully sharded memory is a fraction of
 // the single-process figure; bad batch sizes are named.
@@ -6,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tiny_gpt.hpp"
@@ -47,20 +49,20 @@ Run<T> reference(std::size_t steps, weft::nn::GPT<T>** keep = nullptr, weft::opt
   return r;
 }
 
-template <class T>
+template <class T, class Policy>
 struct DPRun {
   Run<T> run;
   std::unique_ptr<weft::nn::GPT<T>> gpt;
-  std::unique_ptr<DataParallel<T>> dp;
+  std::unique_ptr<DataParallel<T, Policy>> dp;
   std::unique_ptr<weft::optim::AdamW<T, Kokkos::DefaultExecutionSpace>> opt;
 };
 
-template <class T>
-DPRun<T> data_parallel(weft::Comm& comm, DPOptions o, std::size_t microbatches, std::size_t steps) {
-  DPRun<T> out;
+template <class T, class Policy>
+DPRun<T, Policy> data_parallel(weft::Comm& comm, DPOptions o, std::size_t microbatches, std::size_t steps) {
+  DPRun<T, Policy> out;
   const std::size_t mb = weft::parallel::local_microbatch(kGlobalBatch, std::size_t(comm.size()), microbatches);
   out.gpt = std::make_unique<weft::nn::GPT<T>>(tiny(mb));
-  out.dp = std::make_unique<DataParallel<T>>(comm, out.gpt->parameter_groups(), o);
+  out.dp = std::make_unique<DataParallel<T, Policy>>(comm, out.gpt->parameter_groups(), o);
   out.gpt->set_hooks(out.dp.get());
   out.opt = std::make_unique<weft::optim::AdamW<T, Kokkos::DefaultExecutionSpace>>(out.dp->optimizer_parameters());
   auto data = successor_stream();
@@ -73,18 +75,25 @@ DPRun<T> data_parallel(weft::Comm& comm, DPOptions o, std::size_t microbatches, 
   return out;
 }
 
-std::vector<DPOptions> all_modes() {
-  std::vector<DPOptions> v;
-  for (DPMode m : {DPMode::replicate, DPMode::zero1, DPMode::zero2, DPMode::fsdp}) {
-    DPOptions o;
-    o.mode = m;
-    o.bucket_mb = 0.004;  // a few KiB: several buckets even for the tiny model
-    v.push_back(o);
-  }
-  return v;
+DPOptions small_buckets() {
+  DPOptions o;
+  o.bucket_mb = 0.004;  // a few KiB: several buckets even for the tiny model
+  return o;
 }
 
+using weft::test::for_each_dp_policy;
 using weft::test::rel;
+
+// The policy types name the modes of the planner's vocabulary.
+static_assert(DataParallel<float>::mode() == DPMode::replicate);
+static_assert(DataParallel<float, weft::ZeRO<1>>::mode() == DPMode::zero1);
+static_assert(DataParallel<float, weft::ZeRO<2>>::mode() == DPMode::zero2);
+static_assert(DataParallel<float, weft::FullyShard>::mode() == DPMode::fsdp);
+static_assert(std::is_same_v<weft::dp_policy_of<DPMode::zero2>, weft::ZeRO<2>>);
+// A strategy selects its DataParallel; one without DP replicates.
+static_assert(std::is_same_v<weft::parallel::DataParallelOf<float, weft::Strategy<weft::On<weft::DP, weft::Shard<0>>>>,
+                             DataParallel<float, weft::FullyShard>>);
+static_assert(std::is_same_v<weft::parallel::DataParallelOf<float, weft::SingleProcess>, DataParallel<float>>);
 
 }  // namespace
 
@@ -92,34 +101,35 @@ TEST_CASE("every data-parallel mode follows the single-process loss curve (fp32,
   auto& w = weft::test::world();
   const auto ref = reference<float>(20);
   const std::size_t micro = (kGlobalBatch / std::size_t(w.size())) % 2 == 0 ? 2 : 1;
-  for (auto o : all_modes()) {
-    INFO("mode ", weft::parallel::to_string(o.mode), " dp ", w.size(), " microbatches ", micro);
-    auto r = data_parallel<float>(w, o, micro, 20);
+  for_each_dp_policy([&]<class P>() {
+    INFO("mode ", P::policy_name(), " dp ", w.size(), " microbatches ", micro);
+    auto r = data_parallel<float, P>(w, small_buckets(), micro, 20);
     for (std::size_t s = 0; s < ref.loss.size(); ++s) {
       INFO("step ", s, " loss ", r.run.loss[s], " reference ", ref.loss[s]);
       CHECK(rel(r.run.loss[s], ref.loss[s]) <= 1e-5);
     }
     CHECK(ref.loss.back() < ref.loss.front());  // it trains
-  }
+  });
 }
 
 TEST_CASE("in double precision the whole curve agrees to 1e-11, with and without overlap and prefetch") {
   auto& w = weft::test::world();
   const auto ref = reference<double>(10);
-  for (auto o : all_modes()) {
+  for_each_dp_policy([&]<class P>() {
     for (bool variant : {false, true}) {
+      DPOptions o = small_buckets();
       o.overlap = variant;
       o.prefetch = variant;
       o.reshard_after_forward = variant;
-      INFO("mode ", weft::parallel::to_string(o.mode), " overlap/prefetch/reshard ", variant);
-      auto r = data_parallel<double>(w, o, 1, 10);
+      INFO("mode ", P::policy_name(), " overlap/prefetch/reshard ", variant);
+      auto r = data_parallel<double, P>(w, o, 1, 10);
       for (std::size_t s = 0; s < ref.loss.size(); ++s) {
         INFO("step ", s);
         CHECK(rel(r.run.loss[s], ref.loss[s]) <= 1e-11);
         CHECK(rel(r.run.norm[s], ref.norm[s]) <= 1e-9);
       }
     }
-  }
+  });
 }
 
 TEST_CASE("sharded optimizer states equal the single-process ones, element by element") {
@@ -128,9 +138,9 @@ TEST_CASE("sharded optimizer states equal the single-process ones, element by el
   weft::optim::AdamW<double, Kokkos::DefaultExecutionSpace>* ref_opt = nullptr;
   reference<double>(5, &ref_gpt, &ref_opt);
   auto ref_params = ref_gpt->parameters();
-  for (auto o : all_modes()) {
-    INFO("mode ", weft::parallel::to_string(o.mode));
-    auto r = data_parallel<double>(w, o, 1, 5);
+  for_each_dp_policy([&]<class P>() {
+    INFO("mode ", P::policy_name());
+    auto r = data_parallel<double, P>(w, small_buckets(), 1, 5);
     const auto& origins = r.dp->piece_origins();
     auto pieces = r.dp->optimizer_parameters();
     REQUIRE(origins.size() == pieces.size());
@@ -166,9 +176,9 @@ TEST_CASE("sharded optimizer states equal the single-process ones, element by el
     std::int64_t total = std::int64_t(covered);
     Kokkos::View<std::int64_t*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> tv(&total, 1);
     w.all_reduce(tv);
-    const std::int64_t want = std::int64_t(ref_gpt->num_parameters()) * (o.mode == DPMode::replicate ? w.size() : 1);
+    const std::int64_t want = std::int64_t(ref_gpt->num_parameters()) * (P::mode == DPMode::replicate ? w.size() : 1);
     CHECK(total == want);
-  }
+  });
   delete ref_opt;
   delete ref_gpt;
 }
@@ -187,9 +197,7 @@ TEST_CASE("fully sharded: per-rank parameter + gradient + optimizer memory is a 
   auto c2 = c;
   c2.batch = 2;
   weft::nn::GPT<float> model(c2);
-  DPOptions o;
-  o.mode = DPMode::fsdp;
-  DataParallel<float> dp(w, model.parameter_groups(), o);
+  DataParallel<float, weft::FullyShard> dp(w, model.parameter_groups());
   model.set_hooks(&dp);
   weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(dp.optimizer_parameters());
   auto data = successor_stream();

@@ -43,21 +43,20 @@ struct PipeRun {
   int promised_peak = 0;
 };
 
-// Trains on a pipeline of the PP communicator (and DP, when given) with schedule Sched.
-template <class Sched>
-PipeRun run_pipeline_with(weft::Comm& pp, weft::Comm* dpc, std::size_t microbatches, weft::parallel::DPMode mode,
-                          std::size_t steps, weft::pipeline::ExecutorOptions eo) {
+// Trains on a pipeline of the PP communicator (and DP with Policy, when given) with schedule Sched.
+template <class Sched, class Policy>
+PipeRun run_pipeline_with(weft::Comm& pp, weft::Comm* dpc, std::size_t microbatches, std::size_t steps,
+                          weft::pipeline::ExecutorOptions eo) {
   const std::size_t ndp = dpc ? std::size_t(dpc->size()) : 1;
   const std::size_t mb = weft::parallel::local_microbatch(kGlobalBatch, ndp, microbatches);
   const auto cfg = tiny(mb);
   const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(pp.size() * Sched::chunks));
   weft::pipeline::Stage<float> stage(cfg, part, pp.size(), pp.rank(), Sched::chunks);
-  std::unique_ptr<weft::parallel::DataParallel<float>> dp;
+  std::unique_ptr<weft::parallel::DataParallel<float, Policy>> dp;
   if (dpc) {
     weft::parallel::DPOptions o;
-    o.mode = mode;
     o.bucket_mb = 0.004;
-    dp = std::make_unique<weft::parallel::DataParallel<float>>(*dpc, stage.parameter_groups(), o);
+    dp = std::make_unique<weft::parallel::DataParallel<float, Policy>>(*dpc, stage.parameter_groups(), o);
     stage.set_hooks(dp.get());
   }
   weft::optim::AdamW<float, Space> opt(dp ? dp->optimizer_parameters() : stage.parameters());
@@ -72,11 +71,11 @@ PipeRun run_pipeline_with(weft::Comm& pp, weft::Comm* dpc, std::size_t microbatc
 }
 
 // The same, with the schedule named as on the command line.
+template <class Policy = weft::Replicated>
 PipeRun run_pipeline(weft::Comm& pp, weft::Comm* dpc, const std::string& schedule, std::size_t microbatches,
-                     weft::parallel::DPMode mode = weft::parallel::DPMode::replicate, std::size_t steps = kSteps,
-                     weft::pipeline::ExecutorOptions eo = {}) {
+                     std::size_t steps = kSteps, weft::pipeline::ExecutorOptions eo = {}) {
   return weft::pipeline::visit_schedule(schedule, [&]<class S>(std::type_identity<S>) {
-    return run_pipeline_with<S>(pp, dpc, microbatches, mode, steps, eo);
+    return run_pipeline_with<S, Policy>(pp, dpc, microbatches, steps, eo);
   });
 }
 
@@ -140,7 +139,7 @@ TEST_CASE("pipeline: the cap of in-flight gradient sends: waiting in place follo
   // 1F1B with no send buffer: every retiring slot waits for its gradient send.
   weft::pipeline::ExecutorOptions eo;
   eo.send_buffers = 0;
-  const auto r = run_pipeline(w, nullptr, "1f1b", m, weft::parallel::DPMode::replicate, 6, eo);
+  const auto r = run_pipeline(w, nullptr, "1f1b", m, 6, eo);
   for (std::size_t i = 0; i < r.loss.size(); ++i) CHECK(rel(r.loss[i], ref[i]) <= 1e-5);
   // interleaved:2 needs one buffer: without it a rank can wait on a send
   // whose receive its peer posts only after a message this rank sends later.
@@ -171,18 +170,17 @@ TEST_CASE("pipeline: dp x pp = 2 x 2 with replicate, zero1, zero2 and fsdp follo
   using M = weft::Mesh<weft::DP, weft::PP>;
   M mesh(w, {.dp = 2, .pp = 2});
   const auto& ref = reference_losses();
-  for (auto mode : {weft::parallel::DPMode::replicate, weft::parallel::DPMode::zero1, weft::parallel::DPMode::zero2,
-                    weft::parallel::DPMode::fsdp}) {
+  weft::test::for_each_dp_policy([&]<class Policy>() {
     for (std::string s : {"1f1b", "interleaved:2", "zb"}) {
       CAPTURE(s);
-      CAPTURE(weft::parallel::to_string(mode));
-      const auto r = run_pipeline(mesh.axis<weft::PP>(), &mesh.axis<weft::DP>(), s, 2, mode);
+      CAPTURE(Policy::policy_name());
+      const auto r = run_pipeline<Policy>(mesh.axis<weft::PP>(), &mesh.axis<weft::DP>(), s, 2);
       double worst = 0;
       for (std::size_t i = 0; i < kSteps; ++i) worst = std::max(worst, rel(r.loss[i], ref[i]));
       CAPTURE(worst);
       CHECK(worst <= 1e-5);
     }
-  }
+  });
 }
 
 TEST_CASE("pipeline: zero-bubble with zero2 and fsdp over dp = world follows the single-process curve") {
@@ -192,14 +190,16 @@ TEST_CASE("pipeline: zero-bubble with zero2 and fsdp over dp = world follows the
   using M = weft::Mesh<weft::DP, weft::PP>;
   M mesh(w, {.dp = w.size(), .pp = 1});
   const auto& ref = reference_losses();
-  for (auto mode : {weft::parallel::DPMode::zero2, weft::parallel::DPMode::fsdp}) {
-    CAPTURE(weft::parallel::to_string(mode));
-    const auto r = run_pipeline(mesh.axis<weft::PP>(), &mesh.axis<weft::DP>(), "zb", 2, mode);
+  auto one = [&]<class Policy>() {
+    CAPTURE(Policy::policy_name());
+    const auto r = run_pipeline<Policy>(mesh.axis<weft::PP>(), &mesh.axis<weft::DP>(), "zb", 2);
     double worst = 0;
     for (std::size_t i = 0; i < kSteps; ++i) worst = std::max(worst, rel(r.loss[i], ref[i]));
     CAPTURE(worst);
     CHECK(worst <= 1e-5);
-  }
+  };
+  one.template operator()<weft::ZeRO<2>>();
+  one.template operator()<weft::FullyShard>();
 }
 
 TEST_CASE("pipeline: bad schedules and stage specifications are named") {
@@ -210,7 +210,7 @@ TEST_CASE("pipeline: bad schedules and stage specifications are named") {
   auto& w = weft::test::world();
   if (w.size() >= 2) {
     // 1F1B needs at least as many microbatches as stages.
-    CHECK_THROWS_WITH_AS(run_pipeline(w, nullptr, "1f1b", 1, weft::parallel::DPMode::replicate, 1),
+    CHECK_THROWS_WITH_AS(run_pipeline(w, nullptr, "1f1b", 1, 1),
                          doctest::Contains("microbatches >= stages"), weft::ConfigError);
   }
 }
@@ -226,5 +226,5 @@ TEST_CASE("pipeline: a rank that throws mid-schedule fails on purpose") {
     ++calls;
     if (w.rank() == 1 && calls > 10 && k == 7) throw std::runtime_error("deliberate failure on pipeline rank 1");
   };
-  run_pipeline(w, nullptr, "1f1b", std::size_t(std::max(4, w.size())), weft::parallel::DPMode::replicate, 3, eo);
+  run_pipeline(w, nullptr, "1f1b", std::size_t(std::max(4, w.size())), 3, eo);
 }

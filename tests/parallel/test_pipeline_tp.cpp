@@ -45,9 +45,10 @@ struct Run {
   weft::metrics::MemoryLedger memory;
 };
 
-// Trains on the mesh's pipeline with the stages split over its TP axis, with schedule Sched and layer policy LP.
-template <class Sched, class LP>
-Run run_pp_tp_with(Mesh3& mesh, std::size_t microbatches, bool llama, weft::parallel::DPMode mode, std::size_t steps) {
+// Trains on the mesh's pipeline with the stages split over its TP axis, with schedule Sched, layer policy LP
+// and DP policy Policy.
+template <class Sched, class LP, class Policy>
+Run run_pp_tp_with(Mesh3& mesh, std::size_t microbatches, bool llama, std::size_t steps) {
   auto& pp = mesh.axis<weft::PP>();
   auto& dpc = mesh.axis<weft::DP>();
   const std::size_t mb = weft::parallel::local_microbatch(kGlobalBatch, std::size_t(dpc.size()), microbatches);
@@ -55,9 +56,8 @@ Run run_pp_tp_with(Mesh3& mesh, std::size_t microbatches, bool llama, weft::para
   const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(pp.size() * Sched::chunks));
   weft::pipeline::GPTStage<float, Space, LP> stage(mesh, cfg, part, Sched::chunks);
   weft::parallel::DPOptions o;
-  o.mode = mode;
   o.bucket_mb = 0.004;
-  weft::parallel::DataParallel<float> dp(dpc, stage.parameter_groups(), o);
+  weft::parallel::DataParallel<float, Policy> dp(dpc, stage.parameter_groups(), o);
   stage.set_hooks(&dp);
   weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
   weft::pipeline::Executor ex(stage, pp, weft::Pipeline<Sched>(pp.size(), int(microbatches)));
@@ -70,11 +70,12 @@ Run run_pp_tp_with(Mesh3& mesh, std::size_t microbatches, bool llama, weft::para
 }
 
 // The same with the schedule named as on the command line and sequence parallelism on or off.
+template <class Policy = weft::Replicated>
 Run run_pp_tp(Mesh3& mesh, const std::string& schedule, std::size_t microbatches, bool sp, bool llama,
-              weft::parallel::DPMode mode = weft::parallel::DPMode::replicate, std::size_t steps = kSteps) {
+              std::size_t steps = kSteps) {
   return weft::pipeline::visit_schedule(schedule, [&]<class S>(std::type_identity<S>) {
-    if (sp) return run_pp_tp_with<S, weft::TensorParallel<weft::SequenceParallel>>(mesh, microbatches, llama, mode, steps);
-    return run_pp_tp_with<S, weft::TensorParallel<>>(mesh, microbatches, llama, mode, steps);
+    if (sp) return run_pp_tp_with<S, weft::TensorParallel<weft::SequenceParallel>, Policy>(mesh, microbatches, llama, steps);
+    return run_pp_tp_with<S, weft::TensorParallel<>, Policy>(mesh, microbatches, llama, steps);
   });
 }
 
@@ -129,29 +130,29 @@ TEST_CASE("pipeline x tp: data-parallel zero1, zero2 and fsdp compose with tp in
   if (w.size() != 8) return;
   auto mesh = mesh_for_world();
   const auto ref = reference_losses(false);
-  using M = weft::parallel::DPMode;
-  const std::pair<M, const char*> runs[] = {{M::zero1, "1f1b"}, {M::zero2, "zb"}, {M::fsdp, "1f1b"}, {M::fsdp, "zb"}};
-  for (const auto& run : runs) {
-    const M mode = run.first;
-    const std::string s = run.second;
-    CAPTURE(weft::parallel::to_string(mode));
+  auto one = [&]<class Policy>(const std::string& s) {
+    CAPTURE(Policy::policy_name());
     CAPTURE(s);
-    const auto r = run_pp_tp(*mesh, s, 2, false, false, mode);
+    const auto r = run_pp_tp<Policy>(*mesh, s, 2, false, false);
     const double worst = worst_of(r.loss, ref);
     CAPTURE(worst);
     CHECK(worst <= 1e-5);
-  }
+  };
+  one.template operator()<weft::ZeRO<1>>("1f1b");
+  one.template operator()<weft::ZeRO<2>>("zb");
+  one.template operator()<weft::FullyShard>("1f1b");
+  one.template operator()<weft::FullyShard>("zb");
 }
 
 TEST_CASE("pipeline x tp: the stage's memory counts zb's deferred gradient copies") {
   auto mesh = mesh_for_world();
   if (!mesh) return;
-  const auto r = run_pp_tp(*mesh, "zb", 2, false, false, weft::parallel::DPMode::replicate, 2);
+  const auto r = run_pp_tp(*mesh, "zb", 2, false, false, 2);
   bool deferred = false;
   for (const auto& item : r.memory.items())
     if (item.label == "pipeline.deferred_output_gradients") deferred = item.bytes > 0;
   CHECK(deferred);
-  const auto plain = run_pp_tp(*mesh, "1f1b", 2, false, false, weft::parallel::DPMode::replicate, 2);
+  const auto plain = run_pp_tp(*mesh, "1f1b", 2, false, false, 2);
   for (const auto& item : plain.memory.items()) CHECK(item.label != "pipeline.deferred_output_gradients");
 }
 

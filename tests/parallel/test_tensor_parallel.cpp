@@ -4,11 +4,13 @@
 // positions, grouped-query heads) follows the single-process loss curve and
 // gradient norm for 20 steps; the TP collectives of a step move exactly the
 // bytes of the formula in docs/tensor_parallel.md; indivisible sizes are
-// ConfigErrors naming the quantity and the valid TP sizes.
+// ConfigErrors naming the quantity and the valid TP sizes; the model type
+// comes from the strategy's layer policy alone.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../plan/spec_of_gpt.hpp"
@@ -17,7 +19,29 @@
 namespace {
 
 using weft::nn::GPTConfig;
-using weft::nn::TensorParallel;
+
+// The two tensor-parallel strategies of these tests (the world is the TP axis).
+using TPOnly = weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>;
+using SeqPar = weft::Strategy<weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>;
+
+// Strategies that differ only in what wraps the model share one model type.
+static_assert(std::is_same_v<weft::nn::GPT<float, weft::Strategy<weft::On<weft::DP, weft::FullyShard>,
+                                                                 weft::On<weft::TP, weft::TensorParallel<>>>>,
+                             weft::nn::GPT<float, weft::Strategy<weft::On<weft::DP, weft::ZeRO<1>>,
+                                                                 weft::On<weft::TP, weft::TensorParallel<>>>>>);
+static_assert(std::is_same_v<weft::nn::GPT<float, TPOnly>, weft::nn::GPTModel<float, Kokkos::DefaultExecutionSpace,
+                                                                            weft::TensorParallel<>>>);
+static_assert(std::is_same_v<weft::nn::GPT<float, weft::Strategy<weft::On<weft::DP, weft::ZeRO<2>>>>, weft::nn::GPT<float>>);
+static_assert(!std::is_same_v<weft::nn::GPT<float, TPOnly>, weft::nn::GPT<float, SeqPar>>);
+static_assert(weft::nn::GPT<float, SeqPar>::sequence_parallel_v && !weft::nn::GPT<float, TPOnly>::sequence_parallel_v);
+
+// Calls f.template operator()<S>() for TPOnly and, where the world has more
+// than one rank to shard tokens over, SeqPar.
+template <class F>
+void for_each_tp_strategy(F&& f) {
+  f.template operator()<TPOnly>();
+  if (weft::test::world().size() > 1) f.template operator()<SeqPar>();
+}
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
@@ -64,8 +88,9 @@ struct Curve {
 
 // 20 AdamW steps of 2 microbatches each (gradient accumulation across
 // microbatches is where partial gradients could be double-counted).
-Curve train(const GPTConfig& c, TensorParallel tp, std::size_t steps = 20) {
-  weft::nn::GPT<float> gpt(c, tp);
+template <class Model>
+Curve train(Model& gpt, std::size_t steps = 20) {
+  const GPTConfig& c = gpt.config();
   weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(gpt.parameters());
   auto data = stream(c.seq, int(c.vocab));
   Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
@@ -151,26 +176,31 @@ TEST_CASE("the GPT split over TP follows the single-process loss curve and gradi
   auto& w = weft::test::world();
   for (const GPTConfig& c : {gpt2_tiny(), llama_tiny()}) {
     if (c.kv() % std::size_t(w.size()) != 0 || c.heads % std::size_t(w.size()) != 0) continue;
-    const Curve ref = train(c, {});
+    weft::nn::GPT<float> single(c);
+    const Curve ref = train(single);
     CHECK(ref.loss.back() < ref.loss.front());  // it trains
-    for (bool sp : {false, true}) {
-      INFO("mlp ", c.mlp == weft::nn::MlpKind::gelu ? "gelu" : "swiglu", " tp ", w.size(), " sequence parallel ", sp);
-      const Curve r = train(c, {&w, sp});
+    for_each_tp_strategy([&]<class S>() {
+      INFO("mlp ", c.mlp == weft::nn::MlpKind::gelu ? "gelu" : "swiglu", " tp ", w.size(), " ", S::name());
+      weft::nn::GPT<float, S> gpt(c, w);
+      const Curve r = train(gpt);
       for (std::size_t s = 0; s < ref.loss.size(); ++s) {
         INFO("step ", s, " loss ", r.loss[s], " reference ", ref.loss[s], " norm ", r.norm[s], " reference ", ref.norm[s]);
         CHECK(rel(r.loss[s], ref.loss[s]) <= 1e-5);
         CHECK(rel(r.norm[s], ref.norm[s]) <= 1e-4);
       }
-    }
+    });
   }
 }
 
 TEST_CASE("recompute under sequence parallelism keeps the curve") {
   auto& w = weft::test::world();
+  if (w.size() == 1) return;  // sequence parallelism needs tp > 1
   GPTConfig c = gpt2_tiny();
   c.recompute = true;
-  const Curve ref = train(c, {}, 5);
-  const Curve r = train(c, {&w, true}, 5);
+  weft::nn::GPT<float> single(c);
+  weft::nn::GPT<float, SeqPar> split(c, w);
+  const Curve ref = train(single, 5);
+  const Curve r = train(split, 5);
   for (std::size_t s = 0; s < ref.loss.size(); ++s) CHECK(rel(r.loss[s], ref.loss[s]) <= 1e-5);
 }
 
@@ -179,9 +209,10 @@ TEST_CASE("the TP collectives of one step move exactly the bytes of the analytic
   if (w.size() == 1) return;
   for (const GPTConfig& c : {gpt2_tiny(), llama_tiny()}) {
     if (c.kv() % std::size_t(w.size()) != 0) continue;
-    for (bool sp : {false, true}) {
+    for_each_tp_strategy([&]<class S>() {
+      constexpr bool sp = S::sequence_parallel;
       INFO("tp ", w.size(), " sequence parallel ", sp, " mlp ", c.mlp == weft::nn::MlpKind::gelu ? "gelu" : "swiglu");
-      weft::nn::GPT<float> gpt(c, {&w, sp});
+      weft::nn::GPT<float, S> gpt(c, w);
       weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(gpt.parameters());
       auto data = stream(c.seq, int(c.vocab));
       Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
@@ -198,7 +229,7 @@ TEST_CASE("the TP collectives of one step move exactly the bytes of the analytic
       const std::uint64_t norm_params = (ln ? 2 : 1) * D;
       const std::uint64_t pos = c.position == weft::nn::PositionKind::learned ? c.seq * D : 0;
       using K = weft::CommKind;
-      if (!sp) {
+      if constexpr (!sp) {
         // all-reduce: embedding, 2 per block forward, head input gradient, 2 per block backward.
         CHECK(st[K::all_reduce].bytes == M * ((4 * L + 2) * nd + ce) + clip);
         CHECK(st[K::all_reduce].calls == M * (4 * L + 4) + 1);
@@ -215,7 +246,7 @@ TEST_CASE("the TP collectives of one step move exactly the bytes of the analytic
         CHECK(st[K::all_reduce].bytes == M * (ce + (L * 2 * norm_params + norm_params + pos) * b) + clip);
         CHECK(st[K::all_reduce].calls == M * (2 + L + 1) + 1);
       }
-    }
+    });
   }
 }
 
@@ -225,7 +256,8 @@ TEST_CASE("sizes that tp does not divide are ConfigErrors naming the quantity, t
   const std::string tp = std::to_string(w.size());
   auto message = [&](GPTConfig c, bool sp) -> std::string {
     try {
-      weft::nn::GPT<float> g(c, {&w, sp});
+      if (sp) weft::nn::GPT<float, SeqPar> g(c, w);
+      else weft::nn::GPT<float, TPOnly> g(c, w);
     } catch (const weft::ConfigError& e) {
       return e.what();
     }
@@ -265,7 +297,8 @@ TEST_CASE("the planner's per-rank parameter count is what the split GPT holds, e
   auto& w = weft::test::world();
   for (const GPTConfig& c : {gpt2_tiny(), llama_tiny()}) {
     if (c.kv() % std::size_t(w.size()) != 0) continue;
-    weft::nn::GPT<float> gpt(c, {&w, false});
+    weft::Mesh<weft::TP> mesh(w, w.size());
+    weft::nn::GPT<float, TPOnly> gpt(mesh, c);
     std::size_t held = 0;
     for (auto* p : gpt.parameters()) held += p->size();
     const weft::plan::ModelSpec m = weft::test::spec_of(c);
@@ -273,5 +306,36 @@ TEST_CASE("the planner's per-rank parameter count is what the split GPT holds, e
     s.tp = std::size_t(w.size());
     INFO("tp ", w.size(), " held ", held);
     CHECK(weft::plan::stage_params(m, s).total() == double(held));
+  }
+}
+
+TEST_CASE("the strategy's checks: sequence parallelism needs tp > 1; a mesh's TP axis needs a TP policy") {
+  auto& w = weft::test::world();
+  // A DP x TP mesh whose TP axis has one rank.
+  weft::Mesh<weft::DP, weft::TP> flat(w, w.size(), 1);
+  const GPTConfig c = gpt2_tiny();
+  try {
+    weft::nn::GPT<float, SeqPar> g(flat, c);
+    FAIL("no error");
+  } catch (const weft::ConfigError& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("TensorParallel<SequenceParallel>: sequence parallelism shards the tokens over the TP ranks and "
+                 "needs a TP axis of more than one rank") != std::string::npos);
+    CHECK(m.find("(tp is 1)") != std::string::npos);
+  }
+  // TensorParallel<> on one TP rank is the single-process model.
+  weft::nn::GPT<float, TPOnly> one(flat, c);
+  CHECK(!one.tensor_parallel().active());
+  if (w.size() == 1) return;
+  weft::Mesh<weft::TP> split(w, w.size());
+  try {
+    weft::nn::GPT<float> g(split, c);
+    FAIL("no error");
+  } catch (const weft::ConfigError& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("the mesh's tp axis has extent " + std::to_string(w.size()) +
+                 " but the strategy gives it no policy") != std::string::npos);
   }
 }

@@ -1,7 +1,8 @@
 // The tiny model and token stream the parallel tests train: small enough for
 // 8 ranks on 2 cores under a sanitizer, wide enough to split over tp = 2 and
 // to cut into pipeline stages; the single-process loss curve the parallel
-// runs are held to, and the relative error they are compared by.
+// runs are held to, the relative error they are compared by, and the loop
+// over the data-parallel policies.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <weft/nn/gpt.hpp>
 #include <weft/optim/optim.hpp>
 #include <weft/optim/train_step.hpp>
+#include <weft/parallel/strategy.hpp>
 
 namespace weft::test {
 
@@ -69,5 +71,16 @@ inline std::vector<double> single_process_losses(const nn::GPTConfig& cfg, std::
 
 /// |a - b| / |b| (b = the reference).
 inline double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+/// Calls f.template operator()<P>() for every data-parallel policy P, in the
+/// order Replicated, ZeRO<1>, ZeRO<2>, FullyShard: the loop over modes of a
+/// test, with f a generic lambda []<class P>() { ... }.
+template <class F>
+void for_each_dp_policy(F&& f) {
+  f.template operator()<Replicated>();
+  f.template operator()<ZeRO<1>>();
+  f.template operator()<ZeRO<2>>();
+  f.template operator()<FullyShard>();
+}
 
 }  // namespace weft::test

@@ -11,6 +11,7 @@
 #include <weft/plan/memory.hpp>
 #include <weft/plan/presets.hpp>
 
+#include "../parallel/tiny_gpt.hpp"
 #include "spec_of_gpt.hpp"
 #include "weft_test.hpp"
 
@@ -55,9 +56,8 @@ std::size_t label_bytes(const weft::metrics::MemoryLedger& l, const std::string&
 
 // One training step of gpt under ddp and opt on a fixed batch, so that the
 // transient peaks (gathered groups, group gradients) are reached.
-template <class Opt>
-void one_step(weft::nn::GPT<float>& gpt, weft::parallel::DataParallel<float>& ddp, Opt& opt,
-              const weft::nn::GPTConfig& cfg, double grad_scale) {
+template <class Model, class DP, class Opt>
+void one_step(Model& gpt, DP& ddp, Opt& opt, const weft::nn::GPTConfig& cfg, double grad_scale) {
   Kokkos::View<int*> ids("ids", cfg.tokens()), tg("tg", cfg.tokens());
   auto hi = Kokkos::create_mirror_view(ids);
   for (std::size_t i = 0; i < cfg.tokens(); ++i) hi(i) = int((i * 7 + 3) % cfg.vocab);
@@ -133,12 +133,12 @@ TEST_CASE("the model matches DataParallel's ledger in every mode at this world s
   auto& world = weft::test::world();
   const std::size_t dp = std::size_t(world.size());
   weft::Mesh<weft::DP> mesh(world, int(dp));
-  for (auto mode : {DPMode::replicate, DPMode::zero1, DPMode::zero2, DPMode::fsdp}) {
+  weft::test::for_each_dp_policy([&]<class Policy>() {
+    constexpr DPMode mode = Policy::mode;
     CAPTURE(weft::plan::to_string(mode));
     auto cfg = small_gpt(false, false, 0);
     weft::nn::GPT<float> gpt(cfg);
-    weft::parallel::DataParallel<float> ddp(mesh.axis<weft::DP>(), gpt.parameter_groups(),
-                                            {.mode = weft::parallel::parse_dp_mode(weft::plan::to_string(mode))});
+    weft::parallel::DataParallel<float, Policy> ddp(mesh.axis<weft::DP>(), gpt.parameter_groups());
     gpt.set_hooks(&ddp);
     weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
     one_step(gpt, ddp, opt, cfg, 1.0 / double(cfg.tokens() * dp));
@@ -176,7 +176,7 @@ TEST_CASE("the model matches DataParallel's ledger in every mode at this world s
                   g.bytes(C::buffers) + label_bytes(m, "dp.gathered_groups_peak"), b.temporary,
                   label_bytes(m, "dp.communication_buffers"), b.communication);
     gpt.set_hooks(nullptr);
-  }
+  });
 }
 
 TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size within 15 % per category") {
@@ -184,13 +184,17 @@ TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size
   const std::size_t tp = std::size_t(world.size());
   if (tp == 1 || 4 % tp != 0) return;  // the small model's heads (4) bound tp; tp = 1 is the single-process case
   weft::Mesh<weft::DP, weft::TP> mesh(world, 1, int(tp));
-  for (bool swiglu : {false, true})
-    for (bool sp : {false, true}) {
+  // Without DP policy: DP (of extent 1) replicates.
+  using TPOnly = weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>;
+  using SeqPar = weft::Strategy<weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>;
+  for (bool swiglu : {false, true}) {
+    auto one = [&]<class S>() {
+      constexpr bool sp = S::sequence_parallel;
       CAPTURE(swiglu);
       CAPTURE(sp);
       auto cfg = small_gpt(swiglu, false, 0);
-      weft::nn::GPT<float> gpt(cfg, {&mesh.axis<weft::TP>(), sp});
-      weft::parallel::DataParallel<float> ddp(mesh.axis<weft::DP>(), gpt.parameter_groups(), {});
+      weft::nn::GPT<float, S> gpt(mesh, cfg);
+      weft::parallel::DataParallelOf<float, S> ddp(mesh.axis<weft::DP>(), gpt.parameter_groups());
       gpt.set_hooks(&ddp);
       weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
       one_step(gpt, ddp, opt, cfg, 1.0 / double(cfg.tokens()));
@@ -213,7 +217,10 @@ TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size
                     opt.memory().bytes(C::optimizer_state), b.optimizer_state, g.bytes(C::activations), b.activations,
                     g.bytes(C::buffers), b.temporary);
       gpt.set_hooks(nullptr);
-    }
+    };
+    one.template operator()<TPOnly>();
+    one.template operator()<SeqPar>();
+  }
 }
 
 TEST_CASE("enumeration: every ordered factorisation of the world, four dp modes where dp > 1") {

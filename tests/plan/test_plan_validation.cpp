@@ -24,6 +24,7 @@
 #include <weft/plan/meshes.hpp>
 #include <weft/plan/memory.hpp>
 
+#include "../parallel/tiny_gpt.hpp"
 #include "spec_of_gpt.hpp"
 #include "weft_test.hpp"
 
@@ -151,24 +152,23 @@ void check_stage_budget(const StageMeasured& got, const weft::plan::TrainingBudg
 }
 
 // One training step of this pipeline rank as the runtime runs it: the stage
-// of `schedule` (TP-split over `tp`), DataParallel over `dpc` in `mode` when
-// there is one (its hooks set on the stage), AdamW, the executor on `m`
+// of `schedule` (TP-split over `tp`), DataParallel<float, Policy> over `dpc`
+// when there is one (its hooks set on the stage), AdamW, the executor on `m`
 // microbatches of a `global_batch`; `pstats` holds the PP axis' statistics
 // of the step.
-template <class Sched, class LayerPolicy>
+template <class Sched, class LayerPolicy, class Policy = weft::Replicated>
 struct StageStep {
   weft::pipeline::GPTStage<float, Space, LayerPolicy> stage;
-  std::unique_ptr<weft::parallel::DataParallel<float>> ddp;
+  std::unique_ptr<weft::parallel::DataParallel<float, Policy>> ddp;
   weft::optim::AdamW<float, Space> opt;
   weft::pipeline::Executor<weft::pipeline::GPTStage<float, Space, LayerPolicy>, Sched> ex;
   weft::CommStats pstats;
 
-  StageStep(const weft::nn::GPTConfig& cfg, weft::Comm& ppc, weft::Comm* dpc, weft::parallel::DPMode mode,
-            weft::Comm* tp, std::size_t m, std::size_t global_batch)
+  StageStep(const weft::nn::GPTConfig& cfg, weft::Comm& ppc, weft::Comm* dpc, weft::Comm* tp, std::size_t m,
+            std::size_t global_batch)
       : stage(cfg, weft::pipeline::equal_partition(cfg.layers, std::size_t(ppc.size()) * std::size_t(Sched::chunks)),
               ppc.size(), ppc.rank(), Sched::chunks, tp),
-        ddp(dpc ? std::make_unique<weft::parallel::DataParallel<float>>(*dpc, stage.parameter_groups(),
-                                                                         weft::parallel::DPOptions{.mode = mode})
+        ddp(dpc ? std::make_unique<weft::parallel::DataParallel<float, Policy>>(*dpc, stage.parameter_groups())
                 : nullptr),
         opt(ddp ? ddp->optimizer_parameters() : stage.parameters()),
         ex(stage, ppc, weft::Pipeline<Sched>(ppc.size(), int(m))) {
@@ -184,21 +184,21 @@ struct StageStep {
 };
 
 // Runs body(step) on the StageStep of the schedule `name` (as on the command
-// line) with the layers split as LayerPolicy says.
-template <class LayerPolicy, class Body>
-void with_step(const weft::nn::GPTConfig& cfg, const std::string& name, weft::Comm& ppc, weft::Comm* dpc,
-               weft::parallel::DPMode mode, weft::Comm* tp, std::size_t m, std::size_t global_batch, Body&& body) {
+// line) with the layers split as LayerPolicy says and DataParallel of Policy.
+template <class LayerPolicy, class Policy, class Body>
+void with_step(const weft::nn::GPTConfig& cfg, const std::string& name, weft::Comm& ppc, weft::Comm* dpc, weft::Comm* tp,
+               std::size_t m, std::size_t global_batch, Body&& body) {
   weft::pipeline::visit_schedule(name, [&]<class S>(std::type_identity<S>) {
-    StageStep<S, LayerPolicy> run(cfg, ppc, dpc, mode, tp, m, global_batch);
+    StageStep<S, LayerPolicy, Policy> run(cfg, ppc, dpc, tp, m, global_batch);
     body(run);
   });
 }
 // The same over TP, with or without sequence parallelism.
-template <class Body>
+template <class Policy, class Body>
 void with_tp_step(bool sp, const weft::nn::GPTConfig& cfg, const std::string& name, weft::Comm& ppc, weft::Comm* dpc,
-                  weft::parallel::DPMode mode, weft::Comm* tp, std::size_t m, std::size_t global_batch, Body&& body) {
-  if (sp) with_step<weft::TensorParallel<weft::SequenceParallel>>(cfg, name, ppc, dpc, mode, tp, m, global_batch, body);
-  else with_step<weft::TensorParallel<>>(cfg, name, ppc, dpc, mode, tp, m, global_batch, body);
+                  weft::Comm* tp, std::size_t m, std::size_t global_batch, Body&& body) {
+  if (sp) with_step<weft::TensorParallel<weft::SequenceParallel>, Policy>(cfg, name, ppc, dpc, tp, m, global_batch, body);
+  else with_step<weft::TensorParallel<>, Policy>(cfg, name, ppc, dpc, tp, m, global_batch, body);
 }
 
 }  // namespace
@@ -215,7 +215,7 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
     const auto kind_chunks = weft::plan::parse_schedule_name(name);
     const auto kind = kind_chunks.first;
     const auto chunks = kind_chunks.second;
-    with_step<weft::NoPolicy>(cfg, name, w, nullptr, weft::parallel::DPMode::replicate, nullptr, m, m * mb, [&](auto& run) {
+    with_step<weft::NoPolicy, weft::Replicated>(cfg, name, w, nullptr, nullptr, m, m * mb, [&](auto& run) {
     auto& stage = run.stage;
     auto& opt = run.opt;
     const auto& stats = run.pstats;
@@ -272,12 +272,20 @@ TEST_CASE("tensor parallelism: the predicted bytes per collective kind equal a r
         c.position = weft::nn::PositionKind::rotary;
       }
       const std::size_t M = 2;  // microbatches per step
-      weft::nn::GPT<float> gpt(c, {&w, sp});
-      weft::optim::AdamW<float, Space> opt(gpt.parameters());
-      auto data = stream(int(c.vocab));
-      Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
-      w.reset_stats();
-      weft::optim::train_step(gpt, opt, data, 0, M, ids, tg, 1e-3, 1.0);
+      auto step = [&](auto& gpt) {
+        weft::optim::AdamW<float, Space> opt(gpt.parameters());
+        auto data = stream(int(c.vocab));
+        Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
+        w.reset_stats();
+        weft::optim::train_step(gpt, opt, data, 0, M, ids, tg, 1e-3, 1.0);
+      };
+      if (sp) {
+        weft::nn::GPT<float, weft::Strategy<weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>> gpt(c, w);
+        step(gpt);
+      } else {
+        weft::nn::GPT<float, weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>> gpt(c, w);
+        step(gpt);
+      }
       const auto& st = w.stats();
       const auto v = weft::plan::comm_volume(spec_of(c, M), MeshSpec{.tp = tp, .sequence_parallel = sp}, 0);
       using K = weft::CommKind;
@@ -353,22 +361,14 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
   ModelSpec spec = spec_of(cfg, m);
   spec.global_batch = dp * m * mb;
   using weft::parallel::DPMode;
-  struct Case {
-    DPMode mode;
-    const char* schedule;
-  };
-  // 1F1B in every mode; zb with the modes whose gradients it changes (zero2
-  // and fsdp reduce-scatter once per step, after the deferred weight halves).
-  for (Case k : {Case{DPMode::replicate, "1f1b"}, Case{DPMode::zero1, "1f1b"}, Case{DPMode::zero2, "1f1b"},
-                 Case{DPMode::fsdp, "1f1b"}, Case{DPMode::zero2, "zb"}, Case{DPMode::fsdp, "zb"}}) {
-    const auto mode = k.mode;
-    const std::string name = k.schedule;
+  auto one = [&]<class Policy>(const std::string& name) {
+    constexpr DPMode mode = Policy::mode;
     CAPTURE(weft::parallel::to_string(mode));
     CAPTURE(name);
     const auto kind_chunks = weft::plan::parse_schedule_name(name);
     const auto kind = kind_chunks.first;
     const auto chunks = kind_chunks.second;
-    with_step<weft::NoPolicy>(cfg, name, ppc, &dpc, mode, nullptr, m, spec.global_batch, [&](auto& run) {
+    with_step<weft::NoPolicy, Policy>(cfg, name, ppc, &dpc, nullptr, m, spec.global_batch, [&](auto& run) {
     auto& stage = run.stage;
     auto& opt = run.opt;
     const auto& pstats = run.pstats;
@@ -419,7 +419,12 @@ TEST_CASE("dp x pp = 2 x 2: each rank's budget against its stage, DataParallel a
       w.barrier();
     }
     });
-  }
+  };
+  // 1F1B in every mode; zb with the modes whose gradients it changes (zero2
+  // and fsdp reduce-scatter once per step, after the deferred weight halves).
+  weft::test::for_each_dp_policy([&]<class Policy>() { one.template operator()<Policy>("1f1b"); });
+  one.template operator()<weft::ZeRO<2>>("zb");
+  one.template operator()<weft::FullyShard>("zb");
 }
 
 TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per category, with and without sp") {
@@ -438,7 +443,7 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
       const auto kind_chunks = weft::plan::parse_schedule_name(name);
       const auto kind = kind_chunks.first;
       const auto chunks = kind_chunks.second;
-      with_tp_step(sp, cfg, name, ppc, nullptr, weft::parallel::DPMode::replicate, &mesh.axis<weft::TP>(), m, m * mb, [&](auto& run) {
+      with_tp_step<weft::Replicated>(sp, cfg, name, ppc, nullptr, &mesh.axis<weft::TP>(), m, m * mb, [&](auto& run) {
       auto& stage = run.stage;
       auto& opt = run.opt;
       const auto& pstats = run.pstats;
@@ -478,7 +483,8 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
   const auto cfg = pipe_gpt(mb);
   ModelSpec spec = spec_of(cfg, m);
   spec.global_batch = dp * m * mb;
-  const auto mode = weft::parallel::DPMode::zero1;  // every category deterministic
+  using Policy = weft::ZeRO<1>;  // every category deterministic
+  const auto mode = Policy::mode;
   struct Case {
     const char* schedule;
     bool sp;
@@ -490,7 +496,7 @@ TEST_CASE("dp x pp x tp = 2 x 2 x 2: each rank's budget against its TP-split sta
     const auto kind_chunks = weft::plan::parse_schedule_name(name);
     const auto kind = kind_chunks.first;
     const auto chunks = kind_chunks.second;
-    with_tp_step(k.sp, cfg, name, ppc, &dpc, mode, &mesh.axis<weft::TP>(), m, spec.global_batch, [&](auto& run) {
+    with_tp_step<Policy>(k.sp, cfg, name, ppc, &dpc, &mesh.axis<weft::TP>(), m, spec.global_batch, [&](auto& run) {
     auto& stage = run.stage;
     auto& opt = run.opt;
     const auto& pstats = run.pstats;

@@ -1,32 +1,100 @@
 // nn::GPT: token (+ position) embedding, L pre-norm blocks, final norm, untied
 // LM head without bias, fused softmax cross-entropy. The single-process
 // reference every parallel strategy must reproduce, with explicit
-// forward/backward and memory attributed by category. Built with a
-// tensor-parallel axis (nn::TensorParallel) it is the same model split over
-// the TP ranks: heads, MLP hidden units and vocabulary are sharded, the loss
-// is a vocabulary-parallel cross-entropy, and with tp = 1 (or no
-// communicator) every operation is the single-process one.
+// forward/backward and memory attributed by category.
+//
+// nn::GPT<T, S> is the model a weft::Strategy S selects. Its code depends
+// only on the strategy's layer policy (weft::layer_policy_t<S>): with
+// TensorParallel<> it is the same model split over the TP ranks -- heads, MLP
+// hidden units and vocabulary are sharded, the loss is a vocabulary-parallel
+// cross-entropy, and with tp = 1 every operation is the single-process one --
+// and with TensorParallel<SequenceParallel> the residual stream's tokens are
+// sharded too. Strategies that differ only in the DP mode or the schedule
+// give the same type, nn::GPTModel<T, Space, LayerPolicy>.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <weft/metrics/memory.hpp>
 #include <weft/nn/block.hpp>
 #include <weft/nn/embedding.hpp>
 #include <weft/ops/cross_entropy.hpp>
+#include <weft/parallel/strategy.hpp>
 
 namespace weft::nn {
 
-/// The reference GPT.
-template <class T, class Space = Kokkos::DefaultExecutionSpace>
-class GPT {
+namespace detail {
+template <class P>
+inline constexpr bool is_layer_policy_v = std::is_same_v<P, NoPolicy>;
+template <class... O>
+inline constexpr bool is_layer_policy_v<weft::TensorParallel<O...>> = true;
+
+// The layer policy of nn::GPT<T, S, Space>'s S, with a sentence for an S that is not a strategy.
+template <class S>
+struct gpt_layer_policy {
+  static_assert(is_strategy_v<S>,
+                "weft::nn::GPT<T, S, Space>: S must be a weft::Strategy<...> (weft::SingleProcess for the "
+                "single-process model). The execution space is the third argument: write "
+                "nn::GPT<T, weft::SingleProcess, Space>, or nn::GPTModel<T, Space, LayerPolicy>");
+  using type = NoPolicy;
+};
+template <class... E>
+struct gpt_layer_policy<Strategy<E...>> {
+  using type = layer_policy_t<Strategy<E...>>;
+};
+}  // namespace detail
+
+/// The reference GPT, parameterised by what of a strategy changes its code:
+/// LayerPolicy is weft::NoPolicy (the single-process model),
+/// weft::TensorParallel<> or weft::TensorParallel<weft::SequenceParallel>.
+/// Usually named through nn::GPT<T, Strategy, Space>.
+template <class T, class Space = Kokkos::DefaultExecutionSpace, class LayerPolicy = NoPolicy>
+class GPTModel {
+  static_assert(detail::is_layer_policy_v<LayerPolicy>,
+                "weft::nn::GPTModel<T, Space, LayerPolicy>: LayerPolicy must be weft::NoPolicy, "
+                "weft::TensorParallel<> or weft::TensorParallel<weft::SequenceParallel> (weft::layer_policy_t of a "
+                "strategy)");
+
  public:
-  /// Builds and initialises the model for config.batch sequences of config.seq
-  /// tokens per forward pass, split over `tp` (default: not split). Throws
-  /// ConfigError for an invalid config or one that does not divide over tp.
-  explicit GPT(const GPTConfig& c, TensorParallel tp = {})
+  /// The layer policy (weft::layer_policy_t of the strategies that select this model).
+  using layer_policy = LayerPolicy;
+  /// Whether the layers are split over a TP axis.
+  static constexpr bool tensor_parallel_v = !std::is_same_v<LayerPolicy, NoPolicy>;
+  /// Whether the residual stream's tokens are sharded over TP too.
+  static constexpr bool sequence_parallel_v = [] {
+    if constexpr (tensor_parallel_v) return LayerPolicy::sequence_parallel;
+    else return false;
+  }();
+
+  /// Builds and initialises the single-process model for config.batch
+  /// sequences of config.seq tokens per forward pass. Throws ConfigError for
+  /// an invalid config.
+  explicit GPTModel(const GPTConfig& c)
+    requires(!tensor_parallel_v)
+      : GPTModel(c, TensorParallel{}, 0) {}
+
+  /// The model split over the TP communicator `tp` (this rank holds shard
+  /// tp.rank() of every split layer). Throws ConfigError for an invalid
+  /// config, one that does not divide over tp, or sequence parallelism on a
+  /// single TP rank.
+  GPTModel(const GPTConfig& c, Comm& tp)
+    requires(tensor_parallel_v)
+      : GPTModel(c, TensorParallel{&tp, sequence_parallel_v}, 0) {}
+
+  /// The model on `mesh`: split over mesh.axis<TP>() when the layer policy
+  /// is tensor-parallel (the mesh must have a TP axis); otherwise a TP axis
+  /// of the mesh, if any, must have extent 1. The other axes are the
+  /// business of what wraps the model (DataParallel, the pipeline).
+  template <class MeshT>
+    requires requires { MeshT::template has_axis<TP>; }
+  GPTModel(MeshT& mesh, const GPTConfig& c) : GPTModel(c, tensor_parallel_of(mesh), 0) {}
+
+ private:
+  // Every public constructor ends here, with the run-time descriptor the layers share.
+  GPTModel(const GPTConfig& c, TensorParallel tp, int)
       : cfg_(checked(c, tp)), ctx_(std::make_shared<Context>(Context{nullptr, tp})), emb_(ctx_, cfg_),
         ln_f_(ctx_, "ln_f", cfg_.norm, cfg_.d_model, cfg_.norm_eps),
         head_(ctx_, "lm_head", cfg_.d_model, cfg_.vocab, false, cfg_.seed, cfg_.init_std,
@@ -62,8 +130,10 @@ class GPT {
       root_partial_ = std::make_unique<detail::PartialGrads<T, Space>>(partial);
     }
   }
-  GPT(const GPT&) = delete;
-  GPT& operator=(const GPT&) = delete;
+
+ public:
+  GPTModel(const GPTModel&) = delete;
+  GPTModel& operator=(const GPTModel&) = delete;
 
   /// Forward, loss and backward for one microbatch: ids and targets are
   /// [batch * seq] token ids. Returns the mean loss over its tokens; parameter
@@ -76,8 +146,11 @@ class GPT {
     double sum = 0;
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
-      sum = ctx_->tp.active() ? vocab_parallel_loss(targets, T(grad_scale), true)
-                              : ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
+      if constexpr (tensor_parallel_v)
+        sum = ctx_->tp.active() ? vocab_parallel_loss(targets, T(grad_scale), true)
+                                : ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
+      else
+        sum = ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
     }
     const std::size_t L = cfg_.layers;
     if (hooks_) hooks_->before_backward(L);
@@ -100,7 +173,8 @@ class GPT {
   double loss(const IV& ids, const TV& targets) {
     forward_hidden(ids);
     metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
-    if (ctx_->tp.active()) return vocab_parallel_loss(targets, T(0), false) / double(cfg_.tokens());
+    if constexpr (tensor_parallel_v)
+      if (ctx_->tp.active()) return vocab_parallel_loss(targets, T(0), false) / double(cfg_.tokens());
     return ops::cross_entropy_forward(logits_, targets) / double(cfg_.tokens());
   }
 
@@ -200,8 +274,28 @@ class GPT {
     return detail::vocab_parallel_loss(*ctx_, logits_, targets, cfg_.vocab, ce_max_, ce_sums_, grad_scale, backward);
   }
 
+  // The TP descriptor of a mesh, with the checks of weft::check_strategy_mesh (at compile time) for the layer policy.
+  template <class MeshT>
+  static TensorParallel tensor_parallel_of(MeshT& mesh) {
+    if constexpr (tensor_parallel_v) {
+      static_assert(check_strategy_mesh<Strategy<On<TP, LayerPolicy>>, MeshT>());
+      return TensorParallel{&mesh.template axis<TP>(), sequence_parallel_v};
+    } else {
+      if constexpr (MeshT::template has_axis<TP>)
+        WEFT_REQUIRE(mesh.template extent<TP>() == 1, ConfigError, "nn::GPT: the mesh's tp axis has extent ",
+                     mesh.template extent<TP>(),
+                     " but the strategy gives it no policy, so the model is not split; add On<TP, "
+                     "TensorParallel<...>> to the strategy or set tp=1");
+      return TensorParallel{};
+    }
+  }
+
   static GPTConfig checked(const GPTConfig& c, const TensorParallel& tp) {
     c.validate();
+    // weft::validate_strategy's text; heads (and every other split size) are
+    // checked by validate_tensor_parallel, which names the valid TP sizes.
+    if constexpr (sequence_parallel_v)
+      WEFT_REQUIRE(tp.size() > 1, ConfigError, weft::detail::sp_needs_tp_text, " (tp is ", tp.size(), ")");
     c.validate_tensor_parallel(tp.size(), tp.sequence_parallel);
     return c;
   }
@@ -230,5 +324,15 @@ class GPT {
   std::unique_ptr<detail::PartialGrads<T, Space>> root_partial_;  // sequence parallelism: ln_f, positions
   GroupHooks* hooks_ = nullptr;
 };
+
+/// The GPT a strategy selects: nn::GPTModel of its layer policy, so that
+/// strategies differing only in the DP mode or the schedule share one type.
+///
+///   weft::nn::GPT<float> single(cfg);                              // weft::SingleProcess
+///   using S = weft::Strategy<weft::On<weft::DP, weft::FullyShard>,
+///                            weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>;
+///   weft::nn::GPT<float, S> split(mesh, cfg);                      // split over mesh.axis<weft::TP>()
+template <class T, class S = SingleProcess, class Space = Kokkos::DefaultExecutionSpace>
+using GPT = GPTModel<T, Space, typename detail::gpt_layer_policy<S>::type>;
 
 }  // namespace weft::nn

@@ -1,6 +1,7 @@
-// Data parallelism over the DP axis of a mesh: Replicate (DDP: bucketed
-// gradient all-reduce started during backward) and Shard over DP (ZeRO-1,
-// ZeRO-2, fully sharded). Works on parameter groups of any model whose layers
+// Data parallelism over the DP axis of a mesh, typed by its policy (a
+// weft::DPStates, see parallel/strategy.hpp): Replicated (DDP: bucketed
+// gradient all-reduce started during backward) and the sharded ZeRO<1>,
+// ZeRO<2> and FullyShard. Works on parameter groups of any model whose layers
 // hold weft::nn::Parameter objects and call nn::GroupHooks.
 #pragma once
 
@@ -20,12 +21,35 @@
 #include <weft/metrics/memory.hpp>
 #include <weft/nn/parameter.hpp>
 #include <weft/parallel/dp_mode.hpp>
+#include <weft/parallel/strategy.hpp>
+
+namespace weft::detail {
+// DataParallel's kernels. They depend on the element type and the space, not
+// on the policy, so every policy shares one instantiation of each.
+template <class T, class Space>
+double dp_sum_squares(const Kokkos::View<T*, Space>& g) {
+  double s = 0;
+  Kokkos::parallel_reduce(
+      "weft::dp_sumsq", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
+  return s;
+}
+template <class T, class Space>
+void dp_scale(const Kokkos::View<T*, Space>& g, T f) {
+  Kokkos::parallel_for("weft::dp_clip", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
+                       KOKKOS_LAMBDA(std::size_t i) { g(i) *= f; });
+}
+template <class Space, class D, class S>
+void dp_accumulate(const D& dst, const S& src, std::size_t n) {
+  Kokkos::parallel_for("weft::dp_accumulate", Kokkos::RangePolicy<typename Space::execution_space>(0, n),
+                       KOKKOS_LAMBDA(std::size_t i) { dst(i) += src(i); });
+}
+}  // namespace weft::detail
 
 namespace weft::parallel {
 
-/// Options of DataParallel.
+/// Run-time options of DataParallel (the mode is its Policy type).
 struct DPOptions {
-  DPMode mode = DPMode::replicate;
   /// Bucket size of replicate and zero1 (zero2 and fsdp communicate one
   /// parameter group at a time).
   double bucket_mb = 25.0;
@@ -55,9 +79,33 @@ struct DPOptions {
 /// group); each bucket is padded to a multiple of the DP size so rank r owns
 /// chunk r of every bucket. The padding is internal storage only: it is zero,
 /// never part of any tensor, and excluded from the optimizer.
-template <class T, class Space = Kokkos::DefaultExecutionSpace>
+///
+/// Policy is the placement of parameters, gradients and optimizer state over
+/// DP: weft::Replicated (DDP), weft::ZeRO<1>, weft::ZeRO<2> or
+/// weft::FullyShard. Each instantiation compiles only its own mode's paths.
+template <class T, class Policy = Replicated, class Space = Kokkos::DefaultExecutionSpace>
 class DataParallel final : public nn::GroupHooks {
+  static_assert(is_dp_policy_v<Policy>,
+                "weft::parallel::DataParallel<T, Policy, Space>: Policy must be a data-parallel policy: "
+                "weft::Replicated, weft::ZeRO<1>, weft::ZeRO<2> or weft::FullyShard (a weft::DPStates<...>). The "
+                "execution space is the third argument: write DataParallel<T, weft::Replicated, Space>, or "
+                "DataParallelOf<T, Strategy, Space> to take the policy from a weft::Strategy");
+  // The mode (replicate for a Policy the assertion above rejects, so that
+  // only that assertion reports it).
+  static constexpr DPMode M = [] {
+    if constexpr (is_dp_policy_v<Policy>) return Policy::mode;
+    else return DPMode::replicate;
+  }();
+  static constexpr bool kReplicate = M == DPMode::replicate;
+  static constexpr bool kFsdp = M == DPMode::fsdp;
+  // zero2 and fsdp: gradients reduce-scattered group by group every microbatch.
+  static constexpr bool kGroupGrads = M == DPMode::zero2 || M == DPMode::fsdp;
+  // zero1 and zero2: full parameters on every rank, updated shards all-gathered after the step.
+  static constexpr bool kGatherAfterStep = M == DPMode::zero1 || M == DPMode::zero2;
+
  public:
+  /// The DP policy (a weft::DPStates).
+  using policy = Policy;
   using Param = nn::Parameter<T, Space>;
   using Flat = Kokkos::View<T*, Space>;
 
@@ -82,8 +130,8 @@ class DataParallel final : public nn::GroupHooks {
     if (std::uncaught_exceptions() == 0) drain();
   }
 
-  /// The mode.
-  DPMode mode() const { return o_.mode; }
+  /// The mode, in the planner's and the command line's vocabulary (fixed by Policy).
+  static constexpr DPMode mode() { return M; }
   /// The DP communicator.
   Comm& comm() { return dp_; }
 
@@ -91,12 +139,12 @@ class DataParallel final : public nn::GroupHooks {
   /// rank's shard pieces, one per (parameter, owned chunk) intersection.
   std::vector<Param*> optimizer_parameters() {
     std::vector<Param*> out;
-    if (o_.mode == DPMode::replicate) {
+    if constexpr (kReplicate) {
       for (auto& g : groups_)
         for (auto* p : g) out.push_back(p);
-      return out;
+    } else {
+      for (auto& piece : pieces_) out.push_back(piece.get());
     }
-    for (auto& piece : pieces_) out.push_back(piece.get());
     return out;
   }
 
@@ -141,22 +189,18 @@ class DataParallel final : public nn::GroupHooks {
     double total = 0;
     if (tp == nullptr || tp->size() == 1) {
       for (auto* p : params) total += sum_squares(p->grad);
-      if (o_.mode != DPMode::replicate && p_ > 1) dp_.all_reduce(HostSums(&total, 1));
+      if (!kReplicate && p_ > 1) dp_.all_reduce(HostSums(&total, 1));
     } else {
       double sums[2] = {0, 0};  // TP-sharded, TP-replicated
       for (auto* p : params) sums[p->tp_sharded() ? 0 : 1] += sum_squares(p->grad);
-      if (o_.mode != DPMode::replicate && p_ > 1) dp_.all_reduce(HostSums(sums, 2));
+      if (!kReplicate && p_ > 1) dp_.all_reduce(HostSums(sums, 2));
       tp->all_reduce(HostSums(sums, 1));
       total = sums[0] + sums[1];
     }
     const double norm = std::sqrt(total);
     if (max_norm > 0 && norm > max_norm) {
       const T f = T(max_norm / (norm + 1e-6));
-      for (auto* p : params) {
-        auto g = p->grad;
-        Kokkos::parallel_for("weft::dp_clip", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
-                             KOKKOS_LAMBDA(std::size_t i) { g(i) *= f; });
-      }
+      for (auto* p : params) weft::detail::dp_scale(p->grad, f);
     }
     return norm;
   }
@@ -165,24 +209,26 @@ class DataParallel final : public nn::GroupHooks {
   /// every rank's full parameters; fsdp has nothing to do (the shards are the
   /// parameters); replicate neither.
   void sync_parameters() {
-    if (o_.mode == DPMode::fsdp) release_all();  // gathered copies are stale now
-    if (o_.mode != DPMode::zero1 && o_.mode != DPMode::zero2) return;
-    std::vector<Request> reqs;
-    reqs.reserve(buckets_.size());
-    for (auto& b : buckets_) {
-      auto full = Kokkos::subview(flat_value_, std::make_pair(b.flat_off, b.flat_off + b.padded));
-      auto mine = Kokkos::subview(full, std::make_pair(r_ * b.chunk, (r_ + 1) * b.chunk));
-      Kokkos::deep_copy(b.send_tmp, mine);
-      reqs.push_back(dp_.iall_gather(b.send_tmp, full));
+    if constexpr (kFsdp) release_all();  // gathered copies are stale now
+    if constexpr (kGatherAfterStep) {
+      std::vector<Request> reqs;
+      reqs.reserve(buckets_.size());
+      for (auto& b : buckets_) {
+        auto full = Kokkos::subview(flat_value_, std::make_pair(b.flat_off, b.flat_off + b.padded));
+        auto mine = Kokkos::subview(full, std::make_pair(r_ * b.chunk, (r_ + 1) * b.chunk));
+        Kokkos::deep_copy(b.send_tmp, mine);
+        reqs.push_back(dp_.iall_gather(b.send_tmp, full));
+      }
+      for (auto& q : reqs) q.wait();
     }
-    for (auto& q : reqs) q.wait();
   }
 
   /// Frees every gathered group (fsdp), e.g. after evaluation.
   void release_all() {
-    if (o_.mode != DPMode::fsdp) return;
-    drain();
-    for (std::size_t g = 0; g < groups_.size(); ++g) release(g);
+    if constexpr (kFsdp) {
+      drain();
+      for (std::size_t g = 0; g < groups_.size(); ++g) release(g);
+    }
   }
 
   /// Persistent bytes per category on this rank (parameters, gradients) plus
@@ -208,14 +254,16 @@ class DataParallel final : public nn::GroupHooks {
 
   // ------------------------------------------------------------- the hooks
   void before_forward(std::size_t g) override {
-    if (o_.mode != DPMode::fsdp) return;
-    gather(g);
-    if (o_.prefetch && g < root_ && g + 1 < root_) start_gather(g + 1);
-    if (o_.prefetch && g == root_ && root_ > 0) start_gather(0);
-    progress();
+    if constexpr (kFsdp) {
+      gather(g);
+      if (o_.prefetch && g < root_ && g + 1 < root_) start_gather(g + 1);
+      if (o_.prefetch && g == root_ && root_ > 0) start_gather(0);
+      progress();
+    }
   }
   void after_forward(std::size_t g) override {
-    if (o_.mode == DPMode::fsdp && o_.reshard_after_forward && g != root_) release(g);
+    if constexpr (kFsdp)
+      if (o_.reshard_after_forward && g != root_) release(g);
   }
   /// Split backwards (zero-bubble pipeline schedules) add weight gradients
   /// after after_backward, and run the input half of a group's next
@@ -230,22 +278,21 @@ class DataParallel final : public nn::GroupHooks {
   bool weight_gradients_deferred() const { return defer_weight_grads_; }
 
   void before_backward(std::size_t g) override {
-    if (o_.mode == DPMode::fsdp) {
+    if constexpr (kFsdp) {
       gather(g);
       if (o_.prefetch) {
         if (g == root_ && root_ > 0) start_gather(root_ - 1);
         else if (g != root_ && g > 0) start_gather(g - 1);
       }
     }
-    if ((o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp) &&
-        !(defer_weight_grads_ && group_state_[g].full_grad.extent(0)))
-      allocate_group_grad(g);
+    if constexpr (kGroupGrads)
+      if (!(defer_weight_grads_ && group_state_[g].full_grad.extent(0))) allocate_group_grad(g);
     progress();
   }
   void after_backward(std::size_t g) override {
-    if (o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp) {
+    if constexpr (kGroupGrads) {
       if (!defer_weight_grads_) post_group_reduce_scatter(g);
-      if (o_.mode == DPMode::fsdp) release(g);  // the deferred weight gemms read inputs and dy, not the weights
+      if constexpr (kFsdp) release(g);  // the deferred weight gemms read inputs and dy, not the weights
     } else if (o_.overlap && last_microbatch_) {
       for (auto bi : group_buckets_[g]) buckets_[bi].done_groups += 1;
       while (next_post_ < buckets_.size() && buckets_[next_post_].done_groups == buckets_[next_post_].groups.size())
@@ -254,7 +301,8 @@ class DataParallel final : public nn::GroupHooks {
     progress();
   }
   void after_weight_gradients(std::size_t g) override {
-    if (defer_weight_grads_ && (o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp)) post_group_reduce_scatter(g);
+    if constexpr (kGroupGrads)
+      if (defer_weight_grads_) post_group_reduce_scatter(g);
     progress();
   }
 
@@ -279,17 +327,11 @@ class DataParallel final : public nn::GroupHooks {
     std::size_t group;
   };
 
-  bool sums_once_per_step() const { return o_.mode == DPMode::replicate || o_.mode == DPMode::zero1; }
+  static constexpr bool sums_once_per_step() { return !kGroupGrads; }
 
   static std::size_t bytes(const Flat& v) { return v.span() * sizeof(T); }
 
-  static double sum_squares(const Kokkos::View<T*, Space>& g) {
-    double s = 0;
-    Kokkos::parallel_reduce(
-        "weft::dp_sumsq", Kokkos::RangePolicy<typename Space::execution_space>(0, g.extent(0)),
-        KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
-    return s;
-  }
+  static double sum_squares(const Kokkos::View<T*, Space>& g) { return weft::detail::dp_sum_squares(g); }
 
   // Buckets in backward order: blocks last to first, then the root. zero2 and
   // fsdp: one bucket per group; replicate and zero1: parameters packed up to
@@ -343,18 +385,18 @@ class DataParallel final : public nn::GroupHooks {
   // parameters: every rank built the same values (initialisation depends only
   // on seed and name), so each keeps what it needs.
   void allocate_and_adopt() {
-    const bool full_values = o_.mode != DPMode::fsdp;
-    if (full_values) flat_value_ = Flat("weft::dp.parameters", flat_size_);
+    constexpr bool full_values = !kFsdp;
+    if constexpr (full_values) flat_value_ = Flat("weft::dp.parameters", flat_size_);
     else shard_value_ = Flat("weft::dp.parameter_shard", shard_size_);
-    if (sums_once_per_step()) flat_grad_ = Flat("weft::dp.gradients", flat_size_);
-    if (o_.mode != DPMode::replicate) shard_grad_ = Flat("weft::dp.gradient_shard", shard_size_);
+    if constexpr (sums_once_per_step()) flat_grad_ = Flat("weft::dp.gradients", flat_size_);
+    if constexpr (!kReplicate) shard_grad_ = Flat("weft::dp.gradient_shard", shard_size_);
     for (auto& b : buckets_) {
-      if (o_.mode == DPMode::zero1 || o_.mode == DPMode::zero2) b.send_tmp = Flat("weft::dp.gather_send", b.chunk);
-      if (o_.mode == DPMode::zero2 || o_.mode == DPMode::fsdp) b.rs_tmp = Flat("weft::dp.reduce_scatter_out", b.chunk);
+      if constexpr (kGatherAfterStep) b.send_tmp = Flat("weft::dp.gather_send", b.chunk);
+      if constexpr (kGroupGrads) b.rs_tmp = Flat("weft::dp.reduce_scatter_out", b.chunk);
       for (std::size_t i = 0; i < b.params.size(); ++i) {
         Param* p = b.params[i];
         const std::size_t off = b.param_off[i];
-        if (full_values) {
+        if constexpr (full_values) {
           Kokkos::deep_copy(slice(flat_value_, b.flat_off + off, p->size()), p->value);
         } else {
           // Copy the part of this parameter that falls in the owned chunk.
@@ -373,25 +415,25 @@ class DataParallel final : public nn::GroupHooks {
         p->grad = flat_grad_.extent(0) ? Flat(slice(flat_grad_, b.flat_off + off, p->size())) : Flat();
       }
     }
-    if (o_.mode == DPMode::replicate) {
+    if constexpr (kReplicate) {
       for (auto& g : groups_)
         for (auto* p : g) origins_.push_back(PieceOrigin{p->name(), 0});
-      return;
-    }
-    // Optimizer pieces: the owned chunk of each bucket cut at parameter borders.
-    for (auto& b : buckets_) {
-      for (std::size_t i = 0; i < b.params.size(); ++i) {
-        Param* p = b.params[i];
-        const std::size_t off = b.param_off[i];
-        const std::size_t lo = std::max(off, r_ * b.chunk), hi = std::min(off + p->size(), (r_ + 1) * b.chunk);
-        if (lo >= hi) continue;
-        const std::size_t in_shard = b.shard_off + lo - r_ * b.chunk;
-        Flat v = full_values ? Flat(slice(flat_value_, b.flat_off + lo, hi - lo)) : Flat(slice(shard_value_, in_shard, hi - lo));
-        Flat g = slice(shard_grad_, in_shard, hi - lo);
-        origins_.push_back(PieceOrigin{p->name(), lo - off});
-        pieces_.push_back(std::make_unique<Param>(p->name() + "[" + std::to_string(lo - off) + ":" + std::to_string(hi - off) + "]",
-                                                  v, g, p->decay()));
-        pieces_.back()->set_tp_sharded(p->tp_sharded());
+    } else {
+      // Optimizer pieces: the owned chunk of each bucket cut at parameter borders.
+      for (auto& b : buckets_) {
+        for (std::size_t i = 0; i < b.params.size(); ++i) {
+          Param* p = b.params[i];
+          const std::size_t off = b.param_off[i];
+          const std::size_t lo = std::max(off, r_ * b.chunk), hi = std::min(off + p->size(), (r_ + 1) * b.chunk);
+          if (lo >= hi) continue;
+          const std::size_t in_shard = b.shard_off + lo - r_ * b.chunk;
+          Flat v = full_values ? Flat(slice(flat_value_, b.flat_off + lo, hi - lo)) : Flat(slice(shard_value_, in_shard, hi - lo));
+          Flat g = slice(shard_grad_, in_shard, hi - lo);
+          origins_.push_back(PieceOrigin{p->name(), lo - off});
+          pieces_.push_back(std::make_unique<Param>(p->name() + "[" + std::to_string(lo - off) + ":" + std::to_string(hi - off) + "]",
+                                                    v, g, p->decay()));
+          pieces_.back()->set_tp_sharded(p->tp_sharded());
+        }
       }
     }
   }
@@ -475,10 +517,10 @@ class DataParallel final : public nn::GroupHooks {
   // replicate: all-reduce the bucket in place; zero1: reduce-scatter it into the shard.
   void post_bucket(std::size_t bi) {
     auto& b = buckets_[bi];
-    auto full = slice(flat_grad_, b.flat_off, b.padded);
-    if (o_.mode == DPMode::replicate) {
+    if constexpr (kReplicate) {
       pending_.push_back(Pending{dp_.iall_reduce(slice(flat_grad_, b.flat_off, b.size)), bi, false, 0});
     } else {
+      auto full = slice(flat_grad_, b.flat_off, b.padded);
       pending_.push_back(Pending{dp_.ireduce_scatter(full, slice(shard_grad_, b.shard_off, b.chunk)), bi, false, 0});
     }
   }
@@ -487,10 +529,7 @@ class DataParallel final : public nn::GroupHooks {
     q.req.wait();
     if (!q.accumulate) return;
     auto& b = buckets_[q.bucket];
-    auto dst = slice(shard_grad_, b.shard_off, b.chunk);
-    auto src = b.rs_tmp;
-    Kokkos::parallel_for("weft::dp_accumulate", Kokkos::RangePolicy<typename Space::execution_space>(0, b.chunk),
-                         KOKKOS_LAMBDA(std::size_t i) { dst(i) += src(i); });
+    weft::detail::dp_accumulate<Space>(slice(shard_grad_, b.shard_off, b.chunk), b.rs_tmp, b.chunk);
     auto& s = group_state_[q.group];
     track(-std::ptrdiff_t(bytes(s.full_grad)));
     give_back(s.full_grad);
@@ -530,5 +569,22 @@ class DataParallel final : public nn::GroupHooks {
   bool defer_weight_grads_ = false;  // zero2/fsdp reduce-scatter in after_weight_gradients
   std::size_t transient_ = 0, peak_transient_ = 0;
 };
+
+/// True for the DataParallel instantiations.
+template <class X>
+inline constexpr bool is_data_parallel_v = false;
+template <class T, class Policy, class Space>
+inline constexpr bool is_data_parallel_v<DataParallel<T, Policy, Space>> = true;
+/// A DataParallel<T, Policy, Space> (what train_step takes).
+template <class X>
+concept DataParallelType = is_data_parallel_v<X>;
+
+/// The DataParallel a strategy selects: its DP policy (Replicated when the
+/// strategy leaves DP out).
+///
+///   using S = weft::Strategy<weft::On<weft::DP, weft::ZeRO<1>>, weft::On<weft::TP, weft::TensorParallel<>>>;
+///   weft::parallel::DataParallelOf<float, S> dp(mesh.axis<weft::DP>(), gpt.parameter_groups());
+template <class T, StrategyType S, class Space = Kokkos::DefaultExecutionSpace>
+using DataParallelOf = DataParallel<T, typename S::data_parallel, Space>;
 
 }  // namespace weft::parallel

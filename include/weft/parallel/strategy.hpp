@@ -97,6 +97,13 @@ struct zero_stage<2> {
 template <int Stage>
 using ZeRO = typename detail::zero_stage<Stage>::type;
 
+/// True for the data-parallel policies, the DPStates<...> types (Replicated,
+/// ZeRO<1>, ZeRO<2>, FullyShard): what DataParallel's Policy must be.
+template <class X>
+inline constexpr bool is_dp_policy_v = false;
+template <class Params, class Grads, class OptState>
+inline constexpr bool is_dp_policy_v<DPStates<Params, Grads, OptState>> = true;
+
 /// The DP policy of a DP mode named by the planner's enum (a type for every value).
 template <parallel::DPMode M>
 using dp_policy_of = std::conditional_t<

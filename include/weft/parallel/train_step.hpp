@@ -24,14 +24,15 @@ inline std::size_t local_microbatch(std::size_t global_batch, std::size_t dp, st
   return global_batch / dp / microbatches;
 }
 
-/// Trains `model` (hooks set to `dp`; config().batch sequences per
-/// microbatch) on step `step` of `data` with the global batch split over the
-/// DP ranks. A model split over a TP axis (one with tensor_parallel()) takes
-/// the same data on every rank of a TP group, and its gradient norm counts
-/// TP-replicated parameters once. Returns the global mean loss (identical on every rank) and the
-/// global gradient norm before clipping.
-template <class Model, class T, class Space, class Optimizer, class IV, class TV>
-optim::StepResult train_step(Model& model, DataParallel<T, Space>& dp, Optimizer& opt, const data::TokenStream& data,
+/// Trains `model` (hooks set to `dp`, any DataParallel<T, Policy, Space>;
+/// config().batch sequences per microbatch) on step `step` of `data` with the
+/// global batch split over the DP ranks. A model split over a TP axis (one
+/// with tensor_parallel()) takes the same data on every rank of a TP group,
+/// and its gradient norm counts TP-replicated parameters once. Returns the
+/// global mean loss (identical on every rank) and the global gradient norm
+/// before clipping.
+template <class Model, DataParallelType DP, class Optimizer, class IV, class TV>
+optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::TokenStream& data,
                              std::uint64_t step, std::size_t global_batch, std::size_t microbatches, const IV& ids,
                              const TV& targets, double lr, double clip, metrics::Profiler* profiler = nullptr) {
   const std::size_t p = static_cast<std::size_t>(dp.comm().size());
