@@ -75,19 +75,19 @@ class ResidualMLP {
  public:
   using value_type = T;
   using execution_space = Space;
-  // What forward keeps for backward: the hidden pre-activation and activation (this rank's columns).
+  // What forward keeps for backward: the hidden pre-activation and activation
+  // (this rank's columns), the tensors the placed Linear and gelu return.
   struct Saved {
     Hidden h, a;
   };
 
   ResidualMLP(MeshT& mesh, std::size_t index, const Sizes& z)
-      : mesh_(&mesh), width_(z.width), hidden_(z.hidden),
+      : mesh_(&mesh), width_(z.width),
         up_(mesh, z.width, z.hidden, {"block." + std::to_string(index) + ".up", true, z.seed, 0.15}),
         down_(mesh, z.hidden, z.width, {"block." + std::to_string(index) + ".down", true, z.seed, 0.05}) {}
 
-  Saved make_saved(std::size_t rows) const {
-    return {Hidden(*mesh_, rows, hidden_), Hidden(*mesh_, rows, hidden_)};
-  }
+  // Empty until the first forward: the layers return new tensors, which the slot then keeps.
+  Saved make_saved(std::size_t) const { return {}; }
   std::size_t saved_bytes(const Saved& s) const { return (s.h.local().span() + s.a.local().span()) * sizeof(T); }
 
   void forward(const Matrix& x, const Matrix& y, Saved& s) {
@@ -95,7 +95,7 @@ class ResidualMLP {
     s.h = up_.forward(X);   // Shard<1>: this rank's hidden units
     s.a = weft::gelu(s.h);  // element-wise on a Shard: allowed (on the Partial output of down_ it would not compile)
     auto r = weft::redistribute<weft::Replicate>(down_.forward(s.a), weft::TP{});  // Partial<Sum> -> all-reduce
-    Kokkos::deep_copy(y, weft::add(X, r).local());  // the residual: Replicate + Replicate
+    weft::add(X, r, Rep(*mesh_, {y.extent(0), width_}, y));  // the residual, Replicate + Replicate, into y
   }
 
   void backward(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s) { run_backward(x, dy, dx, s, nullptr); }
@@ -117,12 +117,12 @@ class ResidualMLP {
     auto da = down_.backward(s.a, DY);                           // Shard<1>
     weft::ops::gelu_backward(da.local(), s.h.local(), da.local());
     auto dr = weft::redistribute<weft::Replicate>(up_.backward(X, da), weft::TP{});  // Partial<Sum> -> all-reduce
-    Kokkos::deep_copy(dx, weft::add(DY, dr).local());
+    weft::add(DY, dr, Rep(*mesh_, {dx.extent(0), width_}, dx));
     up_.defer_weight_gradients(nullptr);
     down_.defer_weight_gradients(nullptr);
   }
   MeshT* mesh_;
-  std::size_t width_, hidden_;
+  std::size_t width_;
   Up up_;
   Down down_;
 };

@@ -718,6 +718,26 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
 // layers (split over the TP axis when tp > 1), data parallelism over the DP
 // axis, the schedule's executor over the PP axis; the mesh is DP x PP x TP
 // with TP innermost, so a stage's TP group is consecutive ranks.
+// What every strategy's Job shares: the strategy's name and policies, the
+// model (nn::GPT or this rank's pipeline stage), DataParallel and the
+// optimizer, which must outlive the Job. The caller adds the step (and the
+// pipeline's fields).
+template <class S, class Model, class DP>
+Job job_of(const char* model_name, Model& model, DP& dp, AnyOptimizer& opt) {
+  Job job;
+  job.config = &model.config();
+  job.strategy = S::name();
+  job.model_name = model_name;
+  job.dp_mode = DP::mode();
+  job.sequence_parallel = S::sequence_parallel;
+  job.dp = &dp.comm();
+  for (auto* p : model.parameters()) job.parameters += p->size();
+  job.model_memory = [&model] { return model.memory(); };
+  job.dp_memory = [&dp] { return dp.memory(); };
+  job.opt_memory = [&opt] { return opt.memory(); };
+  return job;
+}
+
 template <class Strat>
 int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
                       const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
@@ -764,25 +784,15 @@ int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const w
   stage.set_hooks(&dp);
   weft::pipeline::Executor ex(stage, mesh.axis<weft::PP>(), weft::Pipeline<Sched>(o.pp, int(o.microbatches)));
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
-  Job job;
-  job.config = &stage.config();
-  job.strategy = Strat::name();
-  job.model_name = "weft GPT (pipeline::Stage)";
-  job.dp_mode = DPPolicy::mode;
-  job.sequence_parallel = Strat::sequence_parallel;
-  job.dp = &mesh.axis<weft::DP>();
+  Job job = job_of<Strat>("weft GPT (pipeline::Stage)", stage, dp, opt);
   job.pp = &mesh.axis<weft::PP>();
   job.schedule = weft::pipeline::schedule_name<Sched>();
   job.stages = part.to_string(L);
   job.microbatches = int(o.microbatches);
   job.bubble = Sched::bubble_fraction(o.pp, int(o.microbatches), {});
-  for (auto* p : stage.parameters()) job.parameters += p->size();
   job.step = [&](std::size_t step, double lr, weft::metrics::Profiler*) {
     return weft::pipeline::train_step(ex, &dp, opt, stream, step, o.batch, lr, o.clip);
   };
-  job.model_memory = [&] { return stage.memory(); };
-  job.dp_memory = [&] { return dp.memory(); };
-  job.opt_memory = [&] { return opt.memory(); };
   return train(o, job, mesh.axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
 }
 
@@ -798,20 +808,10 @@ int run_data_tensor(const Options& o, weft::Environment& env, int ndp, const wef
   gpt.set_hooks(&dp);
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
   weft::ops::Tokens<Space> ids("ids", o.model.tokens()), tg("targets", o.model.tokens());
-  Job job;
-  job.config = &gpt.config();
-  job.strategy = S::name();
-  job.model_name = "weft GPT (nn::GPT)";
-  job.dp_mode = DPPolicy::mode;
-  job.sequence_parallel = S::sequence_parallel;
-  job.dp = &mesh.axis<weft::DP>();
-  for (auto* p : gpt.parameters()) job.parameters += p->size();
+  Job job = job_of<S>("weft GPT (nn::GPT)", gpt, dp, opt);
   job.step = [&](std::size_t step, double lr, weft::metrics::Profiler* prof) {
     return weft::parallel::train_step(gpt, dp, opt, stream, step, o.batch, o.microbatches, ids, tg, lr, o.clip, prof);
   };
-  job.model_memory = [&] { return gpt.memory(); };
-  job.dp_memory = [&] { return dp.memory(); };
-  job.opt_memory = [&] { return opt.memory(); };
   return train(o, job, mesh.axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
 }
 

@@ -157,6 +157,14 @@ void check_add(MeshT& mesh, std::size_t rows, std::size_t cols, const std::strin
   auto y = add(a, b);
   static_assert(std::is_same_v<decltype(y), elementwise_result_t<Additive, A, B>>);
   CHECK(wrong(what, differ(y, want, 0)) == wrong(what, 0));
+  // Into an existing result, and in place when a has the result's type.
+  decltype(y) into(mesh, rows, cols);
+  add(a, b, into);
+  CHECK(wrong(what + " into", differ(into, want, 0)) == wrong(what + " into", 0));
+  if constexpr (std::is_same_v<A, decltype(y)>) {
+    add(a, b, a);
+    CHECK(wrong(what + " in place", differ(a, want, 0)) == wrong(what + " in place", 0));
+  }
 }
 
 template <class LX, class LB, class MeshT>
@@ -280,6 +288,8 @@ TEST_CASE("element-wise operations check shapes and meshes at run time") {
   DistView<T, 1, On<TP, Shard<0>>> bias(mesh, 8 * w);
   CHECK(contains(error_text([&] { (void)add(a, b); }), "weft::add: the operands' global extents differ in dimension 1"));
   CHECK(contains(error_text([&] { (void)add(a, c); }), "live on different meshes"));
+  CHECK(contains(error_text([&] { add(a, a, b); }), "and the result's " + std::to_string(8 * w)));
+  CHECK(contains(error_text([&] { add(a, a, c); }), "live on different meshes"));
   CHECK(contains(error_text([&] { (void)bias_add(a, bias); }),
                  "the bias has " + std::to_string(8 * w) + " elements but the tensor's last dimension has " +
                      std::to_string(4 * w)));

@@ -308,9 +308,6 @@ struct Strategy {
   /// Whether the model is split into pipeline stages over PP.
   static constexpr bool pipelined = has<PP>;
 
-  /// The entries, for the strategy's name and for iteration.
-  static constexpr std::size_t size = sizeof...(Entries);
-
   /// The strategy's spelling: "Strategy<On<dp, FullyShard>, On<tp, TensorParallel<>>>"
   /// ("Strategy<>" for the single-process model). Run records name it.
   static std::string name() {

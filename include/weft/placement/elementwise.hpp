@@ -279,6 +279,24 @@ auto silu(const X& x) {
   return detail::activation<detail::SiluOp>("weft::silu", x);
 }
 
+namespace detail {
+// The compile-time rules of weft::add, each a static_assert with its fix;
+// true when a + b is allowed.
+template <class DVA, class DVB>
+constexpr bool add_checked() {
+  static_assert(DVA::rank == DVB::rank,
+                "weft::add: the operands have different ranks; element-wise operands must have the same shape. "
+                "Reshape one of them, or add tensors of the same rank.");
+  static_assert(same_element_and_space<DVA, DVB>(),
+                "weft::add: the operands have different element types or memory spaces; convert one (deep_copy into "
+                "a DistView of the other's type) first.");
+  if constexpr (DVA::rank == DVB::rank && same_element_and_space<DVA, DVB>())
+    return add_accepts_all<DVA, DVB>(typename DVA::placements{}, typename binary_axes<DVA, DVB>::b_only{});
+  else
+    return false;
+}
+}  // namespace detail
+
 // ------------------------------------------------------------- linear ops
 
 /// y = a * x element by element. Scaling is linear, so every placement
@@ -313,27 +331,37 @@ template <DistributedView A, DistributedView B>
 auto add(const A& a, const B& b) {
   using DVA = std::remove_cvref_t<A>;
   using DVB = std::remove_cvref_t<B>;
-  static_assert(DVA::rank == DVB::rank,
-                "weft::add: the operands have different ranks; element-wise operands must have the same shape. "
-                "Reshape one of them, or add tensors of the same rank.");
-  static_assert(detail::same_element_and_space<DVA, DVB>(),
-                "weft::add: the operands have different element types or memory spaces; convert one (deep_copy into "
-                "a DistView of the other's type) first.");
-  constexpr bool ok = DVA::rank == DVB::rank && detail::same_element_and_space<DVA, DVB>() &&
-                      detail::add_accepts_all<DVA, DVB>(typename DVA::placements{},
-                                                        typename detail::binary_axes<DVA, DVB>::b_only{});
+  constexpr bool ok = detail::add_checked<DVA, DVB>();
   if constexpr (!ok) {
-    return a;  // not reached: a static_assert above has failed
+    return a;  // not reached: a static_assert in add_checked has failed
   } else {
     using Y = elementwise_result_t<Additive, DVA, DVB>;
-    detail::require_same_mesh("weft::add", a, b);
-    for (std::size_t d = 0; d < DVA::rank; ++d)
-      WEFT_REQUIRE(a.global_extent(d) == b.global_extent(d), ShapeError, "weft::add: the operands' global extents "
-                   "differ in dimension ", d, " (", a.global_extent(d), " and ", b.global_extent(d),
-                   "); element-wise operands must have the same shape");
     Y y(detail::internal_tag{}, a.axis_table(), a.global_extents(), std::string("weft::add"));
-    ops::add(detail::as_matrix(y.local()), detail::as_matrix(a.local()), detail::as_matrix(b.local()));
+    add(a, b, y);
     return y;
+  }
+}
+
+/// y = a + b into an existing y (no allocation; y may be a or b): the same
+/// rules as add(a, b), and y must have the result's type,
+/// elementwise_result_t<Additive, A, B>, with a's global extents and mesh.
+template <DistributedView A, DistributedView B, DistributedView Y>
+void add(const A& a, const B& b, const Y& y) {
+  using DVA = std::remove_cvref_t<A>;
+  using DVB = std::remove_cvref_t<B>;
+  constexpr bool ok = detail::add_checked<DVA, DVB>();
+  if constexpr (ok) {
+    static_assert(std::is_same_v<std::remove_cvref_t<Y>, elementwise_result_t<Additive, DVA, DVB>>,
+                  "weft::add(a, b, y): y must have the type of a + b (weft::elementwise_result_t<weft::Additive, A, "
+                  "B>: the same element type, memory space, rank and placements); use add(a, b) for a new tensor");
+    detail::require_same_mesh("weft::add", a, b);
+    detail::require_same_mesh("weft::add", a, y);
+    for (std::size_t d = 0; d < DVA::rank; ++d)
+      WEFT_REQUIRE(a.global_extent(d) == b.global_extent(d) && a.global_extent(d) == y.global_extent(d), ShapeError,
+                   "weft::add: the operands' global extents differ in dimension ", d, " (", a.global_extent(d), ", ",
+                   b.global_extent(d), " and the result's ", y.global_extent(d),
+                   "); element-wise operands must have the same shape");
+    ops::add(detail::as_matrix(y.local()), detail::as_matrix(a.local()), detail::as_matrix(b.local()));
   }
 }
 

@@ -245,16 +245,10 @@ class LayerStage {
   /// c: tells the hooks its groups' weight gradients are complete (the root
   /// group's once every chunk holding part of it is done).
   void weights_done(int c) {
-    Chunk& k = chunks_.at(std::size_t(c));
-    if (!hooks_) return;
-    for (std::size_t g : k.block_group) hooks_->after_weight_gradients(g);
-    if (!has_root(k)) return;
+    const Chunk& k = chunks_.at(std::size_t(c));
     std::size_t holders = 0;
     for (const auto& x : chunks_) holders += has_root(x) ? 1 : 0;
-    if (++root_chunks_done_ == holders) {
-      root_chunks_done_ = 0;
-      hooks_->after_weight_gradients(root_group_);
-    }
+    weights_done_(hooks_, k.block_group, has_root(k), holders, root_group_);
   }
 
   /// Bytes of parameters and gradients (at their current storage), of the
@@ -342,7 +336,7 @@ class LayerStage {
   std::function<void()> progress_;
   std::vector<Batch> batches_;
   detail::SlotPool<Slot> slots_;
-  std::size_t root_chunks_done_ = 0;
+  detail::WeightsDone weights_done_;
   detail::SendBuffers<Matrix> send_;
 };
 

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <weft/nn/parameter.hpp>
+
 namespace weft::pipeline::detail {
 
 /// Slots keyed by (microbatch, chunk): live ones, and per chunk a pool of
@@ -100,6 +102,28 @@ class SendBuffers {
  private:
   std::vector<Matrix> spare_;
   std::size_t count_ = 0;
+};
+
+/// Tells the group hooks, after a chunk's last action of the step that adds
+/// weight gradients, which groups' weight gradients are complete: the
+/// chunk's block groups at once, the root group (whose parameters the chunks
+/// holding the model's first and last layers share) once every chunk that
+/// holds part of it is done.
+class WeightsDone {
+ public:
+  void operator()(nn::GroupHooks* hooks, const std::vector<std::size_t>& block_groups, bool holds_root,
+                  std::size_t root_holders, std::size_t root_group) {
+    if (!hooks) return;
+    for (std::size_t g : block_groups) hooks->after_weight_gradients(g);
+    if (!holds_root) return;
+    if (++done_ == root_holders) {
+      done_ = 0;
+      hooks->after_weight_gradients(root_group);
+    }
+  }
+
+ private:
+  std::size_t done_ = 0;  // chunks holding root parameters whose weights are done this step
 };
 
 }  // namespace weft::pipeline::detail

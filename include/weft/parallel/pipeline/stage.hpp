@@ -401,16 +401,10 @@ class GPTStage {
   /// the weight gradients of its groups are complete (the root group's once
   /// every chunk holding part of it is done).
   void weights_done(int c) {
-    Chunk& k = chunks_.at(std::size_t(c));
-    if (!hooks_) return;
-    for (std::size_t g : k.block_group) hooks_->after_weight_gradients(g);
-    if (!has_root(k)) return;
+    const Chunk& k = chunks_.at(std::size_t(c));
     std::size_t holders = 0;
     for (const auto& x : chunks_) holders += has_root(x) ? 1 : 0;
-    if (++root_chunks_done_ == holders) {
-      root_chunks_done_ = 0;
-      hooks_->after_weight_gradients(root_group_);
-    }
+    weights_done_(hooks_, k.block_group, has_root(k), holders, root_group_);
   }
 
   /// Bytes of parameters and gradients (at their current storage) and of the
@@ -552,7 +546,7 @@ class GPTStage {
   std::vector<double>* unit_time_ = nullptr;
   std::function<void()> progress_;
   detail::SlotPool<Slot> slots_;
-  std::size_t root_chunks_done_ = 0;  // chunks holding root parameters whose weights are done this step
+  detail::WeightsDone weights_done_;
   detail::SendBuffers<Matrix> send_;   // buffers of detached gradient sends
   ops::Tokens<Space> ids_, targets_;   // every microbatch of the step (reserve_microbatches)
 };
