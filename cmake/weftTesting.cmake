@@ -38,11 +38,19 @@ function(weft_add_compile_fail_test name)
   add_library(${obj} OBJECT EXCLUDE_FROM_ALL ${T_SOURCE})
   target_link_libraries(${obj} PRIVATE weft::weft)
   target_compile_definitions(${obj} PRIVATE ${T_DEFINES})
+  # With Ninja the test runs the target's compile command itself and needs no
+  # lock; otherwise builds in the same tree must not run concurrently.
+  set(ninja "")
+  set(lock RESOURCE_LOCK weft_build_tree)
+  if(CMAKE_GENERATOR MATCHES "Ninja")
+    set(ninja "${CMAKE_MAKE_PROGRAM}")
+    set(lock "")
+  endif()
   add_test(NAME compile_fail.${name}
            COMMAND ${CMAKE_COMMAND} -DTARGET=${obj} -DBUILD_DIR=${CMAKE_BINARY_DIR} "-DREGEX=${T_REGEX}"
-                   "-DFIRST_ERROR=${T_FIRST_ERROR}" -P ${PROJECT_SOURCE_DIR}/cmake/weftCompileFail.cmake)
-  # Builds in the same tree must not run concurrently.
-  set_tests_properties(compile_fail.${name} PROPERTIES LABELS "compile_fail" RESOURCE_LOCK weft_build_tree TIMEOUT 300)
+                   "-DFIRST_ERROR=${T_FIRST_ERROR}" "-DNINJA=${ninja}"
+                   -P ${PROJECT_SOURCE_DIR}/cmake/weftCompileFail.cmake)
+  set_tests_properties(compile_fail.${name} PROPERTIES LABELS "compile_fail" ${lock} TIMEOUT 300)
 endfunction()
 
 # weft_add_expected_failure_test(NAME RANKS n REGEX message [MAX_SECONDS s] COMMAND exe args...)
