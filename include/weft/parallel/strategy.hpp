@@ -13,6 +13,7 @@
 
 #include <weft/core/error.hpp>
 #include <weft/mesh/axis.hpp>
+#include <weft/parallel/context_policy.hpp>
 #include <weft/parallel/dp_mode.hpp>
 #include <weft/parallel/schedule.hpp>
 #include <weft/placement/placement.hpp>
@@ -246,6 +247,9 @@ constexpr bool check_strategy_entry() {
         static_assert(!is_pipeline_policy<X>::value || std::is_same_v<Axis, PP>,
                       "weft::Strategy: weft::Pipeline<Schedule> belongs on the PP axis: weft::On<weft::PP, "
                       "weft::Pipeline<Schedule>>");
+        static_assert(!is_context_policy<X>::value || std::is_same_v<Axis, CP>,
+                      "weft::Strategy: weft::Context<Variant> belongs on the CP axis: weft::On<weft::CP, "
+                      "weft::Context<weft::Ring>> (or AllGather, AllToAll)");
       }
     }
   }
@@ -307,6 +311,8 @@ struct Strategy {
   }();
   /// Whether the model is split into pipeline stages over PP.
   static constexpr bool pipelined = has<PP>;
+  /// The CP policy (weft::Context<Ring | AllGather | AllToAll>), or NoPolicy.
+  using context_parallel = policy<CP>;
 
   /// The strategy's spelling: "Strategy<On<dp, FullyShard>, On<tp, TensorParallel<>>>"
   /// ("Strategy<>" for the single-process model). Run records name it.
