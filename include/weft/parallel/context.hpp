@@ -295,6 +295,15 @@ class ContextAttention {
     else alltoall_backward(dO, dQ, dK, dV);
   }
 
+  /// Bytes of what the last forward keeps for backward: the inputs, output
+  /// and log-sum-exp it was given (Ring, AllGather), the gathered K/V in
+  /// global order (AllGather), or the head-sharded copies over the whole
+  /// sequence (AllToAll, which needs nothing of the caller's afterwards).
+  std::size_t saved_bytes() const {
+    auto b = [](const auto& v) { return v.size() * sizeof(T); };
+    return b(q_) + b(k_) + b(v_) + b(o_) + b(lse_) + b(kg_) + b(vg_) + b(qh_) + b(kh_) + b(vh_) + b(oh_) + b(lh_);
+  }
+
   /// Drops what forward kept.
   void release() {
     q_ = {};
@@ -302,6 +311,8 @@ class ContextAttention {
     v_ = {};
     o_ = {};
     lse_ = {};
+    kg_ = {};
+    vg_ = {};
     qh_ = {};
     kh_ = {};
     vh_ = {};
@@ -529,7 +540,7 @@ class ContextAttention {
   }
 
   // Back from head shards to this rank's tokens: for query heads each head
-  // lands once; K/V heads replicated over several ranks add up (add = true).
+  // lands once; K/V heads replicated over several ranks add up.
   template <class HV, class XV>
   void gather_heads(const HV& Xh, std::size_t per_rank, bool kv, const XV& X) {
     const std::size_t P = cpn(), tl = local_tokens();
