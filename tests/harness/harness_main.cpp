@@ -5,7 +5,9 @@
 // hang, or blocked by a failed peer) ends the job within a bounded time
 // instead of hanging it: WEFT_TEST_DEADLINE (seconds, default 60) bounds the
 // wait at the end of a test case, WEFT_TEST_TIMEOUT (default 600) bounds one
-// test case on one rank.
+// test case on one rank, and weft's own waits are bounded by WEFT_DEADLINE
+// (default here: twice WEFT_TEST_DEADLINE, so that a failing rank's report
+// comes first).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -225,6 +227,15 @@ int main(int argc, char** argv) {
   g_size = env.world().size();
   MPI_Comm_dup(MPI_COMM_WORLD, &g_harness);
   for (int r = 0; r < g_size; ++r) g_world_ranks.push_back(r);
+  // A rank that fails leaves its peers blocked in a collective: its own
+  // failures are printed when the end-of-test-case wait passes
+  // WEFT_TEST_DEADLINE, so unless WEFT_DEADLINE says otherwise the peers'
+  // bounded waits (which end the job) get twice as long.
+  if (std::getenv("WEFT_DEADLINE") == nullptr) {
+    const double d = 2 * env_seconds("WEFT_TEST_DEADLINE", 60.0);
+    weft::detail::checked_defaults().deadline_s = d;
+    env.world().set_deadline(d);
+  }
   g_watchdog.start();
 
   doctest::Context ctx;
