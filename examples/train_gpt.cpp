@@ -507,8 +507,8 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   const weft::CommStats pp_stats = ppc ? ppc->stats() : weft::CommStats{};
   // The hosts of the ranks (topology identity): processor names, fixed width.
   char host[MPI_MAX_PROCESSOR_NAME] = {};
-  int host_len = 0;
-  MPI_Get_processor_name(host, &host_len);
+  const std::string node_name = weft::detail::node_name();  // follows WEFT_TEST_RANKS_PER_NODE
+  std::copy(node_name.begin(), node_name.end(), host);
   std::vector<char> hosts(std::size_t(MPI_MAX_PROCESSOR_NAME) * std::size_t(world));
   MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, hosts.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
   auto field = [&](int r, std::size_t k) { return all(nfield * std::size_t(r) + k); };
@@ -924,7 +924,7 @@ int run(int argc, char** argv, weft::Environment& env) {
   opts.model.validate_tensor_parallel(std::size_t(ntp), o.sequence_parallel);
   // BLAS threads: ranks sharing this node x threads must not exceed its cores.
   MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  weft::detail::split_by_node(MPI_COMM_WORLD, 0, &node);
   int ranks_per_node = 1;
   MPI_Comm_size(node, &ranks_per_node);
   MPI_Comm_free(&node);

@@ -310,6 +310,24 @@ TEST_CASE("a request tests until done and completes when destroyed") {
   CHECK(c.stats()[CommKind::all_reduce].calls == 2);
 }
 
+TEST_CASE("every wait has a deadline by default; set_deadline changes it, 0 turns it off") {
+  Comm c = fresh(false);
+  CHECK(c.deadline() > 0);  // WEFT_DEADLINE, or the harness' default
+  c.set_deadline(7.5);
+  CHECK(c.deadline() == 7.5);
+  Kokkos::View<double*> x("x", 4);
+  Kokkos::deep_copy(x, 1.0);
+  c.all_reduce(x);  // a wait well within the bound completes as before
+  CHECK(host(x)(0) == doctest::Approx(double(c.size())));
+  c.set_deadline(0);
+  CHECK(c.deadline() == 0);
+  c.all_reduce(x);
+  CHECK(host(x)(0) == doctest::Approx(double(c.size()) * c.size()));
+  CHECK_THROWS_WITH_AS(c.set_deadline(-1), doctest::Contains("the deadline must be >= 0 seconds"), weft::ConfigError);
+  // The watchdog that keeps the bound runs in every process of the harness.
+  CHECK(weft::detail::wait_mark().enabled.load());
+}
+
 TEST_CASE("bad arguments raise CommError before MPI is called") {
   Comm c = fresh(false);
   const auto p = static_cast<std::size_t>(c.size());

@@ -5,7 +5,9 @@
 // hang, or blocked by a failed peer) ends the job within a bounded time
 // instead of hanging it: WEFT_TEST_DEADLINE (seconds, default 60) bounds the
 // wait at the end of a test case, WEFT_TEST_TIMEOUT (default 600) bounds one
-// test case on one rank.
+// test case on one rank, and weft's own waits are bounded by WEFT_DEADLINE
+// (default here: twice WEFT_TEST_DEADLINE, so that a failing rank's report
+// comes first).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -42,9 +44,17 @@ double env_seconds(const char* name, double fallback) {
   std::_Exit(3);
 }
 
-// Completes a request on the harness communicator or ends the job at the deadline.
+const std::string g_harness_axis = "harness";
+std::vector<int> g_world_ranks;  // 0 .. size-1: the harness communicator is a duplicate of the world
+
+// Completes a request on the harness communicator or ends the job at the
+// deadline, naming the ranks that did not reach the end of the test case (the
+// heartbeat table of weft's watchdog shows the harness' wait; its own deadline
+// is this loop's).
 void wait_or_abort(MPI_Request& rq, const std::string& test_name, const std::string& local_failures) {
+  static constexpr const char* op = "the end of a test case";
   const double deadline = env_seconds("WEFT_TEST_DEADLINE", 60.0);
+  weft::detail::WaitScope scope(op, g_harness_axis, g_world_ranks, 0);
   const auto t0 = std::chrono::steady_clock::now();
   for (long spin = 0;; ++spin) {
     int flag = 0;
@@ -53,7 +63,8 @@ void wait_or_abort(MPI_Request& rq, const std::string& test_name, const std::str
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > deadline) {
       abort_job("test case '" + test_name + "' ended on this rank, but not every rank reached its end within " +
                 std::to_string(deadline) +
-                " s (WEFT_TEST_DEADLINE): a rank failed and left the others blocked, or a rank hangs. " +
+                " s (WEFT_TEST_DEADLINE): a rank failed and left the others blocked, or a rank hangs." +
+                weft::detail::Watchdog::instance().report(op, g_harness_axis, g_world_ranks, deadline) + "\n" +
                 (local_failures.empty() ? std::string("This rank had no failures.")
                                         : "This rank's failures:\n" + local_failures));
     }
@@ -215,6 +226,16 @@ int main(int argc, char** argv) {
   g_rank = env.world().rank();
   g_size = env.world().size();
   MPI_Comm_dup(MPI_COMM_WORLD, &g_harness);
+  for (int r = 0; r < g_size; ++r) g_world_ranks.push_back(r);
+  // A rank that fails leaves its peers blocked in a collective: its own
+  // failures are printed when the end-of-test-case wait passes
+  // WEFT_TEST_DEADLINE, so unless WEFT_DEADLINE says otherwise the peers'
+  // bounded waits (which end the job) get twice as long.
+  if (std::getenv("WEFT_DEADLINE") == nullptr) {
+    const double d = 2 * env_seconds("WEFT_TEST_DEADLINE", 60.0);
+    weft::detail::checked_defaults().deadline_s = d;
+    env.world().set_deadline(d);
+  }
   g_watchdog.start();
 
   doctest::Context ctx;

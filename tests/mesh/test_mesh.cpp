@@ -187,6 +187,7 @@ TEST_CASE("bad extents are ConfigErrors naming the sizes and the fix") {
 
 TEST_CASE("node topology: one node here, so every axis group stays inside it") {
   auto& w = weft::test::world();
+  if (weft::detail::test_ranks_per_node() != 0 && weft::detail::test_ranks_per_node() < w.size()) return;  // next case
   weft::Mesh<DP, TP> m(w, 1, w.size());
   CHECK(m.num_nodes() == 1);
   CHECK(m.node().size() == w.size());
@@ -194,6 +195,28 @@ TEST_CASE("node topology: one node here, so every axis group stays inside it") {
   CHECK(m.within_node<DP, TP>());
   CHECK(m.within_node<DP>());  // cached the second time
   CHECK(m.within_node<DP>());
+}
+
+// CTest runs this at 4 ranks with WEFT_TEST_RANKS_PER_NODE=2 and at 8 with 4
+// (test_mesh.nodes_*): the mesh sees the simulated nodes.
+TEST_CASE("node topology follows WEFT_TEST_RANKS_PER_NODE (simulated nodes)") {
+  auto& w = weft::test::world();
+  const int k = weft::detail::test_ranks_per_node();
+  if (k == 0 || k >= w.size()) return;  // one node: the case above
+  REQUIRE(w.size() % k == 0);
+  const int nodes = w.size() / k;
+  // TP groups of k consecutive ranks: one simulated node each; DP crosses them.
+  weft::Mesh<DP, TP> m(w, nodes, k);
+  CHECK(m.num_nodes() == nodes);
+  CHECK(m.node().size() == k);
+  CHECK(m.within_node<TP>());
+  CHECK_FALSE(m.within_node<DP>());
+  CHECK_FALSE(m.within_node<DP, TP>());
+  // TP over all ranks spans every node.
+  weft::Mesh<DP, TP> wide(w, 1, w.size());
+  CHECK_FALSE(wide.within_node<TP>());
+  CHECK(wide.within_node<DP>());  // DP groups of one rank
+  CHECK(weft::detail::node_name().find("/node" + std::to_string(w.rank() / k)) != std::string::npos);
 }
 
 TEST_CASE("per-axis statistics are reported by axis name") {

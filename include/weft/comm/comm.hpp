@@ -171,6 +171,17 @@ class Comm {
     MPI_Comm_size(c, &k.size);
     k.check(MPI_Comm_dup(c, &k.shadow), "adopt");
     MPI_Comm_set_errhandler(k.shadow, MPI_ERRORS_RETURN);
+    // The world ranks of this communicator's ranks, so that a wait past its
+    // deadline can say which peers did not arrive.
+    MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
+    MPI_Comm_group(c, &g);
+    MPI_Comm_group(MPI_COMM_WORLD, &wg);
+    std::vector<int> mine(static_cast<std::size_t>(k.size));
+    std::iota(mine.begin(), mine.end(), 0);
+    k.world_ranks.assign(mine.size(), MPI_UNDEFINED);
+    MPI_Group_translate_ranks(g, k.size, mine.data(), wg, k.world_ranks.data());
+    MPI_Group_free(&g);
+    MPI_Group_free(&wg);
     return out;
   }
 
@@ -273,8 +284,19 @@ class Comm {
   }
   /// Whether the checked mode is on.
   bool checked() const noexcept { return core_->checked; }
-  /// The checked-mode deadline in seconds.
+  /// The deadline of every wait on this communicator, in seconds (0: not
+  /// bounded). Past it a checked-mode wait raises CommError; a default-mode
+  /// wait ends the job on every rank with a message that names the operation,
+  /// the axis and the ranks that did not arrive (the watchdog of
+  /// weft::Environment keeps that bound; without an Environment it is not kept).
   double deadline() const noexcept { return core_->deadline_s; }
+  /// Sets deadline(); 0 turns the bound off for this communicator (the
+  /// process default comes from WEFT_DEADLINE, 60 s when unset).
+  void set_deadline(double seconds) {
+    WEFT_REQUIRE(seconds >= 0, ConfigError, "weft::Comm::set_deadline on axis '", core_->name,
+                 "': the deadline must be >= 0 seconds (0: no bound), got ", seconds);
+    core_->deadline_s = seconds;
+  }
 
   /// Splits like MPI_Comm_split; the result is named `name`. Collective.
   Comm split(int color, int key, std::string name) const {
@@ -606,7 +628,11 @@ class Comm {
       post(*st, nb(&st->reqs[0]));
     } else {
       const double t0 = detail::now_seconds();
-      const int rc = blocking();
+      int rc = MPI_SUCCESS;
+      {
+        detail::WaitScope scope(st->op, core_->name, core_->world_ranks, core_->deadline_s);
+        rc = blocking();
+      }
       st->exposed += detail::now_seconds() - t0;
       post(*st, rc);
     }

@@ -63,7 +63,11 @@ inline const char* thread_level_name(int level) {
 /// application already did, and stops what it started. Before that it applies
 /// keep_large_host_allocations() (weft/core/host_allocator.hpp: large host
 /// buffers stay in the heap; WEFT_HOST_MALLOC=system opts out). Construct it first in
-/// main and let every weft object die before it.
+/// main and let every weft object die before it. While it lives, a watchdog
+/// thread (weft/comm/watchdog.hpp; it calls no MPI function but MPI_Abort)
+/// bounds every blocking wait of weft's communicators by their deadline
+/// (WEFT_DEADLINE, 60 s by default): past it the job ends on every rank with
+/// a message naming the operation, the axis and the ranks that did not arrive.
 class Environment {
  public:
   /// Initialises from the program's arguments: Kokkos gets the --kokkos-*
@@ -79,6 +83,7 @@ class Environment {
   Environment& operator=(const Environment&) = delete;
 
   ~Environment() {
+    detail::Watchdog::instance().stop();
     world_.reset();
     const bool failing = std::uncaught_exceptions() > 0 || detail::comm_poisoned();
     if (failing && owns_mpi_) {
@@ -156,6 +161,7 @@ class Environment {
       owns_kokkos_ = true;
     }
     world_.emplace(Comm::duplicate(MPI_COMM_WORLD, "world"));
+    detail::Watchdog::instance().start();
   }
 
   bool owns_mpi_ = false;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <weft/comm/stats.hpp>
+#include <weft/comm/watchdog.hpp>
 #include <weft/config.hpp>
 #include <weft/core/error.hpp>
 
@@ -29,17 +30,19 @@ inline double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Process-wide defaults of the checked mode: the CMake option
-// WEFT_ENABLE_CHECKED, overridden by the environment variables WEFT_CHECKED
-// (0/1) and WEFT_DEADLINE (seconds), overridden by set_checked_default().
+// Process-wide defaults of the checked mode and of every wait's deadline:
+// the CMake option WEFT_ENABLE_CHECKED, overridden by the environment
+// variables WEFT_CHECKED (0/1) and WEFT_DEADLINE (seconds; 0 = waits are not
+// bounded), overridden by set_checked_default().
 struct CheckedDefaults {
   bool checked = WEFT_CHECKED_DEFAULT != 0;
   double deadline_s = 60.0;
   CheckedDefaults() {
     if (const char* e = std::getenv("WEFT_CHECKED")) checked = std::atoi(e) != 0;
     if (const char* e = std::getenv("WEFT_DEADLINE")) {
-      double d = std::atof(e);
-      if (d > 0) deadline_s = d;
+      char* end = nullptr;
+      const double d = std::strtod(e, &end);
+      if (end != e && *end == '\0' && d >= 0) deadline_s = d;
     }
   }
 };
@@ -106,6 +109,7 @@ struct CommCore {
   int within_node = -1;       // -1 = not asked yet; else whether all ranks share one node
   int cma = -1;               // Comm::cross_memory_attach(): -1 = the process default
   bool cma_failed = false;    // a cross-memory read failed on some rank: off for good
+  std::vector<int> world_ranks;  // rank r of this communicator is world rank world_ranks[r] (for the watchdog's report)
   std::size_t staging_bytes = 0;        // this rank's segment of the staging window
   std::shared_ptr<void> staging_window;  // freed (collectively) before the communicator
 
@@ -120,12 +124,18 @@ struct CommCore {
     if (rc != MPI_SUCCESS) fail(op, mpi_error_text(rc));
   }
 
-  // Completes n requests. Unchecked: MPI_Waitall. Checked: polls until the
+  // Where the other ranks are, for a wait in `op` past its deadline (the
+  // watchdog's heartbeat table; see weft/comm/watchdog.hpp).
+  std::string peers(const char* op) const { return Watchdog::instance().report(op, name, world_ranks, deadline_s); }
+
+  // Completes n requests. Unchecked: MPI_Waitall, bounded by the watchdog
+  // (which ends the job past the deadline). Checked: polls until the
   // deadline, then raises CommError instead of hanging. Adds the time spent
   // here to exposed.
   void wait_all(MPI_Request* reqs, int n, const char* op, double& exposed, const std::string& what = {}) const {
     const double t0 = now_seconds();
     if (!checked) {
+      WaitScope scope(op, name, world_ranks, deadline_s);
       int rc = MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE);
       exposed += now_seconds() - t0;
       check(rc, op);
@@ -140,13 +150,13 @@ struct CommCore {
       }
       if (flag) break;
       const double t = now_seconds();
-      if (t - t0 > deadline_s) {
+      if (deadline_s > 0 && t - t0 > deadline_s) {
         exposed += t - t0;
         comm_poisoned() = true;
         fail(op, "did not complete within the checked-mode deadline of " + std::to_string(deadline_s) + " s" +
                      (what.empty() ? std::string() : " (" + what + ")") +
                      ". Another rank of this axis is not taking part: it failed, or it is blocked in a different "
-                     "operation. Set WEFT_DEADLINE (seconds) to allow slower peers.");
+                     "operation:" + peers(op) + "\nSet WEFT_DEADLINE (seconds) to allow slower peers.");
       }
       if (spin > 64) std::this_thread::yield();
     }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <weft/comm/comm.hpp>
+#include <weft/comm/node.hpp>
 #include <weft/core/error.hpp>
 #include <weft/mesh/axis.hpp>
 
@@ -311,7 +312,7 @@ class Mesh {
     axis_comms_.reserve(rank);
     for (std::size_t i = 0; i < rank; ++i) axis_comms_.push_back(make_group(1u << i));
     MPI_Comm nc = MPI_COMM_NULL;
-    int rc = MPI_Comm_split_type(all_.native(), MPI_COMM_TYPE_SHARED, all_.rank(), MPI_INFO_NULL, &nc);
+    int rc = detail::split_by_node(all_.native(), all_.rank(), &nc);
     if (rc != MPI_SUCCESS) throw CommError("split_type", all_.name(), "weft::Mesh: MPI_Comm_split_type failed: " + detail::mpi_error_text(rc));
     node_.emplace(Comm::adopt(nc, "node"));
     // A node is identified by its lowest mesh rank.

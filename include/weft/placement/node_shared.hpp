@@ -356,7 +356,7 @@ inline bool comm_within_node(Comm& comm) {
   auto& st = comm.staging_state();
   if (st.within_node < 0) {
     MPI_Comm node = MPI_COMM_NULL;
-    int rc = MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+    int rc = split_by_node(comm.native(), 0, &node);
     if (rc != MPI_SUCCESS)
       throw CommError("comm_split_type", comm.name(),
                       "weft::redistribute on axis '" + comm.name() +

@@ -335,6 +335,8 @@ class Executor {
   void wait_for(Request& r, Describe&& what) {
     if (!r.active()) return;
     const double t0 = now();
+    // Shown in the watchdog's heartbeat table (its deadline is this loop's own).
+    weft::detail::WaitScope scope(pipeline_wait, pp_.name(), pp_.staging_state().world_ranks, 0);
     for (long spin = 0; !r.test(); ++spin) {
       if (now() - t0 > o_.deadline_s) deadline_passed(what());
       // Spin briefly, then yield, then sleep: on a node with more ranks than
@@ -351,7 +353,8 @@ class Executor {
                     "pipeline rank " + std::to_string(pp_.rank()) + " (schedule " + schedule() + "): waited " +
                         std::to_string(o_.deadline_s) + " s to " + what +
                         " without completing: a pipeline peer failed or hangs (deadline: "
-                        "ExecutorOptions::deadline_s, WEFT_DEADLINE)");
+                        "ExecutorOptions::deadline_s, WEFT_DEADLINE). The pipeline's other ranks:" +
+                        pp_.staging_state().peers(pipeline_wait));
   }
 
   /// Sum over this pipeline of `x` (a step-level reduction), with the deadline.
@@ -365,6 +368,7 @@ class Executor {
 
  private:
   static constexpr int activation_tag = 11, gradient_tag = 12;
+  static constexpr const char* pipeline_wait = "a pipeline wait";
 
   static double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -394,6 +398,7 @@ class Executor {
     complete_sends(false);
     if (sending_.size() >= cap_) {
       const double t0 = now();
+      weft::detail::WaitScope scope(pipeline_wait, pp_.name(), pp_.staging_state().world_ranks, 0);
       for (long spin = 0;; ++spin) {
         if (r.test()) return;
         complete_sends(false);
