@@ -27,7 +27,7 @@ class AllocationError : public Error {
   const std::string& label() const noexcept { return label_; }
   /// Bytes asked for (0: not known).
   std::size_t bytes() const noexcept { return bytes_; }
-  /// The Kokkos memory space, e.g. "HostSpace".
+  /// The Kokkos memory space's name, e.g. "Host" (Kokkos::HostSpace::name()).
   const std::string& space() const noexcept { return space_; }
 
  private:
