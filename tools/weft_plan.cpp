@@ -49,6 +49,9 @@ struct Args {
   std::string schedule = "1f1b";              // pipeline schedule of layouts with pp > 1
 };
 
+// The most factorisations of --gpus planned (about 4 layouts each).
+constexpr std::size_t kMaxFactorisations = 20000;
+
 // One line per flag; --help prints it to stdout, a bad command line to stderr.
 std::string usage_text() {
   std::string presets;
@@ -132,6 +135,13 @@ Args parse(int argc, char** argv) {
   }
   if (a.preset.empty() == a.model_file.empty()) usage("give exactly one of --preset and --model");
   if (!a.gpus) usage("--gpus is required");
+  // Every layout is listed (and costed when valid), so the work grows with
+  // the factorisations of --gpus, not with --gpus: refuse a count that would
+  // take minutes rather than answer late.
+  if (const std::size_t f = factorisation_count(a.gpus); f > kMaxFactorisations)
+    usage("--gpus " + std::to_string(a.gpus) + " has " + std::to_string(f) +
+          " factorisations into tp x pp x cp x dp, more than the " + std::to_string(kMaxFactorisations) +
+          " weft-plan enumerates (2^24 has 2925); plan for a device count with fewer divisors");
   if (a.run_top && a.serve) usage("--run-top measures training layouts; it does not combine with --serve");
   if (a.run_top && a.launcher.find("{n}") == std::string::npos) usage("--launcher must contain {n} (the rank count)");
   return a;

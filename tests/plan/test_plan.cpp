@@ -232,6 +232,11 @@ TEST_CASE("enumeration: divisors in ascending order, found up to the square root
   const auto d = divisors(weft::plan::max_gpus);                      // 2^24
   CHECK(d.size() == 25);
   for (std::size_t i = 0; i < d.size(); ++i) CHECK(d[i] == std::size_t(1) << i);
+  CHECK(weft::plan::factorisation_count(1) == 1);
+  CHECK(weft::plan::factorisation_count(7) == 4);
+  CHECK(weft::plan::factorisation_count(64) == 84);
+  CHECK(weft::plan::factorisation_count(weft::plan::max_gpus) == 2925);
+  CHECK(weft::plan::factorisation_count(14414400) == 84 * 10 * 10 * 4 * 4 * 4);  // 2^6 3^2 5^2 7 11 13
   // 2^24 over (tp, pp, cp, dp): C(27, 3) = 2925 factorisations, 325 with dp = 1.
   CHECK(weft::plan::enumerate_meshes(weft::plan::preset("llama2-7b"), weft::plan::max_gpus, weft::plan::Topology{}).size() ==
         325 + 2600 * 4);
