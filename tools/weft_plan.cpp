@@ -14,10 +14,15 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,28 +49,67 @@ struct Args {
   std::string schedule = "1f1b";              // pipeline schedule of layouts with pp > 1
 };
 
+// The most factorisations of --gpus planned (about 4 layouts each).
+constexpr std::size_t kMaxFactorisations = 20000;
+
+// One line per flag; --help prints it to stdout, a bad command line to stderr.
+std::string usage_text() {
+  std::string presets;
+  for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  return "usage: weft-plan --preset NAME|--model FILE.json --gpus N [flags]\n"
+         "  --preset NAME         a published model shape: " + presets + "\n"
+         "  --model FILE.json     a model description (its fields: docs/plan.md)\n"
+         "  --gpus N              devices to plan for, 1.." + std::to_string(max_gpus) + "\n"
+         "  --topology FILE.json  the cluster (default: nodes of 8 devices of 80 GB)\n"
+         "  --train               rank training layouts (the default)\n"
+         "  --serve               rank serving layouts of a replica\n"
+         "  --json                one JSON document instead of a table\n"
+         "  --top K               rows of the table (10)\n"
+         "  --rejected            also list every rejected layout and why\n"
+         "  --batch B             serving: concurrent sequences (8)\n"
+         "  --context C           serving: tokens of context per sequence (4096)\n"
+         "  --schedule S          pipeline schedule of layouts with pp > 1: gpipe, 1f1b, interleaved:V or zb (1f1b)\n"
+         "  --run-top K           train the top K fitting layouts with train_gpt; measured beside predicted\n"
+         "  --train-gpt PATH      the train_gpt that --run-top launches (default: this build's)\n"
+         "  --launcher CMD        how --run-top launches, {n} the rank count ('mpirun -n {n}')\n"
+         "  --steps N             steps of each --run-top run (6)\n"
+         "  --workdir DIR         records and logs of --run-top (default: a new directory under /tmp)\n"
+         "  --help                this text\n"
+         "Each flag may be given once. Exit status: 0 a plan; 1 no valid layout (the most common reasons are\n"
+         "printed) or no --run-top candidate ran; 2 a bad flag or input file.\n";
+}
+
 [[noreturn]] void usage(const std::string& why) {
-  std::cerr << "weft-plan: " << why << "\n"
-            << "usage: weft-plan --preset NAME|--model FILE.json --gpus N [--topology FILE.json] [--train|--serve]\n"
-               "                 [--json] [--top K] [--rejected] [--batch B] [--context C] [--schedule gpipe|1f1b|interleaved:V|zb]\n"
-               "                 [--run-top K [--train-gpt PATH] [--launcher 'mpirun -n {n}'] [--steps N] [--workdir DIR]]\n"
-               "presets:";
-  for (const auto& n : preset_names()) std::cerr << ' ' << n;
-  std::cerr << "\n";
+  std::cerr << "weft-plan: " << why << "\n" << usage_text();
   std::exit(2);
 }
 
-std::size_t count(const std::string& flag, const char* v) {
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (!*v || *end || x <= 0) usage(flag + " " + v + ": expected a positive integer");
+// A positive integer no larger than max; anything else (an overflow
+// included) is an error naming the flag and the largest accepted value.
+std::size_t count(const std::string& flag, const char* v, std::size_t max = INT_MAX) {
+  const std::string t = v;
+  const bool digits = !t.empty() && t.find_first_not_of("0123456789") == std::string::npos;
+  if (!digits) usage(flag + " " + t + ": expected a positive integer");
+  errno = 0;
+  const unsigned long long x = std::strtoull(v, nullptr, 10);
+  if (errno == ERANGE || x > max)
+    usage(flag + " " + t + ": larger than the largest accepted value " + std::to_string(max));
+  if (x == 0) usage(flag + " " + t + ": expected a positive integer");
   return std::size_t(x);
 }
 
 Args parse(int argc, char** argv) {
   Args a;
+  std::set<std::string> seen;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
+    if (f == "--help" || f == "-h") {
+      std::cout << usage_text();
+      std::exit(0);
+    }
+    if (f.rfind("--", 0) == 0 && !seen.insert(f == "--train" ? "--serve" : f).second)
+      usage(f == "--train" || f == "--serve" ? "give one of --train and --serve, once"
+                                             : f + " is given twice; give each flag once");
     auto next = [&]() -> const char* {
       if (i + 1 >= argc) usage(f + " needs a value");
       return argv[++i];
@@ -73,7 +117,7 @@ Args parse(int argc, char** argv) {
     if (f == "--preset") a.preset = next();
     else if (f == "--model") a.model_file = next();
     else if (f == "--topology") a.topology_file = next();
-    else if (f == "--gpus") a.gpus = count(f, next());
+    else if (f == "--gpus") a.gpus = count(f, next(), max_gpus);
     else if (f == "--top") a.top = count(f, next());
     else if (f == "--batch") a.batch = count(f, next());
     else if (f == "--context") a.context = count(f, next());
@@ -87,14 +131,64 @@ Args parse(int argc, char** argv) {
     else if (f == "--serve") a.serve = true;
     else if (f == "--json") a.json = true;
     else if (f == "--rejected") a.rejected = true;
-    else if (f == "--help" || f == "-h") usage("help");
     else usage("unknown flag " + f);
   }
   if (a.preset.empty() == a.model_file.empty()) usage("give exactly one of --preset and --model");
   if (!a.gpus) usage("--gpus is required");
+  // Every layout is listed (and costed when valid), so the work grows with
+  // the factorisations of --gpus, not with --gpus: refuse a count that would
+  // take minutes rather than answer late.
+  if (const std::size_t f = factorisation_count(a.gpus); f > kMaxFactorisations)
+    usage("--gpus " + std::to_string(a.gpus) + " has " + std::to_string(f) +
+          " factorisations into tp x pp x cp x dp, more than the " + std::to_string(kMaxFactorisations) +
+          " weft-plan enumerates (2^24 has 2925); plan for a device count with fewer divisors");
   if (a.run_top && a.serve) usage("--run-top measures training layouts; it does not combine with --serve");
   if (a.run_top && a.launcher.find("{n}") == std::string::npos) usage("--launcher must contain {n} (the rank count)");
   return a;
+}
+
+// The most frequent rejection rules over `reasons_of` each layout, most
+// frequent first, at most k of them: a rule is a reason with its numbers
+// left out ("tp 3 does not divide heads 32" and "tp 5 ..." are one rule),
+// shown by its first reason, with the number of layouts it rejects.
+std::vector<std::pair<std::string, std::size_t>> top_reasons(const std::vector<std::vector<std::string>>& reasons_of,
+                                                             std::size_t k) {
+  std::map<std::string, std::pair<std::string, std::size_t>> rules;  // rule -> (first reason, layouts)
+  std::vector<std::string> order;
+  for (const auto& rs : reasons_of) {
+    std::set<std::string> here;  // a layout counts once per rule
+    for (const auto& r : rs) {
+      std::string rule;
+      for (char c : r)
+        if (!std::isdigit(static_cast<unsigned char>(c))) rule += c;
+        else if (rule.empty() || rule.back() != '#') rule += '#';
+      if (!here.insert(rule).second) continue;
+      auto [it, fresh] = rules.try_emplace(rule, r, 0);
+      if (fresh) order.push_back(rule);
+      ++it->second.second;
+    }
+  }
+  std::vector<std::pair<std::string, std::size_t>> v;
+  for (const auto& rule : order) v.push_back(rules[rule]);
+  std::stable_sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+  if (v.size() > k) v.resize(k);
+  return v;
+}
+
+// "no valid layout of ...: reason (n of N layouts); ..." for text output.
+std::string no_layout_message(const std::string& what, const std::vector<std::vector<std::string>>& reasons_of) {
+  std::string msg = "no valid layout of " + what + "; every one of the " + std::to_string(reasons_of.size()) +
+                    " layouts is rejected. The most common reasons:";
+  for (const auto& [r, n] : top_reasons(reasons_of, 3))
+    msg += "\n  " + r + " (this rule rejects " + std::to_string(n) + " of " + std::to_string(reasons_of.size()) + " layouts)";
+  return msg;
+}
+
+weft::metrics::Json top_reasons_json(const std::vector<std::vector<std::string>>& reasons_of) {
+  weft::metrics::Json::Array out;
+  for (const auto& [r, n] : top_reasons(reasons_of, 3))
+    out.push_back(weft::metrics::Json::object().set("reason", r).set("layouts_rejected_by_this_rule", n));
+  return weft::metrics::Json(out);
 }
 
 std::string mesh_name(const MeshSpec& s) {
@@ -366,7 +460,14 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
   const auto ranked = rank_meshes(m, a.gpus, t, sched, chunks);
   std::size_t valid = 0;
   for (const auto& c : ranked) valid += c.valid();
-  if (a.run_top && a.json) return run_top(a, m, t, ranked);  // one JSON document: measured against predicted
+  std::vector<std::vector<std::string>> reasons_of;
+  for (const auto& c : ranked) reasons_of.push_back(c.reasons);
+  const std::string what = m.name + " on " + std::to_string(a.gpus) + " GPUs";
+  if (!valid && !a.json) {
+    std::cerr << "weft-plan: " << no_layout_message(what, reasons_of) << "\n(--rejected lists every layout)\n";
+    return 1;
+  }
+  if (a.run_top && a.json && valid) return run_top(a, m, t, ranked);  // one JSON document: measured against predicted
   if (a.json) {
     using weft::metrics::Json;
     Json::Array cands, rej;
@@ -403,8 +504,9 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
     Json out = Json::object();
     out.set("model", m.name).set("parameters", double(m.total_params())).set("gpus", a.gpus).set("topology", t.name)
         .set("mode", "train").set("candidates", Json(cands)).set("rejected", Json(rej));
+    if (!valid) out.set("error", "no valid layout of " + what).set("top_rejection_reasons", top_reasons_json(reasons_of));
     std::cout << out.dump(2) << "\n";
-    return 0;
+    return valid ? 0 : 1;
   }
   std::printf("%s: %.2fB parameters, %zu GPUs (%s: %zu per node, %.0f GB each); %zu valid layouts of %zu; "
               "pipeline schedule %s\n",
@@ -441,6 +543,14 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
 int serve(const Args& a, const ModelSpec& m, const Topology& t) {
   const ServeSpec q{.batch = a.batch, .context = a.context, .kv_bytes = m.act_bytes};
   const auto plans = plan_serving(m, a.gpus, t, q);
+  std::vector<std::vector<std::string>> reasons_of;
+  bool usable = false;
+  for (const auto& c : plans) reasons_of.push_back(c.reasons), usable = usable || c.reasons.empty();
+  const std::string what = m.name + " serving on " + std::to_string(a.gpus) + " GPUs";
+  if (!usable && !a.json) {
+    std::cerr << "weft-plan: " << no_layout_message(what, reasons_of) << "\n";
+    return 1;
+  }
   if (a.json) {
     using weft::metrics::Json;
     Json::Array arr;
@@ -462,8 +572,9 @@ int serve(const Args& a, const ModelSpec& m, const Topology& t) {
     Json out = Json::object();
     out.set("model", m.name).set("gpus", a.gpus).set("topology", t.name).set("mode", "serve").set("batch", a.batch)
         .set("context", a.context).set("layouts", Json(arr));
+    if (!usable) out.set("error", "no valid layout of " + what).set("top_rejection_reasons", top_reasons_json(reasons_of));
     std::cout << out.dump(2) << "\n";
-    return 0;
+    return usable ? 0 : 1;
   }
   std::printf("%s serving: batch %zu x context %zu on %zu GPUs (%.0f GB each)\n", m.name.c_str(), a.batch, a.context,
               a.gpus, t.memory_gb);

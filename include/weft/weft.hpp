@@ -3,6 +3,7 @@
 #pragma once
 
 #include <weft/config.hpp>
+#include <weft/core/allocation.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/kokkos_compat.hpp>
 #include <weft/core/version.hpp>

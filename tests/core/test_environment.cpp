@@ -53,6 +53,37 @@ TEST_CASE("weft's error types and WEFT_REQUIRE") {
   CHECK(weft::kokkos_version >= 30400);
 }
 
+TEST_CASE("a failed allocation is an AllocationError naming the tensor, its size and the space") {
+  // 2^61 bytes no machine has; AddressSanitizer's allocator aborts on such a
+  // request instead of failing it, so there only the message is checked.
+  if (!weft::detail::sanitized_allocator()) {
+    const std::size_t n = std::size_t(1) << 58;
+    try {
+      auto v = weft::allocate_view<Kokkos::View<double*, Kokkos::HostSpace>>("test.huge", n);
+      FAIL("allocated " << v.size() << " doubles");
+    } catch (const weft::AllocationError& e) {
+      CHECK(e.label() == "test.huge");
+      CHECK(e.bytes() == n * sizeof(double));
+      CHECK(e.space() == Kokkos::HostSpace::name());
+      CHECK(std::string(e.what()).find("cannot allocate tensor \"test.huge\" of 2305843009213693952 bytes (2147483648.00 GiB) in " +
+                                       std::string(Kokkos::HostSpace::name()) + ": ") == 0);
+    }
+  }
+  // Kokkos' own report of an allocation made anywhere (its text, traceback note included).
+  const std::runtime_error kokkos(
+      "Kokkos failed to allocate memory for label \"blocks.0.mlp.up\".  Allocation using MemorySpace named \"Host\" "
+      "failed with the following error:  Allocation of size 128 M failed, likely due to insufficient memory.  (The "
+      "allocation mechanism was standard malloc().)\n\nTraceback functionality not available\n");
+  const auto a = weft::as_allocation_error(kokkos);
+  REQUIRE(a.has_value());
+  CHECK(a->label() == "blocks.0.mlp.up");
+  CHECK(a->bytes() == std::size_t(128) << 20);
+  CHECK(a->space() == "Host");
+  CHECK(std::string(a->what()).find("cannot allocate tensor \"blocks.0.mlp.up\" of about 134217728 bytes (128.0 MiB) in Host: out of memory") == 0);
+  CHECK(std::string(a->what()).find("Traceback") == std::string::npos);
+  CHECK_FALSE(weft::as_allocation_error(std::runtime_error("something else")).has_value());
+}
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 

@@ -52,6 +52,23 @@ TEST_CASE("a DistView's local block and global indices follow its placements") {
   }
 }
 
+TEST_CASE("a local block too large to allocate is an AllocationError naming the tensor and its size") {
+  // Not under AddressSanitizer, whose allocator aborts on such a request instead of failing it.
+  if (weft::detail::sanitized_allocator()) return;
+  auto& world = weft::test::world();
+  const int w = world.size();
+  Mesh<TP> mesh(world, w);
+  const std::size_t per_rank = std::size_t(1) << 58;  // 2^61 bytes of doubles on every rank
+  try {
+    DistView<double, 1, On<TP, Shard<0>>> x(mesh, {per_rank * std::size_t(w)}, std::string("test.too_big"));
+    FAIL("allocated " << x.local().size() << " doubles");
+  } catch (const weft::AllocationError& e) {
+    CHECK(e.label() == "test.too_big");
+    CHECK(e.bytes() == per_rank * sizeof(double));
+    CHECK(contains(e.what(), "cannot allocate tensor \"test.too_big\" of 2305843009213693952 bytes"));
+  }
+}
+
 TEST_CASE("indivisible sharded extents are errors that name dimension, size and axis") {
   auto& world = weft::test::world();
   const int w = world.size();

@@ -145,6 +145,27 @@ TEST_CASE("schema: the record with a wrong type or value fails, naming the path"
   CHECK(has(e, "$.batch.global_tokens: expected integer, got number"));
   CHECK(has(e, "$.mesh.dp_mode: \"zero3\" is not one of"));
   CHECK(has(e, "$.input_stall_seconds: -1 is less than the minimum 0"));
-  CHECK(has(e, "$.loss[3]: expected number or null, got string"));
+  CHECK(has(e, "$.loss[3]: expected number, got string"));
   CHECK(has(e, "$.checkpoint_seconds: expected number or null, got boolean"));
+}
+
+// A run stops at its first non-finite loss, so a record with a null loss
+// (what JSON writes for NaN) did not come from a run that checked.
+TEST_CASE("schema: a null loss or gradient norm and an unknown stop reason fail") {
+  const auto schema = shipped_schema();
+  auto rec = sample_record();
+  member(rec, "loss").array[1] = parse_json("null");
+  member(rec, "grad_norm").array[2] = parse_json("null");
+  rec.keys.push_back("stop");
+  rec.members.push_back(parse_json(R"({"reason": "tired", "steps_completed": 3})"));
+  const auto e = schema_errors(schema, rec);
+  for (const auto& x : e) INFO(x);
+  CHECK(e.size() == 3);
+  CHECK(has(e, "$.loss[1]: expected number, got null"));
+  CHECK(has(e, "$.grad_norm[2]: expected number, got null"));
+  CHECK(has(e, "$.stop.reason: \"tired\" is not one of \"completed\", \"diverged\""));
+  member(rec, "stop") = parse_json(R"({"reason": "diverged", "steps_completed": 3, "step": 3, "loss": "nan"})");
+  member(rec, "loss").array[1] = parse_json("2.5");
+  member(rec, "grad_norm").array[2] = parse_json("1.5");
+  CHECK(schema_errors(schema, rec).empty());
 }

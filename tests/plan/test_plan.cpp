@@ -223,6 +223,27 @@ TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size
   }
 }
 
+TEST_CASE("enumeration: divisors in ascending order, found up to the square root") {
+  using weft::plan::detail::divisors;
+  CHECK(divisors(1) == std::vector<std::size_t>{1});
+  CHECK(divisors(36) == std::vector<std::size_t>{1, 2, 3, 4, 6, 9, 12, 18, 36});
+  CHECK(divisors(49) == std::vector<std::size_t>{1, 7, 49});
+  CHECK(divisors(1000003) == std::vector<std::size_t>{1, 1000003});  // a prime
+  const auto d = divisors(weft::plan::max_gpus);                      // 2^24
+  CHECK(d.size() == 25);
+  for (std::size_t i = 0; i < d.size(); ++i) CHECK(d[i] == std::size_t(1) << i);
+  CHECK(weft::plan::factorisation_count(1) == 1);
+  CHECK(weft::plan::factorisation_count(7) == 4);
+  CHECK(weft::plan::factorisation_count(64) == 84);
+  CHECK(weft::plan::factorisation_count(weft::plan::max_gpus) == 2925);
+  CHECK(weft::plan::factorisation_count(14414400) == 84 * 10 * 10 * 4 * 4 * 4);  // 2^6 3^2 5^2 7 11 13
+  // 2^24 over (tp, pp, cp, dp): C(27, 3) = 2925 factorisations, 325 with dp = 1.
+  CHECK(weft::plan::enumerate_meshes(weft::plan::preset("llama2-7b"), weft::plan::max_gpus, weft::plan::Topology{}).size() ==
+        325 + 2600 * 4);
+  CHECK_THROWS_WITH_AS(weft::plan::rank_meshes(weft::plan::preset("llama2-7b"), weft::plan::max_gpus + 1, weft::plan::Topology{}),
+                       doctest::Contains("at most 16777216"), weft::ConfigError);
+}
+
 TEST_CASE("enumeration: every ordered factorisation of the world, four dp modes where dp > 1") {
   const weft::plan::Topology t;
   const ModelSpec l7 = weft::plan::preset("llama2-7b");
@@ -382,8 +403,15 @@ TEST_CASE("input files: a tiny JSON reader whose errors name the field or positi
             .find("unknown field \"layer\"") != std::string::npos);
   CHECK(err([] { weft::plan::model_from_json(parse_json(R"({"mlp": "relu"})"), "m.json"); })
             .find("field \"mlp\" is \"relu\"; expected one of gelu|swiglu") != std::string::npos);
-  CHECK(err([] { weft::plan::model_from_json(parse_json(R"({"heads": 5, "d_model": 64})"), "m.json"); })
+  const std::string shape = R"("layers": 2, "vocab": 256, "seq": 16, "micro_batch": 1, "global_batch": 8)";
+  CHECK(err([&] { weft::plan::model_from_json(parse_json(R"({"heads": 5, "d_model": 64, )" + shape + "}"), "m.json"); })
             .find("\"heads\" is 5") != std::string::npos);
+  // Without a preset the shape is required, and a number too large is a range error.
+  CHECK(err([] { weft::plan::model_from_json(parse_json(R"({"d_model": 64, "heads": 4, "vocab": 256, "seq": 16})"), "m.json"); })
+            .find("m.json: required fields \"layers\", \"micro_batch\", \"global_batch\" missing") != std::string::npos);
+  CHECK(err([&] { weft::plan::model_from_json(parse_json(R"({"d_model": 64, "heads": 4, "layers": 1e300, "vocab": 256, "seq": 16, "micro_batch": 1, "global_batch": 8})"), "m.json"); })
+            .find("field \"layers\" is 1e+300, larger than the largest accepted value 1048576") != std::string::npos);
+  CHECK(weft::plan::model_from_json(parse_json(R"({"d_model": 64, "heads": 4, )" + shape + "}"), "m.json").layers == 2);
   CHECK(err([] { weft::plan::topology_from_json(parse_json(R"({"memory_gb": "80"})"), "t.json"); })
             .find("t.json: field \"memory_gb\" must be a positive number") != std::string::npos);
   const auto m = weft::plan::model_from_json(parse_json(R"({"preset": "llama2-7b", "layers": 2})"), "m.json");

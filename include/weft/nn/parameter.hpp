@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <weft/comm/comm.hpp>
+#include <weft/core/allocation.hpp>
 #include <weft/metrics/memory.hpp>
 #include <weft/metrics/profiler.hpp>
 #include <weft/ops/common.hpp>
@@ -33,8 +34,8 @@ class Parameter {
         rows_(rows),
         cols_(cols),
         decay_(decay),
-        value(name_, rows * cols),
-        grad(name_ + ".grad", rows * cols) {}
+        value(allocate_view<Kokkos::View<T*, Space>>(name_, rows * cols)),
+        grad(allocate_view<Kokkos::View<T*, Space>>(name_ + ".grad", rows * cols)) {}
 
   /// A flat parameter over existing storage (a shard or a slice of a flat
   /// buffer, e.g. what a data-parallel strategy hands its optimizer).

@@ -14,6 +14,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <weft/comm/comm.hpp>
+#include <weft/core/allocation.hpp>
 #include <weft/core/error.hpp>
 #include <weft/mesh/axis.hpp>
 #include <weft/mesh/mesh.hpp>
@@ -197,7 +198,7 @@ class BasicDistView {
       : table_(detail::mesh_traits<MeshT>::table(mesh)) {
     check_mesh<MeshT>();
     layout(global_extents);
-    local_ = allocate(Kokkos::view_alloc(label), std::make_index_sequence<rank>{});
+    local_ = allocate(label, Kokkos::view_alloc(label), std::make_index_sequence<rank>{});
   }
 
   /// As above, with the global extents as arguments: DistView<...> x(mesh, 64, 128).
@@ -226,7 +227,7 @@ class BasicDistView {
                 const std::string& label)
       : table_(table) {
     layout(global_extents);
-    local_ = allocate(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), std::make_index_sequence<rank>{});
+    local_ = allocate(label, Kokkos::view_alloc(label, Kokkos::WithoutInitializing), std::make_index_sequence<rank>{});
   }
 
   /// Used by redistribute: another placement of the same local block.
@@ -383,9 +384,15 @@ class BasicDistView {
     }
   }
 
+  // A failed allocation is an AllocationError naming the tensor and its size.
   template <class Alloc, std::size_t... D>
-  view_type allocate(const Alloc& alloc, std::index_sequence<D...>) const {
-    return view_type(alloc, local_extent_[D]...);
+  view_type allocate(const std::string& label, const Alloc& alloc, std::index_sequence<D...>) const {
+    try {
+      return view_type(alloc, local_extent_[D]...);
+    } catch (const std::exception& e) {
+      const std::size_t bytes = (sizeof(typename view_type::value_type) * ... * local_extent_[D]);
+      throw ::weft::detail::allocation_error(label, bytes, view_type::memory_space::name(), e.what());
+    }
   }
 
   detail::AxisTable table_{};

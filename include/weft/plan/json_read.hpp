@@ -169,14 +169,20 @@ class JsonFields {
   JsonFields(const JsonValue& v, std::string what) : v_(v), what_(std::move(what)) {
     WEFT_REQUIRE(v.kind == JsonValue::Kind::object, ConfigError, what_, ": expected a JSON object");
   }
-  /// A non-negative integer field (absent: def).
-  std::size_t size(const std::string& key, std::size_t def) {
+  /// A non-negative integer field no larger than `max` (absent: def). A
+  /// value above max (1e300, say) is an error naming the largest accepted
+  /// value, never a wrapped-around conversion.
+  std::size_t size(const std::string& key, std::size_t def, std::size_t max = std::size_t(1) << 53) {
     const JsonValue* x = get(key);
     if (!x) return def;
     WEFT_REQUIRE(x->kind == JsonValue::Kind::number && x->number >= 0 && std::floor(x->number) == x->number,
                  ConfigError, what_, ": field \"", key, "\" must be a non-negative integer");
+    WEFT_REQUIRE(x->number <= double(max), ConfigError, what_, ": field \"", key, "\" is ", x->number,
+                 ", larger than the largest accepted value ", max);
     return std::size_t(x->number);
   }
+  /// Whether the object has a member named key (counts as asked about).
+  bool has(const std::string& key) { return get(key) != nullptr; }
   /// A positive number field (absent: def).
   double positive(const std::string& key, double def) {
     const JsonValue* x = get(key);

@@ -70,15 +70,42 @@ struct Candidate {
   bool valid() const { return reasons.empty(); }
 };
 
+/// The largest device count the planner accepts (weft-plan --gpus, a
+/// topology's gpus_per_node): 2^24. Enumeration stays well under a second there.
+inline constexpr std::size_t max_gpus = std::size_t(1) << 24;
+
 namespace detail {
+// The divisors of n in ascending order, found in O(sqrt n): each i <= sqrt(n)
+// that divides n gives i and n / i.
 inline std::vector<std::size_t> divisors(std::size_t n) {
-  std::vector<std::size_t> d;
-  for (std::size_t i = 1; i <= n; ++i)
-    if (n % i == 0) d.push_back(i);
-  return d;
+  std::vector<std::size_t> low, high;
+  for (std::size_t i = 1; i <= n / i; ++i)
+    if (n % i == 0) {
+      low.push_back(i);
+      if (i != n / i) high.push_back(n / i);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 inline std::string str(std::size_t v) { return std::to_string(v); }
 }  // namespace detail
+
+/// The number of ordered factorisations world = tp * pp * cp * dp, the
+/// meshes enumerate_meshes lists before data-parallel modes and expert
+/// counts multiply them: the product over world's prime powers p^a of
+/// C(a + 3, 3), found in O(sqrt world). 2^24 has 2925; a highly composite
+/// count has far more (14414400 = 2^6 3^2 5^2 7 11 13: 537600).
+inline std::size_t factorisation_count(std::size_t world) {
+  std::size_t count = 1, n = world;
+  auto term = [&](std::size_t a) { count *= (a + 1) * (a + 2) * (a + 3) / 6; };
+  for (std::size_t p = 2; p <= n / p; ++p) {
+    std::size_t a = 0;
+    while (n % p == 0) n /= p, ++a;
+    if (a) term(a);
+  }
+  if (n > 1) term(1);
+  return count;
+}
 
 /// Why mesh s cannot run model m (empty: it can). TP must divide heads,
 /// kv-heads (or be a multiple of them: replicated K/V), MLP hidden and
@@ -301,7 +328,8 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
 inline std::vector<Candidate> rank_meshes(const ModelSpec& m, std::size_t world, const Topology& t,
                                           Schedule schedule = Schedule::one_f_one_b, std::size_t chunks = 1) {
   m.validate();
-  WEFT_REQUIRE(world > 0, ConfigError, "--gpus ", world, ": expected a positive number of devices");
+  WEFT_REQUIRE(world > 0 && world <= max_gpus, ConfigError, "--gpus ", world, ": expected a positive number of devices, at most ",
+               max_gpus);
   auto all = enumerate_meshes(m, world, t, schedule, chunks);
   std::vector<Candidate> ok, bad;
   for (auto& c : all) {

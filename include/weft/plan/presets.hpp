@@ -51,6 +51,18 @@ inline ModelSpec preset(const std::string& name) {
   return m;
 }
 
+/// The largest value model_from_json accepts for a field (the bytes fields
+/// share "bytes", kv_heads and top_k share heads' and experts'): large enough
+/// for any real model, small enough that parameter counts stay exact.
+inline std::size_t model_field_max(const std::string& field) {
+  if (field == "layers" || field == "ffn_hidden") return std::size_t(1) << 20;
+  if (field == "d_model" || field == "heads") return std::size_t(1) << 18;
+  if (field == "experts") return std::size_t(1) << 16;
+  if (field == "bytes") return 16;
+  if (field == "global_batch") return std::size_t(1) << 30;
+  return std::size_t(1) << 24;  // vocab, seq, micro_batch
+}
+
 /// The whole text of a file; ConfigError naming it if unreadable.
 inline std::string read_text_file(const std::string& path) {
   std::ifstream in(path);
@@ -61,39 +73,51 @@ inline std::string read_text_file(const std::string& path) {
 }
 
 /// A model from a JSON object whose fields are ModelSpec's names; "preset"
-/// starts from a preset, other fields override it.
+/// starts from a preset, other fields override it. Without a preset the
+/// shape and batch fields (layers, d_model, heads, vocab, seq, micro_batch,
+/// global_batch) are required: a default there would plan another model.
+/// Every integer field has a largest accepted value (model_field_max), so
+/// that no product of them overflows.
 inline ModelSpec model_from_json(const JsonValue& v, const std::string& what) {
   JsonFields f(v, what);
   const std::string base = f.text("preset", "");
   ModelSpec m = base.empty() ? ModelSpec{} : preset(base);
   m.name = f.text("name", base.empty() ? m.name : base);
-  m.layers = f.size("layers", m.layers);
-  m.d_model = f.size("d_model", m.d_model);
-  m.heads = f.size("heads", m.heads);
-  m.kv_heads = f.size("kv_heads", m.kv_heads);
-  m.ffn_hidden = f.size("ffn_hidden", m.ffn_hidden);
-  m.vocab = f.size("vocab", m.vocab);
-  m.experts = f.size("experts", m.experts);
-  m.top_k = f.size("top_k", m.top_k);
-  m.seq = f.size("seq", m.seq);
-  m.micro_batch = f.size("micro_batch", m.micro_batch);
-  m.global_batch = f.size("global_batch", m.global_batch);
+  m.layers = f.size("layers", m.layers, model_field_max("layers"));
+  m.d_model = f.size("d_model", m.d_model, model_field_max("d_model"));
+  m.heads = f.size("heads", m.heads, model_field_max("heads"));
+  m.kv_heads = f.size("kv_heads", m.kv_heads, model_field_max("heads"));
+  m.ffn_hidden = f.size("ffn_hidden", m.ffn_hidden, model_field_max("ffn_hidden"));
+  m.vocab = f.size("vocab", m.vocab, model_field_max("vocab"));
+  m.experts = f.size("experts", m.experts, model_field_max("experts"));
+  m.top_k = f.size("top_k", m.top_k, model_field_max("experts"));
+  m.seq = f.size("seq", m.seq, model_field_max("seq"));
+  m.micro_batch = f.size("micro_batch", m.micro_batch, model_field_max("micro_batch"));
+  m.global_batch = f.size("global_batch", m.global_batch, model_field_max("global_batch"));
   m.mlp = f.choice("mlp", m.mlp == Mlp::gelu ? "gelu" : "swiglu", {"gelu", "swiglu"}) == "gelu" ? Mlp::gelu : Mlp::swiglu;
   m.bias = f.flag("bias", m.bias);
   m.layernorm = f.choice("norm", m.layernorm ? "layernorm" : "rmsnorm", {"layernorm", "rmsnorm"}) == "layernorm";
   m.learned_positions = f.choice("positions", m.learned_positions ? "learned" : "rotary", {"learned", "rotary"}) == "learned";
   m.flash_attention = f.flag("flash_attention", m.flash_attention);
-  m.param_bytes = f.size("param_bytes", m.param_bytes);
-  m.grad_bytes = f.size("grad_bytes", m.grad_bytes);
-  m.optim_bytes = f.size("optim_bytes", m.optim_bytes);
-  m.master_bytes = f.size("master_bytes", m.master_bytes);
-  m.act_bytes = f.size("act_bytes", m.act_bytes);
+  m.param_bytes = f.size("param_bytes", m.param_bytes, model_field_max("bytes"));
+  m.grad_bytes = f.size("grad_bytes", m.grad_bytes, model_field_max("bytes"));
+  m.optim_bytes = f.size("optim_bytes", m.optim_bytes, model_field_max("bytes"));
+  m.master_bytes = f.size("master_bytes", m.master_bytes, model_field_max("bytes"));
+  m.act_bytes = f.size("act_bytes", m.act_bytes, model_field_max("bytes"));
   m.optimizer = f.choice("optimizer", m.optimizer == Optimizer::adamw ? "adamw" : "sgd", {"adamw", "sgd"}) == "adamw"
                     ? Optimizer::adamw
                     : Optimizer::sgd;
   m.sgd_momentum = f.flag("sgd_momentum", m.sgd_momentum);
   m.recompute = f.flag("recompute", m.recompute);
   f.no_unknown();
+  if (base.empty()) {
+    std::string missing;
+    for (const char* k : {"layers", "d_model", "heads", "vocab", "seq", "micro_batch", "global_batch"})
+      if (!f.has(k)) missing += std::string(missing.empty() ? "\"" : ", \"") + k + "\"";
+    WEFT_REQUIRE(missing.empty(), ConfigError, what, ": required field", missing.find(',') == std::string::npos ? " " : "s ",
+                 missing, " missing; a model file gives its shape (layers, d_model, heads, vocab, seq) and batch "
+                 "(micro_batch, global_batch), or names a \"preset\" to start from");
+  }
   m.validate();
   return m;
 }
@@ -103,7 +127,7 @@ inline Topology topology_from_json(const JsonValue& v, const std::string& what) 
   JsonFields f(v, what);
   Topology t;
   t.name = f.text("name", t.name);
-  t.gpus_per_node = f.size("gpus_per_node", t.gpus_per_node);
+  t.gpus_per_node = f.size("gpus_per_node", t.gpus_per_node, max_gpus);
   WEFT_REQUIRE(t.gpus_per_node > 0, ConfigError, what, ": field \"gpus_per_node\" must be positive");
   t.memory_gb = f.positive("memory_gb", t.memory_gb);
   t.peak_tflops = f.positive("peak_tflops", t.peak_tflops);
@@ -118,7 +142,7 @@ inline Topology topology_from_json(const JsonValue& v, const std::string& what) 
       const std::string where = what + ": switch_levels[" + std::to_string(k) + "]";
       JsonFields lf(levels->array[k], where);
       Topology::SwitchLevel l;
-      l.nodes = lf.size("nodes", 0);
+      l.nodes = lf.size("nodes", 0, max_gpus);
       l.bw_gbs = lf.positive("bw_gbs", t.inter_bw_gbs);
       l.latency_us = lf.positive("latency_us", t.inter_latency_us);
       lf.no_unknown();

@@ -1,0 +1,295 @@
+// train_gpt's checks before step 0 and at every step: files it will read or
+// write, repeated flags, the per-rank memory peak (estimated with weft/plan
+// before anything is allocated) against the memory available, and the first
+// non-finite loss or gradient norm. An error found before step 0 is agreed
+// on by all ranks and printed once (report_once).
+#pragma once
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <weft/comm/comm.hpp>
+#include <weft/nn/config.hpp>
+#include <weft/parallel/dp_mode.hpp>
+#include <weft/plan/json_read.hpp>
+#include <weft/plan/meshes.hpp>
+
+namespace train_gpt_checks {
+
+using weft::ConfigError;
+
+/// Throws when `flag` was already given: a repeated flag would silently
+/// replace the first value. `seen` collects the canonical names so far.
+inline void once(std::set<std::string>& seen, const std::string& flag) {
+  WEFT_REQUIRE(seen.insert(flag).second, ConfigError, flag,
+               " is given twice; give each flag once (the second value would silently replace the first)");
+}
+
+/// `--data PATH` must name a regular file this process can read; returns its size in bytes.
+inline std::size_t check_data_file(const std::string& path) {
+  struct stat st {};
+  WEFT_REQUIRE(::stat(path.c_str(), &st) == 0, ConfigError, "--data ", path, ": cannot open the file (",
+               std::strerror(errno), "); give a readable text file");
+  WEFT_REQUIRE(S_ISREG(st.st_mode), ConfigError, "--data ", path, ": is ",
+               S_ISDIR(st.st_mode) ? "a directory" : "not a regular file", "; give a readable text file");
+  std::ifstream f(path, std::ios::binary);
+  WEFT_REQUIRE(f.good(), ConfigError, "--data ", path, ": cannot open the file (", std::strerror(errno),
+               "); give a readable text file");
+  return std::size_t(st.st_size);
+}
+
+/// `--record PATH` must be writable: an existing regular file we may write,
+/// or a new name in an existing directory we may write in. Nothing is created.
+inline void check_record_path(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    WEFT_REQUIRE(S_ISREG(st.st_mode), ConfigError, "--record ", path, ": is ",
+                 S_ISDIR(st.st_mode) ? "a directory" : "not a regular file", "; give a file name");
+    WEFT_REQUIRE(::access(path.c_str(), W_OK) == 0, ConfigError, "--record ", path, ": cannot write the file (",
+                 std::strerror(errno), ")");
+    return;
+  }
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  WEFT_REQUIRE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), ConfigError, "--record ", path, ": the directory ",
+               dir, " does not exist; create it first or write the record elsewhere");
+  WEFT_REQUIRE(::access(dir.c_str(), W_OK | X_OK) == 0, ConfigError, "--record ", path, ": cannot create a file in ", dir,
+               " (", std::strerror(errno), ")");
+}
+
+/// The "loss" array of a run record written by --record (the --baseline file).
+inline std::vector<double> read_losses(const std::string& path) {
+  std::ifstream f(path);
+  WEFT_REQUIRE(f.good(), ConfigError, "--baseline ", path, ": cannot open the file (", std::strerror(errno), ")");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const weft::plan::JsonValue doc = weft::plan::parse_json(text, "--baseline " + path);
+  const weft::plan::JsonValue* loss = doc.kind == weft::plan::JsonValue::Kind::object ? doc.find("loss") : nullptr;
+  WEFT_REQUIRE(loss && loss->kind == weft::plan::JsonValue::Kind::array, ConfigError, "--baseline ", path,
+               ": no \"loss\" array found; expected a run record written by train_gpt --record");
+  std::vector<double> out;
+  for (std::size_t i = 0; i < loss->array.size(); ++i) {
+    WEFT_REQUIRE(loss->array[i].kind == weft::plan::JsonValue::Kind::number, ConfigError, "--baseline ", path,
+                 ": loss[", i, "] is not a number");
+    out.push_back(loss->array[i].number);
+  }
+  WEFT_REQUIRE(!out.empty(), ConfigError, "--baseline ", path, ": the \"loss\" array is empty");
+  return out;
+}
+
+/// The baseline must parse and cover every step of this run.
+inline void check_baseline(const std::string& path, std::size_t steps) {
+  const std::size_t n = read_losses(path).size();
+  WEFT_REQUIRE(n >= steps, ConfigError, "--baseline ", path, " has ", n, " steps, fewer than the ", steps,
+               " of this run; use --steps ", n, " or a longer baseline");
+}
+
+/// Parses a byte count: a number with an optional K, M, G or T suffix
+/// (powers of 1024), e.g. 512M or 1.5G; a plain number is bytes.
+inline double parse_bytes(const std::string& flag, const std::string& v) {
+  std::size_t pos = 0;
+  double x = -1;
+  try {
+    x = std::stod(v, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  double unit = 1;
+  if (pos > 0 && pos + 1 == v.size()) {
+    const char s = v[pos];
+    unit = s == 'K' || s == 'k' ? 1024.0 : s == 'M' || s == 'm' ? 1048576.0 : s == 'G' || s == 'g' ? 1073741824.0
+           : s == 'T' || s == 't' ? 1099511627776.0 : 0.0;
+    if (unit > 0) ++pos;
+  }
+  WEFT_REQUIRE(pos > 0 && pos == v.size() && unit > 0 && std::isfinite(x) && x > 0, ConfigError, flag, " ", v,
+               ": expected a positive size such as 512M, 2G or 1.5G (K, M, G, T: powers of 1024; no suffix: bytes)");
+  return x * unit;
+}
+
+/// Bytes as a short human figure (GiB, MiB or KiB).
+inline std::string human_bytes(double b) {
+  char buf[48];
+  if (b >= 1073741824.0) std::snprintf(buf, sizeof buf, "%.2f GiB", b / 1073741824.0);
+  else if (b >= 1048576.0) std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+  else std::snprintf(buf, sizeof buf, "%.0f KiB", b / 1024.0);
+  return buf;
+}
+
+/// MemAvailable of /proc/meminfo in bytes (nullopt where it cannot be read).
+inline std::optional<double> mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  double kb = 0;
+  while (f >> key >> kb) {
+    std::getline(f, unit);
+    if (key == "MemAvailable:") return kb * 1024.0;
+  }
+  return std::nullopt;
+}
+
+/// A run as the memory estimate sees it.
+struct RunShape {
+  weft::nn::GPTConfig model;  ///< with model.batch = the sequences of one microbatch on one rank
+  std::size_t batch = 8;      ///< global batch (--batch)
+  std::size_t dp = 1, tp = 1, pp = 1;  ///< the mesh (--mesh), dp resolved from the world size
+  bool sequence_parallel = false;      ///< --sequence-parallel
+  weft::parallel::DPMode dp_mode = weft::parallel::DPMode::replicate;  ///< --dp
+  std::string schedule = "1f1b";   ///< with pp > 1
+  std::string optimizer = "adamw";
+  double momentum = 0.9;           ///< sgd: a momentum buffer when > 0
+};
+
+/// The planner's description of train_gpt's fp32 GPT and mesh.
+inline std::pair<weft::plan::ModelSpec, weft::plan::MeshSpec> plan_of(const RunShape& r) {
+  using namespace weft::plan;
+  const auto& c = r.model;
+  ModelSpec m;
+  m.name = "train_gpt";
+  m.layers = c.layers, m.d_model = c.d_model, m.heads = c.heads, m.kv_heads = c.kv_heads, m.ffn_hidden = c.ffn_hidden;
+  m.vocab = c.vocab, m.seq = c.seq, m.micro_batch = c.batch, m.global_batch = r.batch;
+  m.mlp = c.mlp == weft::nn::MlpKind::gelu ? Mlp::gelu : Mlp::swiglu;
+  m.layernorm = c.norm == weft::nn::NormKind::layernorm;
+  m.learned_positions = c.position == weft::nn::PositionKind::learned;
+  m.recompute = c.recompute;
+  m.optimizer = r.optimizer == "sgd" ? Optimizer::sgd : Optimizer::adamw;
+  m.sgd_momentum = r.momentum > 0;
+  MeshSpec s{.dp = r.dp, .tp = r.tp, .pp = r.pp, .mode = r.dp_mode, .sequence_parallel = r.sequence_parallel};
+  if (r.pp > 1) std::tie(s.schedule, s.chunks) = parse_schedule_name(r.schedule);
+  return {m, s};
+}
+
+/// The per-rank peak the planner predicts (the heaviest pipeline stage; the
+/// planner's 10 % allocator headroom included; docs/plan.md).
+inline double estimate_peak_bytes(const RunShape& r) {
+  const auto [m, s] = plan_of(r);
+  return weft::plan::training_memory(m, s).total();
+}
+
+/// The flags that would lower the estimate, each with the estimate it gives
+/// (e.g. "--recompute (1.2 GiB)"), in the order a user would try them.
+inline std::vector<std::string> reductions(const RunShape& r) {
+  const double now = estimate_peak_bytes(r);
+  std::vector<std::string> out;
+  auto offer = [&](const std::string& flags, RunShape alt) {
+    try {
+      alt.model.validate();
+      const double b = estimate_peak_bytes(alt);
+      if (b < now) out.push_back(flags + " (" + human_bytes(b) + ")");
+    } catch (const weft::Error&) {  // a variation this run cannot take is not offered
+    }
+  };
+  if (!r.model.recompute) {
+    RunShape a = r;
+    a.model.recompute = true;
+    offer("--recompute", a);
+  }
+  const std::size_t mbs = r.batch / (r.dp * r.model.batch);
+  for (std::size_t k = 2; k <= r.model.batch; ++k)
+    if (r.model.batch % k == 0) {
+      RunShape a = r;
+      a.model.batch /= k;
+      offer("--microbatches " + std::to_string(mbs * k), a);
+      break;
+    }
+  if (r.dp > 1 && r.dp_mode != weft::parallel::DPMode::fsdp) {
+    RunShape a = r;
+    a.dp_mode = weft::parallel::DPMode::fsdp;
+    offer("--dp fsdp", a);
+  }
+  if (r.model.seq > 1) {
+    RunShape a = r;
+    a.model.seq = r.model.seq / 2;
+    offer("--seq " + std::to_string(a.model.seq), a);
+  }
+  for (std::size_t t = r.tp * 2; t <= r.model.heads; t *= 2) {
+    try {
+      r.model.validate_tensor_parallel(t, r.sequence_parallel);
+    } catch (const weft::Error&) {
+      continue;
+    }
+    RunShape a = r;
+    a.tp = t;
+    offer("tp=" + std::to_string(t) + " in --mesh on " + std::to_string(r.dp * t * r.pp) + " ranks", a);
+    break;
+  }
+  return out;
+}
+
+/// Throws when the estimated per-rank peak exceeds `limit` bytes, giving the
+/// estimate, the limit and where it came from (`limit_source`), and the flags
+/// that would reduce the estimate.
+inline void check_memory(const RunShape& r, double limit, const std::string& limit_source) {
+  const double est = estimate_peak_bytes(r);
+  if (est <= limit) return;
+  std::string fix;
+  for (const auto& x : reductions(r)) fix += (fix.empty() ? "" : ", ") + x;
+  weft::detail::throw_error<ConfigError>(
+      "the estimated peak memory per rank, ", human_bytes(est), ", exceeds the limit of ", human_bytes(limit), " (",
+      limit_source, "); nothing was allocated. ",
+      fix.empty() ? std::string("No single flag of this run lowers it; use a smaller model")
+                  : "Flags that lower the estimate: " + fix,
+      "; or, if the memory is there, raise the limit: --memory-limit ",
+      est < 1073741824.0 ? std::to_string(std::size_t(std::ceil(est / 1048576.0))) + "M"
+                         : std::to_string(std::size_t(std::ceil(est / 1073741824.0))) + "G");
+}
+
+/// The limit check_memory compares with: --memory-limit when given (per
+/// rank), else MemAvailable shared by the `ranks_per_node` ranks of a node.
+/// Returns {bytes, source}; bytes < 0 when neither is known.
+inline std::pair<double, std::string> memory_limit(double flag_bytes, int ranks_per_node) {
+  if (flag_bytes > 0) return {flag_bytes, "--memory-limit"};
+  const auto avail = mem_available_bytes();
+  if (!avail) return {-1.0, "unknown"};
+  return {*avail / double(ranks_per_node), "MemAvailable " + human_bytes(*avail) + " / " + std::to_string(ranks_per_node) +
+                                               " rank" + (ranks_per_node == 1 ? "" : "s") + " on this node"};
+}
+
+/// Collective over `world`: every rank passes the error it found (empty:
+/// none). Returns whether any rank found one; the lowest such rank prints
+/// its message, once, as "<program>: error: ...". Every rank must call it.
+inline bool report_once(weft::Comm& world, const std::string& error, const char* program) {
+  Kokkos::View<int*, Kokkos::HostSpace> first("first_failing_rank", 1);
+  first(0) = error.empty() ? world.size() : world.rank();
+  world.all_reduce(first, weft::ReduceOp::min);
+  if (first(0) == world.size()) return false;
+  if (first(0) == world.rank()) {
+    std::fprintf(stderr, "%s: error: %s\n", program, error.c_str());
+    std::fflush(stderr);
+  }
+  return true;
+}
+
+/// How a non-finite value prints ("nan", "-nan", "inf", or the number).
+inline std::string number_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+/// The divergence message of step `step` when its loss or gradient norm is
+/// not finite (empty otherwise): the step, the values and what to try.
+inline std::string divergence(std::size_t step, double loss, double grad_norm, double lr, double clip) {
+  if (std::isfinite(loss) && std::isfinite(grad_norm)) return {};
+  const bool bad_loss = !std::isfinite(loss), bad_norm = !std::isfinite(grad_norm);
+  const std::string what = bad_loss && bad_norm ? "the loss is " + number_text(loss) + " and the gradient norm " + number_text(grad_norm)
+                           : bad_loss ? "the loss is " + number_text(loss) + " (gradient norm " + number_text(grad_norm) + ")"
+                                      : "the gradient norm is " + number_text(grad_norm) + " (loss " + number_text(loss) + ")";
+  return "training diverged at step " + std::to_string(step) + ": " + what + "; try a smaller --lr (now " +
+         number_text(lr) + "), " +
+         (clip > 0 ? "a smaller --clip (now " + number_text(clip) + ")" : std::string("--clip 1 (now 0: off)")) +
+         " or a --warmup";
+}
+
+}  // namespace train_gpt_checks

@@ -1,0 +1,65 @@
+# Run by CTest (cmake -P): one command line of train_gpt or weft-plan and
+# what it must do.
+#   CMD          the command, '|'-separated
+#   EXIT         the exit status it must return
+#   ONCE         a regex its output (stdout and stderr) must match exactly once
+#                (no ';' in any regex: write '.' for it)
+#   ABSENT       optional: a regex its output must not match (e.g. a training step)
+#   STDOUT       optional: a regex stdout alone must match
+#   MAX_SECONDS  it must end within this many seconds
+#   RECORD, CHECK, SCHEMA, STOP   optional: the run record RECORD must be valid
+#                against SCHEMA (CHECK: weft-check-json) and its stop.reason be STOP
+#   WRITE, WRITE_TEXT   optional: write WRITE_TEXT into the file WRITE first
+#                (an input file the case needs)
+if(DEFINED WRITE)
+  file(WRITE "${WRITE}" "${WRITE_TEXT}")
+endif()
+if(DEFINED RECORD)
+  file(REMOVE "${RECORD}")
+endif()
+string(REPLACE "|" ";" cmd "${CMD}")
+string(TIMESTAMP t0 "%s")
+execute_process(COMMAND ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT ${MAX_SECONDS})
+string(TIMESTAMP t1 "%s")
+math(EXPR elapsed "${t1} - ${t0}")
+set(all "${out}${err}")
+# A ';' would split the list of matches (and cannot be written in a test's
+# regex, where it splits the argument): regexes match it with '.'.
+string(REPLACE ";" "," all "${all}")
+string(REPLACE ";" "," out "${out}")
+if(rc MATCHES "timeout" OR elapsed GREATER MAX_SECONDS)
+  message(FATAL_ERROR "expected the program to end within ${MAX_SECONDS} s; it ran ${elapsed} s (rc ${rc}):\n${all}")
+endif()
+if(NOT rc STREQUAL "${EXIT}")
+  message(FATAL_ERROR "expected exit status ${EXIT}, got ${rc}:\n${all}")
+endif()
+string(REGEX MATCHALL "${ONCE}" found "${all}")
+list(LENGTH found n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "expected /${ONCE}/ exactly once in the output, found it ${n} times:\n${all}")
+endif()
+if(DEFINED ABSENT)
+  string(REGEX MATCH "${ABSENT}" bad "${all}")
+  if(bad)
+    message(FATAL_ERROR "the output must not contain /${ABSENT}/, but it has '${bad}':\n${all}")
+  endif()
+endif()
+if(DEFINED STDOUT)
+  string(REGEX MATCH "${STDOUT}" good "${out}")
+  if(NOT good)
+    message(FATAL_ERROR "stdout does not match /${STDOUT}/:\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+endif()
+if(DEFINED RECORD)
+  execute_process(COMMAND ${CHECK} --schema ${SCHEMA} ${RECORD} RESULT_VARIABLE vrc OUTPUT_VARIABLE verdict ERROR_VARIABLE verr)
+  if(NOT vrc EQUAL 0)
+    message(FATAL_ERROR "the record ${RECORD} does not follow ${SCHEMA}:\n${verdict}${verr}")
+  endif()
+  file(READ "${RECORD}" doc)
+  string(JSON reason GET "${doc}" stop reason)
+  if(NOT reason STREQUAL "${STOP}")
+    message(FATAL_ERROR "the record's stop.reason is '${reason}', expected '${STOP}'")
+  endif()
+  message(STATUS "record ${RECORD}: valid, stop.reason ${reason}")
+endif()
+message(STATUS "exit ${rc} in ${elapsed} s; /${ONCE}/ once")
