@@ -415,7 +415,6 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
 
   // 4. Rank 0: the manifest, then the rename, then retention.
   const auto all_results = detail::all_gather_strings(comm, results);
-  std::size_t total = 0;
   err.clear();
   if (rank == 0)
     err = detail::capture([&] {
@@ -434,7 +433,6 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
       std::vector<std::string> order;
       for (const auto& [k, w] : writer) {
         const auto& [crc, n, off] = info.at(w.second);
-        total += n;
         if (!chunks.count(k.tensor)) order.push_back(k.tensor);
         shapes[k.tensor] = {k.rows, k.cols};
         chunks[k.tensor].push_back(Json::object()
