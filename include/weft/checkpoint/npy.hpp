@@ -12,7 +12,8 @@
 #include <weft/core/error.hpp>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
+#include <smmintrin.h>  // SSE4.1: _mm_extract_epi32
+#include <wmmintrin.h>  // PCLMULQDQ
 #endif
 
 namespace weft::checkpoint {
