@@ -26,6 +26,8 @@ packages=(
   libopenmpi-dev openmpi-bin
   # the test framework
   doctest-dev
+  # numpy, for the test that reads checkpoints without weft (tests/checkpoint/check_numpy.py)
+  python3-numpy
 )
 # The sanitizer build uses clang, whose AddressSanitizer/UBSan runtime is a
 # separate package on bookworm (libclang-rt-dev -> libclang-rt-14-dev); older

@@ -40,3 +40,7 @@
 #include <weft/plan/meshes.hpp>
 #include <weft/plan/json_read.hpp>
 #include <weft/plan/presets.hpp>
+#include <weft/plan/read_plan.hpp>
+#include <weft/checkpoint/npy.hpp>
+#include <weft/checkpoint/checkpoint.hpp>
+#include <weft/checkpoint/train_state.hpp>

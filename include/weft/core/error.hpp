@@ -29,6 +29,14 @@ class ShapeError : public Error {
   using Error::Error;
 };
 
+/// A file weft cannot read or write as it must: a missing, truncated,
+/// corrupted or mismatched checkpoint (the message names the file and the
+/// tensor), or a failed write.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A failed communication: an MPI error, a collective whose ranks disagree, or
 /// a deadline passed in checked mode. Carries the operation and the axis.
 class CommError : public Error {

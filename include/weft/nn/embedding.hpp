@@ -27,6 +27,7 @@ class Embedding {
         tok_("tok_emb.weight", c.vocab / ctx_->tp.size(), c.d_model, true) {
     ops::init_normal(tok_.matrix(), c.seed, tok_.name(), c.init_std, {.row0 = first_, .col0 = 0, .global_cols = 0});
     tok_.set_tp_sharded(ctx_->tp.active());
+    tok_.set_global(c.vocab, c.d_model, {GlobalBand{first_, 0, tok_.rows(), c.d_model, 0}});
     if (c.position == PositionKind::learned) {
       pos_.emplace_back("pos_emb.weight", c.seq, c.d_model, true);
       ops::init_normal(pos_[0].matrix(), c.seed, pos_[0].name(), c.init_std);

@@ -73,10 +73,28 @@ class Linear {
       }
     }
     weight_.set_tp_sharded(split_.kind != K::none);
+    // Where this rank's part lies in the whole layer (checkpoints address tensors by global indices).
+    std::vector<GlobalBand> bands;
+    if (split_.kind == K::row) {
+      bands.push_back({split_.index * weight_.rows(), 0, weight_.rows(), out, 0});
+    } else if (split_.kind == K::column) {
+      std::size_t global0 = 0, local0 = 0;
+      for (std::size_t w : split_.segments) {
+        const std::size_t piece = w / split_.parts;
+        bands.push_back({0, global0 + split_.index * piece, in, piece, local0});
+        global0 += w;
+        local0 += piece;
+      }
+    }
+    if (!bands.empty()) weight_.set_global(in, out, bands);
     if (bias) {
       bias_.emplace_back(name + ".bias", 1, split_.kind == K::column ? out / split_.parts : out, false);
       Kokkos::deep_copy(bias_[0].value, T(0));
       bias_[0].set_tp_sharded(split_.kind == K::column);
+      if (split_.kind == K::column) {
+        for (auto& b : bands) b.rows = 1;
+        bias_[0].set_global(1, out, bands);
+      }
     }
   }
 

@@ -18,6 +18,15 @@
 
 namespace weft::nn {
 
+/// One rectangle of a global tensor that a rank holds: global rows
+/// [row0, row0 + rows) and columns [col0, col0 + cols), stored at local
+/// columns [local_col0, local_col0 + cols) of every local row (a rank's
+/// part of a parameter is one band, or several side by side for the fused
+/// Q | K | V and gate | value projections under tensor parallelism).
+struct GlobalBand {
+  std::size_t row0 = 0, col0 = 0, rows = 0, cols = 0, local_col0 = 0;
+};
+
 /// A rank-2 view onto a parameter's flat storage.
 template <class T, class Space>
 using MatrixRef = Kokkos::View<T**, Kokkos::LayoutRight, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -35,12 +44,16 @@ class Parameter {
         cols_(cols),
         decay_(decay),
         value(allocate_view<Kokkos::View<T*, Space>>(name_, rows * cols)),
-        grad(allocate_view<Kokkos::View<T*, Space>>(name_ + ".grad", rows * cols)) {}
+        grad(allocate_view<Kokkos::View<T*, Space>>(name_ + ".grad", rows * cols)),
+        global_rows_(rows),
+        global_cols_(cols),
+        bands_{GlobalBand{0, 0, rows, cols, 0}} {}
 
   /// A flat parameter over existing storage (a shard or a slice of a flat
   /// buffer, e.g. what a data-parallel strategy hands its optimizer).
   Parameter(std::string name, Kokkos::View<T*, Space> value_view, Kokkos::View<T*, Space> grad_view, bool decay)
-      : name_(std::move(name)), rows_(1), cols_(value_view.extent(0)), decay_(decay), value(value_view), grad(grad_view) {}
+      : name_(std::move(name)), rows_(1), cols_(value_view.extent(0)), decay_(decay), value(value_view), grad(grad_view),
+        global_rows_(1), global_cols_(cols_), bands_{GlobalBand{0, 0, 1, cols_, 0}} {}
 
   /// The global parameter name, e.g. "blocks.3.attn.qkv.weight".
   const std::string& name() const { return name_; }
@@ -60,6 +73,33 @@ class Parameter {
   bool tp_sharded() const { return tp_sharded_; }
   /// Marks the parameter as sharded over the tensor-parallel axis (or not).
   void set_tp_sharded(bool on) { tp_sharded_ = on; }
+  /// Rows of the whole (single-process) tensor this rank holds part of.
+  std::size_t global_rows() const { return global_rows_; }
+  /// Columns of the whole tensor.
+  std::size_t global_cols() const { return global_cols_; }
+  /// Where this rank's [rows, cols] lies in the whole [global_rows,
+  /// global_cols] tensor (one band covering everything when it is whole).
+  /// Checkpoints use it to write and read tensors by global indices.
+  const std::vector<GlobalBand>& global_bands() const { return bands_; }
+  /// Declares this rank's part of a [global_rows, global_cols] tensor; the
+  /// bands must cover the local [rows, cols] exactly (layers that split a
+  /// parameter call it).
+  void set_global(std::size_t global_rows, std::size_t global_cols, std::vector<GlobalBand> bands) {
+    std::size_t cover = 0;
+    for (const auto& b : bands) {
+      WEFT_REQUIRE(b.rows == rows_ && b.local_col0 + b.cols <= cols_ && b.row0 + b.rows <= global_rows &&
+                       b.col0 + b.cols <= global_cols,
+                   ConfigError, "nn::Parameter '", name_, "': band at global (", b.row0, ", ", b.col0, ") of ", b.rows,
+                   " x ", b.cols, " does not fit the local ", rows_, " x ", cols_, " or the global ", global_rows, " x ",
+                   global_cols, " shape");
+      cover += b.cols;
+    }
+    WEFT_REQUIRE(cover == cols_, ConfigError, "nn::Parameter '", name_, "': bands cover ", cover, " of ", cols_,
+                 " local columns");
+    global_rows_ = global_rows;
+    global_cols_ = global_cols;
+    bands_ = std::move(bands);
+  }
   /// The value as a [rows, cols] matrix.
   MatrixRef<T, Space> matrix() const { return MatrixRef<T, Space>(value.data(), rows_, cols_); }
   /// The gradient as a [rows, cols] matrix.
@@ -76,6 +116,10 @@ class Parameter {
   Kokkos::View<T*, Space> value;
   /// Flat gradient storage; backward passes accumulate into it.
   Kokkos::View<T*, Space> grad;
+
+ private:
+  std::size_t global_rows_, global_cols_;
+  std::vector<GlobalBand> bands_;
 };
 
 /// How a model is split over the tensor-parallel (TP) axis. A null

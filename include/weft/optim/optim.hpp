@@ -135,6 +135,14 @@ class AdamW {
 
   /// Steps taken.
   long steps() const { return t_; }
+  /// Sets the steps taken (the bias correction's t) when the moments are
+  /// restored from a checkpoint.
+  void set_steps(long t) {
+    WEFT_REQUIRE(t >= 0, ConfigError, "optim::AdamW: step count ", t, " must be non-negative");
+    t_ = t;
+  }
+  /// The hyper-parameters.
+  const AdamWOptions& options() const { return o_; }
   /// First moment of parameter k (in the order the optimizer was given).
   const Kokkos::View<T*, Space>& first_moment(std::size_t k) const { return m_.at(k); }
   /// Second moment of parameter k.
@@ -197,6 +205,17 @@ class SGD {
           });
     }
   }
+
+  /// The momentum buffer of parameter k (none, and an error, without momentum).
+  const Kokkos::View<T*, Space>& momentum_buffer(std::size_t k) const {
+    WEFT_REQUIRE(k < b_.size(), ConfigError, "optim::SGD: no momentum buffer ", k, " (momentum ", o_.momentum,
+                 ", ", b_.size(), " buffers)");
+    return b_[k];
+  }
+  /// Whether there are momentum buffers (momentum > 0).
+  bool has_momentum() const { return !b_.empty(); }
+  /// The hyper-parameters.
+  const SGDOptions& options() const { return o_; }
 
   /// Momentum buffers, as optimizer state.
   metrics::MemoryLedger memory() const {

@@ -1,0 +1,125 @@
+// Checkpoint save and load bandwidth against plain write()/read() of the same
+// bytes in the same run. Every rank holds its row shard of --tensors float32
+// tensors of --params parameters in all (the split a tensor-parallel model
+// has); the checkpoint writes them as .npy chunks with crc32 and a manifest,
+// the baseline writes each rank's bytes to one file with a single write()
+// (fsync'd alike with --durable 1) and reads them back with pread().
+//
+//   mpirun -n 2 bench_checkpoint --params 100000000 --reps 3
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <weft/checkpoint/checkpoint.hpp>
+#include <weft/comm/environment.hpp>
+
+#include "bench_args.hpp"
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// The slowest rank's time of f (a barrier before, the maximum after).
+template <class F>
+double timed(F&& f) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = now();
+  f();
+  double t = now() - t0, worst = 0;
+  MPI_Allreduce(&t, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  weft::Environment env(argc, argv);
+  std::size_t params = 100000000, tensors = 48, reps = 3, durable = 1;
+  std::string dir = "/tmp/weft_bench_checkpoint";
+  weft::bench::Flags flags("bench_checkpoint");
+  flags.add("--params", params, "parameters in all (float32)", 1)
+      .add("--tensors", tensors, "tensors they are split into", 1)
+      .add("--reps", reps, "repetitions (the best is reported)", 1)
+      .add("--durable", durable, "1: fsync files (checkpoint and baseline alike); 0: page cache only")
+      .add("--dir", dir, "scratch directory (removed at the end)");
+  const int rc = flags.parse(argc, argv, env.world().rank() == 0);
+  if (rc) return rc == 1 ? 0 : rc;
+  const int rank = env.world().rank(), size = env.world().size();
+  // Each tensor: rows divisible by the ranks, 1024 columns.
+  const std::size_t cols = 1024, rows = std::max<std::size_t>(std::size_t(size), (params / tensors / cols) / std::size_t(size) * std::size_t(size));
+  const std::size_t local_rows = rows / std::size_t(size), local = local_rows * cols;
+  weft::checkpoint::State<float, Space> state, target;
+  std::vector<Kokkos::View<float*, Space>> data, back;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    weft::plan::LocalLayout l{rows, cols, local_rows, cols, {{std::size_t(rank) * local_rows, 0, local_rows, cols, 0}}};
+    data.emplace_back("w", local);
+    back.emplace_back("w.back", local);
+    Kokkos::parallel_for(
+        "fill", Kokkos::RangePolicy<Space>(0, local),
+        KOKKOS_LAMBDA(std::size_t i) { data.back()(i) = float((i * 2654435761u + t) % 1000003) * 1e-3f; });
+    state.add("t" + std::to_string(t), l, 0, data.back());
+    target.add("t" + std::to_string(t), l, 0, back.back());
+  }
+  Kokkos::fence();
+  const std::size_t my_bytes = tensors * local * sizeof(float), total = my_bytes * std::size_t(size);
+  if (rank == 0) {
+    ::mkdir(dir.c_str(), 0755);
+    std::printf("bench_checkpoint: %d ranks, %zu tensors of %zu x %zu float32 = %zu parameters, %.1f MB per rank; durable %zu\n",
+                size, tensors, rows, cols, tensors * rows * cols, double(my_bytes) / 1e6, durable);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // The baseline's bytes: this rank's shards back to back in one host buffer.
+  std::vector<float> plain(tensors * local);
+  for (std::size_t t = 0; t < tensors; ++t) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data[t]);
+    std::copy(h.data(), h.data() + local, plain.data() + t * local);
+  }
+  std::vector<float> plain_back(plain.size());
+  const std::string plain_file = dir + "/plain." + std::to_string(rank);
+  double best[4] = {1e30, 1e30, 1e30, 1e30};
+  for (std::size_t r = 0; r < reps; ++r) {
+    best[0] = std::min(best[0], timed([&] {
+      const int fd = ::open(plain_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      weft::checkpoint::detail::write_all(fd, reinterpret_cast<const char*>(plain.data()), my_bytes, plain_file);
+      if (durable) ::fsync(fd);
+      ::close(fd);
+    }));
+    best[1] = std::min(best[1], timed([&] {
+      weft::checkpoint::save(dir + "/ckpt", r, state, weft::metrics::Json::object(), MPI_COMM_WORLD,
+                             {.keep = 1, .durable = durable != 0});
+    }));
+    best[2] = std::min(best[2], timed([&] {
+      const int fd = ::open(plain_file.c_str(), O_RDONLY);
+      weft::checkpoint::detail::pread_all(fd, reinterpret_cast<char*>(plain_back.data()), my_bytes, 0, plain_file);
+      ::close(fd);
+    }));
+    best[3] = std::min(best[3], timed([&] { weft::checkpoint::load(dir + "/ckpt", target, MPI_COMM_WORLD); }));
+  }
+  // The loaded values must be the saved ones.
+  std::size_t wrong = 0;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), data[t]);
+    auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), back[t]);
+    for (std::size_t i = 0; i < local; ++i) wrong += a(i) != b(i);
+  }
+  std::size_t wrong_all = 0;
+  MPI_Allreduce(&wrong, &wrong_all, 1, MPI_UNSIGNED_LONG, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) {
+    const double gb = double(total) / 1e9;
+    std::printf("write: plain %.3f s (%.2f GB/s), checkpoint save %.3f s (%.2f GB/s): ratio %.2f\n", best[0], gb / best[0],
+                best[1], gb / best[1], best[0] / best[1]);
+    std::printf("read:  plain %.3f s (%.2f GB/s), checkpoint load %.3f s (%.2f GB/s): ratio %.2f\n", best[2], gb / best[2],
+                best[3], gb / best[3], best[2] / best[3]);
+    std::printf("best of %zu; bandwidth = all ranks' tensor bytes / the slowest rank's time; %zu values differ after load\n",
+                reps, wrong_all);
+    weft::checkpoint::detail::remove_tree(dir);
+  }
+  return wrong_all ? 1 : 0;
+}
