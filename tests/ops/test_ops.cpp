@@ -3,6 +3,7 @@
 // against formulas computed here, and every backward pass against central
 // finite differences in double precision (relative error <= 1e-6).
 #include <cmath>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -598,6 +599,8 @@ TEST_CASE("fast float exp and sqrt of the hot loops stay within a few float ulps
   CHECK(weft::ops::math::fast_exp(-1000.0f) < 1e-37f);  // clamped, not garbage
   CHECK(weft::ops::math::fast_exp(-1000.0f) >= 0.0f);
   CHECK(std::isfinite(weft::ops::math::fast_exp(1000.0f)));
+  CHECK(std::isnan(weft::ops::math::fast_exp(std::numeric_limits<float>::quiet_NaN())));  // a NaN comes out a NaN
+  CHECK(weft::ops::math::fast_exp(-std::numeric_limits<float>::infinity()) < 1e-37f);
   CHECK(weft::ops::math::fast_sqrt(0.0f) == 0.0f);
   CHECK(weft::ops::math::fast_exp(1.0) == std::exp(1.0));  // double is exact libm
 }

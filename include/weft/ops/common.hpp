@@ -96,9 +96,12 @@ KOKKOS_INLINE_FUNCTION T fast_exp(T x) {
     // Clamp to the range where 2^n is a normal float. The selects are done on
     // the bit patterns: a float select counts as control flow to the
     // vectoriser unless -fno-trapping-math, which weft cannot ask of users.
+    // A NaN is computed as 0 and returned as NaN at the end: converting it
+    // to int below would be undefined (a diverged run's NaNs must come out).
+    const int nan = -int(x != x);
     {
       const int lo = -int(x < -87.0f), hi = -int(x > 88.0f);
-      int b = __builtin_bit_cast(int, x);
+      int b = __builtin_bit_cast(int, x) & ~nan;
       b = (b & ~lo) | (__builtin_bit_cast(int, -87.0f) & lo);
       b = (b & ~hi) | (__builtin_bit_cast(int, 88.0f) & hi);
       x = __builtin_bit_cast(float, b);
@@ -115,7 +118,8 @@ KOKKOS_INLINE_FUNCTION T fast_exp(T x) {
     p = p * f + 5.0000001201e-1f;
     const float y = p * f * f + f + 1.0f;
     const int bits = (int(n) + 127) << 23;
-    return y * __builtin_bit_cast(float, bits);
+    const int r = __builtin_bit_cast(int, y * __builtin_bit_cast(float, bits));
+    return __builtin_bit_cast(float, (r & ~nan) | (0x7fc00000 & nan));
   } else {
     return exp(x);
   }
