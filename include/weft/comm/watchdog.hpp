@@ -221,8 +221,9 @@ class Watchdog {
   /// `op` on `axis`: the ranks that did not arrive
   /// (and why, where the table can tell), the ranks that wait too, and those
   /// on other nodes. `missing` gets the communicator ranks that did not
-  /// arrive; `waiting` those that wait in the same operation past `deadline_s`.
-  std::string report(const char* op, const std::string& axis, const std::vector<int>& world_ranks, double deadline_s,
+  /// arrive; `waiting` those that wait in the same operation (the lowest of
+  /// them and this rank prints the report).
+  std::string report(const char* op, const std::string& axis, const std::vector<int>& world_ranks, [[maybe_unused]] double deadline_s,
                      std::vector<int>* missing = nullptr, std::vector<int>* waiting = nullptr) const {
     const double now = steady_seconds();
     std::string gone, here, elsewhere;
@@ -247,7 +248,9 @@ class Watchdog {
         if (missing) missing->push_back(static_cast<int>(a));
       } else if (v.since > 0 && v.op == op && v.axis == axis) {
         list(here, std::to_string(a));
-        if (waiting && now - v.since > deadline_s) waiting->push_back(w);
+        // Every rank waiting in the same operation counts, however long: a
+        // lower rank whose own deadline is a moment later prints, not this one.
+        if (waiting) waiting->push_back(w);
       } else if (v.since > 0) {
         list(gone, who + pid + " has been waiting in " + v.op + " on axis '" + v.axis + "' for " +
                        secs(now - v.since));
