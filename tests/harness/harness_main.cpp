@@ -64,7 +64,7 @@ void wait_or_abort(MPI_Request& rq, const std::string& test_name, const std::str
       abort_job("test case '" + test_name + "' ended on this rank, but not every rank reached its end within " +
                 std::to_string(deadline) +
                 " s (WEFT_TEST_DEADLINE): a rank failed and left the others blocked, or a rank hangs." +
-                weft::detail::Watchdog::instance().report(op, g_harness_axis, g_world_ranks, deadline) + "\n" +
+                weft::detail::Watchdog::instance().report(op, g_harness_axis, g_world_ranks) + "\n" +
                 (local_failures.empty() ? std::string("This rank had no failures.")
                                         : "This rank's failures:\n" + local_failures));
     }

@@ -2,6 +2,9 @@
 // (the world communicator, the execution spaces every test body runs on).
 #pragma once
 
+#include <exception>
+#include <string>
+
 #include <doctest/doctest.h>
 
 #include <weft/weft.hpp>
@@ -10,6 +13,21 @@ namespace weft::test {
 
 /// weft's world communicator of the running test executable.
 Comm& world();
+
+/// The what() of the exception of type E (any std::exception by default)
+/// that f() throws; "" when it throws none. Other exceptions propagate.
+template <class E = std::exception, class F>
+std::string error_text(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// Whether part occurs in s.
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace weft::test
 

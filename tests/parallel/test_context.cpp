@@ -132,16 +132,6 @@ void check_all_cases(Comm& cp) {
   }
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -167,16 +157,16 @@ TEST_CASE("context: the balanced layout gives rank r chunks r and 2cp-1-r") {
 }
 
 TEST_CASE("context: lengths and heads that do not fit are errors that name what works") {
-  const auto len = error_of([] { context::check_sequence(7, 2); });
-  CHECK(contains(len, "the sequence length 7 does not divide into 2·cp = 4 equal chunks"));
-  CHECK(contains(len, "e.g. 4 or 8"));
-  CHECK(contains(len, "No token is dropped"));
-  CHECK(error_of([] { context::check_sequence(3, 2); }).find("e.g. 4") != std::string::npos);
-  CHECK(error_of([] { context::check_sequence(8, 2); }).empty());
-  const auto heads = error_of([] { context::check_alltoall(6, 2, 4); });
-  CHECK(contains(heads, "6 query heads and 2 K/V heads cannot be sharded over cp = 4"));
-  CHECK(contains(heads, "cp sizes that work: 1, 2, 6"));
-  CHECK(error_of([] { context::check_alltoall(8, 2, 4); }).empty());  // K/V heads divide cp: replicated
+  const auto len = test::error_text<ConfigError>([] { context::check_sequence(7, 2); });
+  CHECK(test::contains(len, "the sequence length 7 does not divide into 2·cp = 4 equal chunks"));
+  CHECK(test::contains(len, "e.g. 4 or 8"));
+  CHECK(test::contains(len, "No token is dropped"));
+  CHECK(test::error_text<ConfigError>([] { context::check_sequence(3, 2); }).find("e.g. 4") != std::string::npos);
+  CHECK(test::error_text<ConfigError>([] { context::check_sequence(8, 2); }).empty());
+  const auto heads = test::error_text<ConfigError>([] { context::check_alltoall(6, 2, 4); });
+  CHECK(test::contains(heads, "6 query heads and 2 K/V heads cannot be sharded over cp = 4"));
+  CHECK(test::contains(heads, "cp sizes that work: 1, 2, 6"));
+  CHECK(test::error_text<ConfigError>([] { context::check_alltoall(8, 2, 4); }).empty());  // K/V heads divide cp: replicated
   CHECK(context::alltoall_sizes(8, 8) == std::vector<std::size_t>{1, 2, 4, 8});
   static_assert(context::alltoall_fits(8, 1, 8) && !context::alltoall_fits(8, 3, 2));
   static_assert(context::static_alltoall_check<8, 2, 4>() && context::static_sequence_check<12, 3>());
@@ -184,11 +174,11 @@ TEST_CASE("context: lengths and heads that do not fit are errors that name what 
   auto& world = test::world();
   const std::size_t n = std::size_t(world.size());
   // At construction, with this communicator's size.
-  const auto ctor = error_of([&] { context::ContextAttention<Ring, double> a(world, 4, 4, 2 * n + 1, 8, true); });
-  CHECK(contains(ctor, "does not divide into 2·cp = " + std::to_string(2 * n)));
+  const auto ctor = test::error_text<ConfigError>([&] { context::ContextAttention<Ring, double> a(world, 4, 4, 2 * n + 1, 8, true); });
+  CHECK(test::contains(ctor, "does not divide into 2·cp = " + std::to_string(2 * n)));
   if (n == 4) {
-    const auto a2a = error_of([&] { context::ContextAttention<AllToAll, double> a(world, 6, 6, 16, 8, true); });
-    CHECK(contains(a2a, "cp sizes that work: 1, 2, 3, 6"));
+    const auto a2a = test::error_text<ConfigError>([&] { context::ContextAttention<AllToAll, double> a(world, 6, 6, 16, 8, true); });
+    CHECK(test::contains(a2a, "cp sizes that work: 1, 2, 3, 6"));
   }
   CHECK(Context<AllGather>::policy_name() == "Context<AllGather>");
 }

@@ -54,15 +54,6 @@ int check_all_configurations() {
   return checked;
 }
 
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 }  // namespace
 
 TEST_CASE("schedule: GPipe matches its bubble and holds every microbatch") {
@@ -146,21 +137,21 @@ TEST_CASE("schedule: plans are pure functions with matched sends and receives") 
 }
 
 TEST_CASE("schedule: invalid configurations name the values and a fix") {
-  CHECK(error_of([] { Pipeline<OneFOneB>(4, 3); }) ==
+  CHECK(test::error_text<Error>([] { Pipeline<OneFOneB>(4, 3); }) ==
         "Pipeline<OneFOneB>: 3 microbatches on 4 stages; OneFOneB needs microbatches >= stages (m >= p) so that "
         "every stage reaches its steady state. Use at least 4 microbatches, or fewer stages, or GPipe.");
-  CHECK(error_of([] { Pipeline<ZeroBubble>(8, 6); }).find("6 microbatches on 8 stages; ZeroBubble needs microbatches >= "
+  CHECK(test::error_text<Error>([] { Pipeline<ZeroBubble>(8, 6); }).find("6 microbatches on 8 stages; ZeroBubble needs microbatches >= "
                                                        "stages (m >= p)") != std::string::npos);
-  CHECK(error_of([] { Pipeline<Interleaved1F1B<2>>(4, 6); }) ==
+  CHECK(test::error_text<Error>([] { Pipeline<Interleaved1F1B<2>>(4, 6); }) ==
         "Pipeline<Interleaved1F1B<2>>: 6 microbatches on 4 stages; interleaved 1F1B needs the microbatch count to be "
         "a multiple of the stage count (m % p == 0, here 2). Use 4 or 8 microbatches.");
-  CHECK(error_of([] { Pipeline<Interleaved1F1B<2>>(3, 2); }).find("(m % p == 0, here 2). Use 3 microbatches.") != std::string::npos);
-  CHECK(error_of([] { Pipeline<Interleaved1F1B<3>>(1, 4); }).find("1 stage; interleaving needs at least 2 stages") !=
+  CHECK(test::error_text<Error>([] { Pipeline<Interleaved1F1B<2>>(3, 2); }).find("(m % p == 0, here 2). Use 3 microbatches.") != std::string::npos);
+  CHECK(test::error_text<Error>([] { Pipeline<Interleaved1F1B<3>>(1, 4); }).find("1 stage; interleaving needs at least 2 stages") !=
         std::string::npos);
-  CHECK(error_of([] { Pipeline<GPipe>(0, 4); }).find("0 stages; a pipeline needs at least 1 stage") != std::string::npos);
-  CHECK(error_of([] { Pipeline<GPipe>(2, 0); }).find("0 microbatches; a pipeline needs at least 1 microbatch") !=
+  CHECK(test::error_text<Error>([] { Pipeline<GPipe>(0, 4); }).find("0 stages; a pipeline needs at least 1 stage") != std::string::npos);
+  CHECK(test::error_text<Error>([] { Pipeline<GPipe>(2, 0); }).find("0 microbatches; a pipeline needs at least 1 microbatch") !=
         std::string::npos);
-  CHECK(error_of([] { Pipeline<OneFOneB, 4>(2, 8); }) ==
+  CHECK(test::error_text<Error>([] { Pipeline<OneFOneB, 4>(2, 8); }) ==
         "Pipeline<OneFOneB>: 2 stages given but the type fixes 4. Pass 4 or make the stage count dynamic.");
   // Valid edges: m == p for 1F1B and zero-bubble, a single stage for GPipe.
   CHECK_NOTHROW(Pipeline<OneFOneB>(4, 4));

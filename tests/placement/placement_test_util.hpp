@@ -68,20 +68,6 @@ inline std::string wrong(const std::string& what, std::size_t n) {
   return what + ": " + std::to_string(n) + " wrong elements";
 }
 
-// The message of the exception f() throws, or "(no error)" when it throws none.
-template <class F>
-std::string error_text(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-// Whether part occurs in s.
-inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 // The global tensor as a function of the global index, for fill and mismatches.
 template <class T>
 auto identity() {

@@ -126,7 +126,7 @@ struct CommCore {
 
   // Where the other ranks are, for a wait in `op` past its deadline (the
   // watchdog's heartbeat table; see weft/comm/watchdog.hpp).
-  std::string peers(const char* op) const { return Watchdog::instance().report(op, name, world_ranks, deadline_s); }
+  std::string peers(const char* op) const { return Watchdog::instance().report(op, name, world_ranks); }
 
   // Completes n requests. Unchecked: MPI_Waitall, bounded by the watchdog
   // (which ends the job past the deadline). Checked: polls until the

@@ -223,7 +223,7 @@ class Watchdog {
   /// on other nodes. `missing` gets the communicator ranks that did not
   /// arrive; `waiting` those that wait in the same operation (the lowest of
   /// them and this rank prints the report).
-  std::string report(const char* op, const std::string& axis, const std::vector<int>& world_ranks, [[maybe_unused]] double deadline_s,
+  std::string report(const char* op, const std::string& axis, const std::vector<int>& world_ranks,
                      std::vector<int>* missing = nullptr, std::vector<int>* waiting = nullptr) const {
     const double now = steady_seconds();
     std::string gone, here, elsewhere;
@@ -325,7 +325,7 @@ class Watchdog {
   // operation past its deadline prints) and end the job on every rank.
   [[noreturn]] void end_job(const WaitMark& m) {
     std::vector<int> waiting;
-    const std::string peers = report(m.op, *m.axis, *m.world_ranks, m.deadline_s, nullptr, &waiting);
+    const std::string peers = report(m.op, *m.axis, *m.world_ranks, nullptr, &waiting);
     const bool printer = std::all_of(waiting.begin(), waiting.end(), [&](int w) { return w > world_rank_; });
     if (printer) {
       char head[512];
