@@ -97,6 +97,44 @@ TEST_CASE("clip_grad_norm returns the global norm and scales gradients down to m
   CHECK(optim::clip_grad_norm(ps, 0.0) == doctest::Approx(1.0).epsilon(1e-6));  // 0: report only
 }
 
+TEST_CASE("AdamW: parameters adjacent in memory are one segment, updated as if one by one") {
+  // Four parameters over one flat buffer, given in an order other than their
+  // memory order, with an undecayed one in the middle: three segments (a b |
+  // c | d), and each element follows the same update as separate parameters.
+  using Flat = Kokkos::View<double*, Space>;
+  Flat values("values", 20), grads("grads", 20);
+  auto slice = [](Flat v, std::size_t lo, std::size_t n) { return Flat(Kokkos::subview(v, std::make_pair(lo, lo + n))); };
+  Param a("a", slice(values, 0, 6), slice(grads, 0, 6), true), b("b", slice(values, 6, 4), slice(grads, 6, 4), true),
+      c("c", slice(values, 10, 3), slice(grads, 10, 3), false), d("d", slice(values, 13, 7), slice(grads, 13, 7), true);
+  Param a2("a", 1, 6, true), b2("b", 1, 4, true), c2("c", 1, 3, false), d2("d", 1, 7, true);
+  fill_uniform(values, 7);
+  std::vector<Param*> flat{&d, &b, &c, &a}, apart{&d2, &b2, &c2, &a2};
+  for (std::size_t k = 0; k < 4; ++k) Kokkos::deep_copy(apart[k]->value, flat[k]->value);
+  optim::AdamWOptions o{.beta1 = 0.8, .beta2 = 0.9, .eps = 1e-8, .weight_decay = 0.5};
+  optim::AdamW<double, Space> one(flat, o), each(apart, o);
+  CHECK(one.segments() == 3);
+  CHECK(each.segments() == 4);
+  for (int t = 1; t <= 3; ++t) {
+    fill_uniform(grads, 30 + t);
+    for (std::size_t k = 0; k < 4; ++k) Kokkos::deep_copy(apart[k]->grad, flat[k]->grad);
+    one.step(0.1);
+    each.step(0.1);
+  }
+  for (std::size_t k = 0; k < 4; ++k) {
+    CHECK(to_vector(flat[k]->value) == to_vector(apart[k]->value));
+    CHECK(to_vector(one.first_moment(k)) == to_vector(each.first_moment(k)));
+    CHECK(to_vector(one.second_moment(k)) == to_vector(each.second_moment(k)));
+  }
+  // Storage that moves is found again: b now lives elsewhere, so it is its
+  // own segment and a's run ends at a.
+  Flat bv("bv", 4), bg("bg", 4);
+  Kokkos::deep_copy(bv, b.value);
+  b.value = bv;
+  b.grad = bg;
+  one.step(0.1);
+  CHECK(one.segments() == 4);
+}
+
 TEST_CASE("AdamW minimises a quadratic") {
   Param x("x", 1, 5, false);
   fill_uniform(x.value, 5, -3, 3);

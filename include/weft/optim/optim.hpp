@@ -1,10 +1,14 @@
 // Optimizers over a model's parameter list: AdamW (decoupled weight decay,
 // bias-corrected moments) and SGD with momentum and weight decay, plus
-// clipping by the global gradient norm. State lives beside each parameter in
-// the same execution space and is attributed as optimizer state.
+// clipping by the global gradient norm. State lives in the parameters'
+// execution space and is attributed as optimizer state; AdamW keeps its
+// moments in flat buffers and updates runs of adjacent parameters in one pass.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include <weft/metrics/memory.hpp>
@@ -79,6 +83,14 @@ struct AdamWOptions {
 };
 
 /// AdamW (Loshchilov & Hutter): p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p).
+///
+/// The two moments live in one flat buffer each, laid out in the memory order
+/// of the parameters' values. Parameters whose values and gradients are
+/// adjacent in memory (those of a data-parallel wrapper's flat buckets, or of
+/// one ZeRO shard) and share decay() form one segment, and a step is one
+/// kernel over every segment's elements: one pass over the flat value,
+/// gradient and moment buffers, not one launch per parameter. The segments are
+/// found again whenever a parameter's storage moves.
 template <class T, class Space>
 class AdamW {
  public:
@@ -87,50 +99,70 @@ class AdamW {
     WEFT_REQUIRE(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0 && o.weight_decay >= 0,
                  ConfigError, "optim::AdamW: beta1 ", o.beta1, " and beta2 ", o.beta2, " must lie in [0, 1), eps ", o.eps,
                  " must be positive and weight decay ", o.weight_decay, " non-negative");
-    for (auto* p : params_) {
-      m_.emplace_back(p->name() + ".adam_m", p->size());
-      v_.emplace_back(p->name() + ".adam_v", p->size());
+    // Moments in the memory order of the values, so that adjacent values have
+    // adjacent moments and a run of parameters is one segment.
+    std::vector<std::size_t> order(params_.size());
+    for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return std::less<const T*>()(params_[a]->value.data(), params_[b]->value.data());
+    });
+    offset_.assign(params_.size(), 0);
+    std::size_t total = 0;
+    for (std::size_t k : order) {
+      offset_[k] = total;
+      total += params_[k]->size();
     }
+    order_ = std::move(order);
+    m_flat_ = allocate_view<Flat>("weft::adamw.first_moment", total);
+    v_flat_ = allocate_view<Flat>("weft::adamw.second_moment", total);
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      const auto range = std::make_pair(offset_[k], offset_[k] + params_[k]->size());
+      m_.emplace_back(Kokkos::subview(m_flat_, range));
+      v_.emplace_back(Kokkos::subview(v_flat_, range));
+    }
+    build_segments();
   }
 
   /// One update with learning rate lr from the accumulated gradients.
   void step(double lr) {
     WEFT_REQUIRE(lr >= 0 && std::isfinite(lr), ConfigError, "optim::AdamW: learning rate ", lr,
                  " must be finite and non-negative (--lr)");
+    if (storage_moved()) build_segments();
     ++t_;
     const T b1 = T(o_.beta1), b2 = T(o_.beta2), eps = T(o_.eps);
     const T c1 = T(1.0 / (1.0 - std::pow(o_.beta1, double(t_))));
     const T c2 = T(1.0 / (1.0 - std::pow(o_.beta2, double(t_))));
-    const T step_lr = T(lr);
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      auto* p = params_[k];
-      auto w = p->value;
-      auto g = p->grad;
-      auto m = m_[k];
-      auto v = v_[k];
-      const T keep = p->decay() ? T(1.0 - lr * o_.weight_decay) : T(1);
-      // Chunks with a plain inner loop over restrict pointers: the compiler
-      // can then vectorise it (a flat range loop over four views is left
-      // scalar for fear of aliasing).
-      T* __restrict wp = w.data();
-      const T* __restrict gp = g.data();
-      T* __restrict mp = m.data();
-      T* __restrict vp = v.data();
-      const std::size_t n = w.extent(0), chunk = 2048;
-      Kokkos::parallel_for(
-          "weft::adamw", Kokkos::RangePolicy<typename Space::execution_space>(0, (n + chunk - 1) / chunk),
-          KOKKOS_LAMBDA(std::size_t c) {
-            const std::size_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
-            for (std::size_t i = c * chunk; i < end; ++i) {
-              const T gi = gp[i];
-              const T mi = b1 * mp[i] + (T(1) - b1) * gi;
-              const T vi = b2 * vp[i] + (T(1) - b2) * gi * gi;
-              mp[i] = mi;
-              vp[i] = vi;
-              wp[i] = keep * wp[i] - step_lr * (mi * c1) / (ops::math::fast_sqrt(vi * c2) + eps);
-            }
-          });
-    }
+    const T step_lr = T(lr), keep_decay = T(1.0 - lr * o_.weight_decay);
+    const auto segs = segments_;
+    const std::size_t nseg = segs.extent(0);
+    if (nseg == 0) return;
+    Kokkos::parallel_for(
+        "weft::adamw", Kokkos::RangePolicy<typename Space::execution_space>(0, chunks_),
+        KOKKOS_LAMBDA(std::size_t c) {
+          // The segment holding chunk c: the last whose first chunk is <= c.
+          std::size_t lo = 0, hi = nseg;
+          while (hi - lo > 1) {
+            const std::size_t mid = (lo + hi) / 2;
+            if (segs(mid).first_chunk <= c) lo = mid; else hi = mid;
+          }
+          const Segment s = segs(lo);
+          const std::size_t i0 = (c - s.first_chunk) * kChunk;
+          const std::size_t end = i0 + kChunk < s.n ? i0 + kChunk : s.n;
+          const T keep = s.decay ? keep_decay : T(1);
+          // A plain inner loop over restrict pointers, so that it vectorises.
+          T* __restrict wp = s.w;
+          const T* __restrict gp = s.g;
+          T* __restrict mp = s.m;
+          T* __restrict vp = s.v;
+          for (std::size_t i = i0; i < end; ++i) {
+            const T gi = gp[i];
+            const T mi = b1 * mp[i] + (T(1) - b1) * gi;
+            const T vi = b2 * vp[i] + (T(1) - b2) * gi * gi;
+            mp[i] = mi;
+            vp[i] = vi;
+            wp[i] = keep * wp[i] - step_lr * (mi * c1) / (ops::math::fast_sqrt(vi * c2) + eps);
+          }
+        });
   }
 
   /// Steps taken.
@@ -143,11 +175,16 @@ class AdamW {
   }
   /// The hyper-parameters.
   const AdamWOptions& options() const { return o_; }
-  /// First moment of parameter k (in the order the optimizer was given).
+  /// First moment of parameter k (in the order the optimizer was given): a
+  /// slice of the flat first-moment buffer.
   const Kokkos::View<T*, Space>& first_moment(std::size_t k) const { return m_.at(k); }
   /// Second moment of parameter k.
   const Kokkos::View<T*, Space>& second_moment(std::size_t k) const { return v_.at(k); }
-  /// Moment buffers, as optimizer state.
+  /// Kernel segments of the last step (runs of parameters adjacent in memory
+  /// with the same decay): 1 for a data-parallel wrapper's single flat
+  /// buffer without undecayed parameters, at most the parameter count.
+  std::size_t segments() const { return segments_.extent(0); }
+  /// Moment buffers, as optimizer state (by parameter).
   metrics::MemoryLedger memory() const {
     metrics::MemoryLedger l;
     for (std::size_t k = 0; k < m_.size(); ++k)
@@ -157,9 +194,69 @@ class AdamW {
   }
 
  private:
+  using Flat = Kokkos::View<T*, Space>;
+  static constexpr std::size_t kChunk = 2048;
+  /// A run of parameters whose values, gradients and moments are each one
+  /// contiguous range, with one decay flag.
+  struct Segment {
+    T* w;
+    const T* g;
+    T* m;
+    T* v;
+    std::size_t n;
+    std::size_t first_chunk;
+    bool decay;
+  };
+
+  bool storage_moved() const {
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      if (params_[k]->value.data() != seen_[k].first || params_[k]->grad.data() != seen_[k].second) return true;
+    return false;
+  }
+
+  void build_segments() {
+    std::vector<Segment> segs;
+    seen_.clear();
+    for (auto* p : params_) seen_.emplace_back(p->value.data(), p->grad.data());
+    for (std::size_t k : order_) {
+      auto* p = params_[k];
+      const std::size_t n = p->size();
+      if (n == 0) continue;
+      WEFT_REQUIRE(p->value.extent(0) == n && p->grad.extent(0) == n, ConfigError, "optim::AdamW: parameter '",
+                   p->name(), "' has ", p->value.extent(0), " values and ", p->grad.extent(0),
+                   " gradients for its ", n, " elements");
+      T* w = p->value.data();
+      T* g = p->grad.data();
+      T* m = m_flat_.data() + offset_[k];
+      T* v = v_flat_.data() + offset_[k];
+      if (!segs.empty()) {
+        Segment& s = segs.back();
+        if (s.decay == p->decay() && s.w + s.n == w && s.g + s.n == g && s.m + s.n == m) {
+          s.n += n;
+          continue;
+        }
+      }
+      segs.push_back(Segment{w, g, m, v, n, 0, p->decay()});
+    }
+    chunks_ = 0;
+    for (auto& s : segs) {
+      s.first_chunk = chunks_;
+      chunks_ += (s.n + kChunk - 1) / kChunk;
+    }
+    segments_ = Kokkos::View<Segment*, Space>("weft::adamw.segments", segs.size());
+    auto host = Kokkos::create_mirror_view(segments_);
+    for (std::size_t i = 0; i < segs.size(); ++i) host(i) = segs[i];
+    Kokkos::deep_copy(segments_, host);
+  }
+
   std::vector<nn::Parameter<T, Space>*> params_;
   AdamWOptions o_;
-  std::vector<Kokkos::View<T*, Space>> m_, v_;
+  std::vector<std::size_t> order_, offset_;
+  Flat m_flat_, v_flat_;
+  std::vector<Flat> m_, v_;
+  std::vector<std::pair<const T*, const T*>> seen_;
+  Kokkos::View<Segment*, Space> segments_;
+  std::size_t chunks_ = 0;
   long t_ = 0;
 };
 
