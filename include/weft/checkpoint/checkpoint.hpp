@@ -608,7 +608,8 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm) {
   // Two passes, so that no piece is written unless everything checks out:
   // 1. every chunk a rank reads from is opened and its size and .npy header
   //    checked, and every chunk's crc32 is verified by its verifier (read
-  //    whole through one reused buffer); every rank agrees on the outcome;
+  //    whole through one reused 256 KiB buffer); every rank agrees on the
+  //    outcome;
   // 2. each rank reads exactly its byte ranges straight into its pieces (or
   //    a host mirror of device pieces). A verified chunk is thus read twice,
   //    the second time mostly from the page cache, but no staging copy of the
@@ -652,7 +653,9 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm) {
     for (std::size_t j = 0; j < plans[i].reads.size(); ++j) reads_of[mt.ids[plans[i].reads[j].chunk]].emplace_back(i, j);
   }
   detail::agree(comm, detail::capture([&] {
-    std::vector<char> chunk_copy;
+    // A chunk is checked 256 KiB at a time through one buffer, so that the
+    // crc32 reads what pread just wrote from the L2 cache.
+    std::vector<char> buf(std::size_t(256) << 10);
     for (std::size_t c = 0; c < nchunks; ++c) {
       const int verifier = first_whole[c] < size ? first_whole[c] : int(c % std::size_t(size));
       if (verifier != rank) {
@@ -662,10 +665,14 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm) {
       const auto& [t, k] = chunk_of[c];
       const auto& sc = tensors[t].chunks[k];
       const int fd = open_chunk(c);
-      chunk_copy.resize(std::max(chunk_copy.size(), sc.bytes));
-      detail::pread_all(fd, chunk_copy.data(), sc.bytes, sc.byte_offset, st.path + "/" + sc.file);
+      std::uint32_t crc = 0;
+      for (std::size_t done = 0; done < sc.bytes;) {
+        const std::size_t n = std::min(buf.size(), sc.bytes - done);
+        detail::pread_all(fd, buf.data(), n, sc.byte_offset + done, st.path + "/" + sc.file);
+        crc = crc32(buf.data(), n, crc);
+        done += n;
+      }
       bytes_read += sc.bytes;
-      const std::uint32_t crc = crc32(chunk_copy.data(), sc.bytes);
       WEFT_REQUIRE(crc == tensors[t].crcs[k], IoError, "checkpoint: ", st.path, "/", sc.file, " (tensor '", t,
                    "') is corrupted: its data's crc32 is ", crc, ", the manifest says ", tensors[t].crcs[k]);
     }
