@@ -86,8 +86,8 @@ struct SaveOptions {
   /// older ones (0: keep all).
   std::size_t keep = 0;
   /// Flush the files (an fdatasync of each after all are written) and fsync
-  /// the manifest and the directories before the rename (off: faster, but a power loss may leave
-  /// a renamed checkpoint incomplete).
+  /// the manifest and the directories before the rename (off: faster, but a
+  /// power loss may leave a renamed checkpoint incomplete).
   bool durable = true;
 };
 
