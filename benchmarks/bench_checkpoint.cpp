@@ -3,9 +3,13 @@
 // tensors of --params parameters in all (the split a tensor-parallel model
 // has); the checkpoint writes them as .npy chunks with crc32 and a manifest,
 // the baseline writes each rank's bytes to one file with a single write()
-// (fsync'd alike with --durable 1) and reads them back with pread().
+// (fsync'd alike with --durable 1) and reads them back with one pread() into
+// a buffer touched beforehand, as the loaded pieces are. Both sides read from
+// the page cache, or with --cold 1 both from the disk (their files flushed
+// and dropped from the cache before each read); the two go first in turn.
 //
-//   mpirun -n 2 bench_checkpoint --params 100000000 --reps 3
+//   mpirun -n 2 bench_checkpoint --params 100000000 --reps 3 [--durable 0] [--cold 1]
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -37,17 +41,35 @@ double timed(F&& f) {
   return worst;
 }
 
+// Flushes a file and drops its pages from the page cache (--cold).
+void drop_from_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void drop_dir_from_cache(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.') drop_from_cache(dir + "/" + e->d_name);
+    ::closedir(d);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   weft::Environment env(argc, argv);
-  std::size_t params = 100000000, tensors = 48, reps = 3, durable = 1;
+  std::size_t params = 100000000, tensors = 48, reps = 3, durable = 1, cold = 0;
   std::string dir = "/tmp/weft_bench_checkpoint";
   weft::bench::Flags flags("bench_checkpoint");
   flags.add("--params", params, "parameters in all (float32)", 1)
       .add("--tensors", tensors, "tensors they are split into", 1)
       .add("--reps", reps, "repetitions (the best is reported)", 1)
       .add("--durable", durable, "1: fsync files (checkpoint and baseline alike); 0: page cache only")
+      .add("--cold", cold, "1: read both sides from the disk (flushed and dropped from the page cache first); 0: from the cache")
       .add("--dir", dir, "scratch directory (removed at the end)");
   const int rc = flags.parse(argc, argv, env.world().rank() == 0);
   if (rc) return rc == 1 ? 0 : rc;
@@ -64,6 +86,11 @@ int main(int argc, char** argv) {
     Kokkos::parallel_for(
         "fill", Kokkos::RangePolicy<Space>(0, local),
         KOKKOS_LAMBDA(std::size_t i) { data.back()(i) = float((i * 2654435761u + t) % 1000003) * 1e-3f; });
+    // The targets hold other values, different in every page (as a freshly
+    // initialised model's do), written before anything is timed.
+    auto b = back.back();
+    Kokkos::parallel_for(
+        "fill.back", Kokkos::RangePolicy<Space>(0, local), KOKKOS_LAMBDA(std::size_t i) { b(i) = -float(i + t * local + std::size_t(rank) * tensors * local); });
     state.add("t" + std::to_string(t), l, 0, data.back());
     target.add("t" + std::to_string(t), l, 0, back.back());
   }
@@ -71,8 +98,8 @@ int main(int argc, char** argv) {
   const std::size_t my_bytes = tensors * local * sizeof(float), total = my_bytes * std::size_t(size);
   if (rank == 0) {
     ::mkdir(dir.c_str(), 0755);
-    std::printf("bench_checkpoint: %d ranks, %zu tensors of %zu x %zu float32 = %zu parameters, %.1f MB per rank; durable %zu\n",
-                size, tensors, rows, cols, tensors * rows * cols, double(my_bytes) / 1e6, durable);
+    std::printf("bench_checkpoint: %d ranks, %zu tensors of %zu x %zu float32 = %zu parameters, %.1f MB per rank; durable %zu, cold %zu\n",
+                size, tensors, rows, cols, tensors * rows * cols, double(my_bytes) / 1e6, durable, cold);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   // The baseline's bytes: this rank's shards back to back in one host buffer.
@@ -82,25 +109,54 @@ int main(int argc, char** argv) {
     std::copy(h.data(), h.data() + local, plain.data() + t * local);
   }
   std::vector<float> plain_back(plain.size());
+  for (std::size_t i = 0; i < plain_back.size(); ++i) plain_back[i] = -float(i + std::size_t(rank) * plain_back.size());
   const std::string plain_file = dir + "/plain." + std::to_string(rank);
   double best[4] = {1e30, 1e30, 1e30, 1e30};
+  auto plain_write = [&] {
+    const int fd = ::open(plain_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    weft::checkpoint::detail::write_all(fd, reinterpret_cast<const char*>(plain.data()), my_bytes, plain_file);
+    if (durable) ::fsync(fd);
+    ::close(fd);
+  };
+  auto plain_read = [&] {
+    const int fd = ::open(plain_file.c_str(), O_RDONLY);
+    weft::checkpoint::detail::pread_all(fd, reinterpret_cast<char*>(plain_back.data()), my_bytes, 0, plain_file);
+    ::close(fd);
+  };
+  std::string ckpt_dir;  // the latest save's directory
   for (std::size_t r = 0; r < reps; ++r) {
-    best[0] = std::min(best[0], timed([&] {
-      const int fd = ::open(plain_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      weft::checkpoint::detail::write_all(fd, reinterpret_cast<const char*>(plain.data()), my_bytes, plain_file);
-      if (durable) ::fsync(fd);
-      ::close(fd);
-    }));
-    best[1] = std::min(best[1], timed([&] {
-      weft::checkpoint::save(dir + "/ckpt", r, state, weft::metrics::Json::object(), MPI_COMM_WORLD,
-                             {.keep = 1, .durable = durable != 0});
-    }));
-    best[2] = std::min(best[2], timed([&] {
-      const int fd = ::open(plain_file.c_str(), O_RDONLY);
-      weft::checkpoint::detail::pread_all(fd, reinterpret_cast<char*>(plain_back.data()), my_bytes, 0, plain_file);
-      ::close(fd);
-    }));
-    best[3] = std::min(best[3], timed([&] { weft::checkpoint::load(dir + "/ckpt", target, MPI_COMM_WORLD); }));
+    double t[4];
+    // Even repetitions run the baseline first, odd ones the checkpoint.
+    auto save = [&] {
+      t[1] = timed([&] {
+        ckpt_dir = weft::checkpoint::save(dir + "/ckpt", r, state, weft::metrics::Json::object(), MPI_COMM_WORLD,
+                                          {.keep = 1, .durable = durable != 0})
+                       .path;
+      });
+    };
+    auto load = [&] {
+      if (cold && rank == 0) drop_dir_from_cache(ckpt_dir);
+      t[3] = timed([&] { weft::checkpoint::load(dir + "/ckpt", target, MPI_COMM_WORLD); });
+    };
+    auto read = [&] {
+      if (cold) drop_from_cache(plain_file);
+      t[2] = timed(plain_read);
+    };
+    if (r % 2 == 0) {
+      t[0] = timed(plain_write);
+      save();
+      read();
+      load();
+    } else {
+      save();
+      t[0] = timed(plain_write);
+      load();
+      read();
+    }
+    for (int i = 0; i < 4; ++i) best[i] = std::min(best[i], t[i]);
+    if (rank == 0)
+      std::printf("rep %zu (%s first): write plain %.3f s, save %.3f s (ratio %.2f); read plain %.3f s, load %.3f s (ratio %.2f)\n",
+                  r, r % 2 ? "checkpoint" : "plain", t[0], t[1], t[0] / t[1], t[2], t[3], t[2] / t[3]);
   }
   // The loaded values must be the saved ones.
   std::size_t wrong = 0;

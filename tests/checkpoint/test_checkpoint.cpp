@@ -116,6 +116,20 @@ TEST_CASE("read plan: a whole tensor read back from its own chunks is one read p
 TEST_CASE("crc32 and .npy headers: the published check value and numpy's layout") {
   CHECK(checkpoint::crc32("123456789", 9) == 0xCBF43926u);
   CHECK(checkpoint::crc32("", 0) == 0u);
+  // The carry-less multiplication paths (128-bit from 64 bytes, 512-bit from
+  // 256 where the processor has VPCLMULQDQ) against the table, at every
+  // length up to 2 KiB and odd alignments, whole and continued in two parts.
+  std::vector<unsigned char> bytes(2048 + 16);
+  std::uint32_t x = 12345;
+  for (auto& b : bytes) b = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 24);
+  std::size_t wrong = 0;
+  for (std::size_t n = 0; n <= 2048; ++n)
+    for (std::size_t at : {0, 1, 7, 13}) {
+      const std::uint32_t want = checkpoint::detail::crc32_table(bytes.data() + at, n, 0);
+      wrong += checkpoint::crc32(bytes.data() + at, n) != want;
+      wrong += checkpoint::crc32(bytes.data() + at + n / 3, n - n / 3, checkpoint::crc32(bytes.data() + at, n / 3)) != want;
+    }
+  CHECK(wrong == 0);
   const std::string h = checkpoint::npy_header({3, 5});
   CHECK(h.size() % 64 == 0);
   CHECK(h.back() == '\n');
