@@ -31,6 +31,12 @@
 // C consecutive ranks (TP innermost), and the record is the same as for dp.
 //
 //   mpirun -n 8 train_gpt --mesh dp=2,pp=2,tp=2 --schedule 1f1b --record run.json
+//
+// --mesh ...,cp=D splits every sequence over D context-parallel ranks
+// (--context ring|allgather|alltoall, in the causally balanced layout); it
+// composes with dp, tp and pp, and the loss curve stays the one-process curve.
+//
+//   mpirun -n 4 train_gpt --mesh dp=2,cp=2 --context ring --dp fsdp --seq 1024 --record run.json
 #include <unistd.h>
 
 #include <algorithm>

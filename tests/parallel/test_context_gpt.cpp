@@ -5,7 +5,8 @@
 // GPT-2 shaped (learned positions) and Llama shaped (rotary positions,
 // grouped-query heads) -- and under tensor parallelism with sequence
 // parallelism beside it (2 x 2). Plus the errors for a sequence length and
-// AllToAll heads that do not fit, naming the sizes that work.
+// AllToAll heads that do not fit, naming the sizes that work; and the same
+// gradients with recomputation.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -107,6 +108,24 @@ TEST_CASE("the GPT over cp ranks gives the single-process loss and, summed over 
       CHECK(grad_diff(r, ref, mesh.axis<CP>()) < 1e-10);
     });
   }
+}
+
+TEST_CASE("recomputation under context parallelism re-runs each block's attention and keeps the gradients") {
+  auto& w = test::world();
+  const std::size_t cp = std::size_t(w.size());
+  nn::GPTConfig c = shape(true);
+  c.recompute = true;
+  nn::GPT<double> single(c);
+  const Result ref = run(single, c);
+  Mesh<CP> mesh(w, int(cp));
+  for_each_variant<void>([&]<class P>() {
+    CAPTURE(P::policy_name());
+    if (std::is_same_v<P, Context<AllToAll>> && !context::alltoall_fits(c.heads, c.kv(), cp)) return;
+    nn::GPT<double> split(mesh, c, context::attention_of<P, double>(mesh.axis<CP>()));
+    Result r = run(split, c);
+    CHECK(test::rel(r.loss, ref.loss) < 1e-12);
+    CHECK(grad_diff(r, ref, mesh.axis<CP>()) < 1e-10);
+  });
 }
 
 TEST_CASE("context parallelism beside tensor parallelism with sequence parallelism (2 x 2) gives the single-process gradients") {
