@@ -31,6 +31,12 @@
 // C consecutive ranks (TP innermost), and the record is the same as for dp.
 //
 //   mpirun -n 8 train_gpt --mesh dp=2,pp=2,tp=2 --schedule 1f1b --record run.json
+//
+// --mesh ...,cp=D splits every sequence over D context-parallel ranks
+// (--context ring|allgather|alltoall, in the causally balanced layout); it
+// composes with dp, tp and pp, and the loss curve stays the one-process curve.
+//
+//   mpirun -n 4 train_gpt --mesh dp=2,cp=2 --context ring --dp fsdp --seq 1024 --record run.json
 #include <unistd.h>
 
 #include <algorithm>
@@ -78,6 +84,8 @@ struct Options {
   int dp = 0;  // 0: the world size / (tp x pp)
   int tp = 1;
   int pp = 1;
+  int cp = 1;
+  std::string context = "ring";  // --context: the CP variant (ring, allgather, alltoall), a compiled type each
   bool sequence_parallel = false;
   std::string schedule = "1f1b", stages = "equal";
   double stage_memory_mb = 0;
@@ -109,8 +117,9 @@ const char* kUsage =
     "  --data FILE       train on the bytes of FILE (default: synthetic language)\n"
     "  --threads N       BLAS threads per rank (default: cores / ranks on the node)\n"
     "  --record FILE     write a JSON run record\n"
-    "  --mesh dp=A,tp=B,pp=C  the mesh; axes left out have size 1 (default dp = ranks / (tp x pp));\n"
-    "                    with pp and tp both, each stage's layers are split over tp\n"
+    "  --mesh dp=A,tp=B,pp=C,cp=D  the mesh; axes left out have size 1 (default dp = ranks / (tp x pp x cp));\n"
+    "                    with pp and tp both, each stage's layers are split over tp; cp splits every sequence\n"
+    "  --context V       context parallelism with cp > 1: ring, allgather or alltoall (ring)\n"
     "  --sequence-parallel  with tp > 1: norms and residuals on token shards (all-gather/reduce-scatter)\n"
     "  --schedule S      pipeline schedule with pp > 1: gpipe, 1f1b, interleaved:V or zb (1f1b)\n"
     "  --stages S        pipeline stage boundaries: auto (measured time and memory), equal, or blocks per stage L1,L2,... (equal)\n"
@@ -168,7 +177,7 @@ E parse_choice(const std::string& flag, const std::string& v, const std::map<std
 // --mesh dp=A[,tp=B,pp=C,cp=D,ep=E]: the axes this build of train_gpt runs
 // are named; the others must be 1 until their strategies arrive.
 struct MeshFlags {
-  int dp = 0, tp = 1, pp = 1;
+  int dp = 0, tp = 1, pp = 1, cp = 1;
 };
 MeshFlags parse_mesh(const std::string& v) {
   MeshFlags m;
@@ -189,12 +198,14 @@ MeshFlags parse_mesh(const std::string& v) {
       m.tp = n;
     } else if (axis == "pp") {
       m.pp = n;
+    } else if (axis == "cp") {
+      m.cp = n;
     } else {
-      WEFT_REQUIRE(axis == "cp" || axis == "ep", ConfigError, "--mesh ", v,
+      WEFT_REQUIRE(axis == "ep", ConfigError, "--mesh ", v,
                    ": unknown axis '", axis, "'; the axes are dp, tp, pp, cp, ep");
       WEFT_REQUIRE(n == 1, ConfigError, "--mesh ", v, ": ", axis, "=", n,
-                   " is not available in train_gpt yet (data, tensor and pipeline parallelism only); use ", axis,
-                   "=1 or leave it out");
+                   " is not available in train_gpt yet (data, tensor, pipeline and context parallelism only); use ",
+                   axis, "=1 or leave it out");
     }
     start = end + 1;
   }
@@ -230,6 +241,12 @@ Options parse(int argc, char** argv) {
          o.dp = m.dp;
          o.tp = m.tp;
          o.pp = m.pp;
+         o.cp = m.cp;
+       }},
+      {"--context",
+       [&](const std::string& v) {
+         o.context = parse_choice<std::string>("--context", v,
+                                               {{"ring", "ring"}, {"allgather", "allgather"}, {"alltoall", "alltoall"}});
        }},
       {"--schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v); }},
       {"--stages", [&](const std::string& v) { o.stages = (weft::pipeline::parse_stage_spec(v), v); }},
@@ -329,7 +346,9 @@ struct Job {
   std::string model_name;      // "weft GPT (nn::GPT)" or "weft GPT (pipeline::Stage)"
   weft::parallel::DPMode dp_mode = weft::parallel::DPMode::replicate;
   bool sequence_parallel = false;
-  weft::Comm* dp = nullptr;    // the DP axis
+  weft::Comm* dp = nullptr;    // the ranks gradients are reduced over: the DP axis, or DP x CP with context parallelism
+  weft::Comm* cp = nullptr;    // the CP axis (null without context parallelism)
+  std::string context;         // the CP policy ("Context<Ring>", ...; empty without)
   weft::Comm* pp = nullptr;    // the PP axis (null without a pipeline)
   std::string schedule, stages;  // pipeline: the schedule's name, blocks per virtual stage
   int microbatches = 1;
@@ -404,10 +423,12 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   const auto& c = *job.config;
   weft::Comm& comm = *job.dp;
   weft::Comm* ppc = job.pp;  // the pipeline axis
+  weft::Comm* cpc = job.cp;  // the context-parallel axis
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   const bool root = world_rank == 0;
-  const int ndp = comm.size(), ntp = tpc.size(), npp = ppc ? ppc->size() : 1, world = ndp * ntp * npp;
+  const int ncp = cpc ? cpc->size() : 1, ndp = comm.size() / ncp, ntp = tpc.size(), npp = ppc ? ppc->size() : 1,
+            world = ndp * ntp * npp * ncp;
   const std::size_t tokens_per_step = o.batch * c.seq;
   // The MFU yardstick: the best float gemm of the model's own MLP shape and a square one, measured now.
   const auto peak = weft::metrics::measure_sgemm_peak<Space>({{c.tokens(), 4 * c.d_model, c.d_model}, {512, 512, 512}}, 3);
@@ -436,6 +457,9 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
       std::printf("train_gpt: mesh dp=%d (%s) x tp=%d%s, %zu sequences per data-parallel rank per microbatch\n", ndp,
                   weft::parallel::to_string(job.dp_mode), ntp, job.sequence_parallel ? " (sequence parallel)" : "",
                   c.batch);
+    if (cpc)
+      std::printf("train_gpt: context parallelism %s over cp=%d: every sequence of %zu tokens in 2 x %d chunks of %zu\n",
+                  job.context.c_str(), ncp, c.seq, ncp, c.seq / std::size_t(2 * ncp));
     std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s per rank\n", bt.threads, bt.reason.c_str(),
                 peak.wall * 1e-9);
   }
@@ -448,11 +472,13 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   comm.reset_stats();
   tpc.reset_stats();
   if (ppc) ppc->reset_stats();
+  if (cpc) cpc->reset_stats();
   std::vector<double> losses, norms, walls, cpus;
   weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
   weft::CommStats warm_stats;    // communication during the warm-up steps (excluded from the steady figures)
   weft::CommStats warm_tp_stats;  // the same on the tensor-parallel axis
   weft::CommStats warm_pp_stats;  // and on the pipeline axis
+  weft::CommStats warm_cp_stats;  // and on the context-parallel axis
   // --resume: the checkpoint must continue this run's data stream with its
   // optimizer (checked before the model is touched); training goes on at its step.
   std::size_t first = 0, saves = 0, save_bytes = 0;
@@ -473,7 +499,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   // What a checkpoint's manifest says about the run, besides the tensors.
   auto run_json = [&](std::size_t next_step) {
     using weft::metrics::Json;
-    Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("world_size", world)
+    Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", ncp).set("world_size", world)
                     .set("strategy", job.strategy).set("dp_mode", weft::parallel::to_string(job.dp_mode))
                     .set("sequence_parallel", job.sequence_parallel);
     if (pipelined) mesh.set("schedule", job.schedule).set("stages", job.stages);
@@ -526,6 +552,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
       warm_stats = comm.stats();
       warm_tp_stats = tpc.stats();
       if (ppc) warm_pp_stats = ppc->stats();
+      if (cpc) warm_cp_stats = cpc->stats();
     }
     losses.push_back(r.loss);
     norms.push_back(r.grad_norm);
@@ -545,7 +572,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   // first-touch and BLAS buffers). A run that stopped before the warm-up was
   // over excludes nothing (and has no throughput when no step completed).
   const std::size_t done = walls.size(), excluded = done > skip ? skip : 0;
-  if (excluded != skip) warm_stats = warm_tp_stats = warm_pp_stats = weft::CommStats{};
+  if (excluded != skip) warm_stats = warm_tp_stats = warm_pp_stats = warm_cp_stats = weft::CommStats{};
   const std::vector<double> steady(walls.begin() + long(excluded), walls.end()),
       steady_cpu(cpus.begin() + long(excluded), cpus.end());
   const double tps = steady.empty() ? 0.0 : double(tokens_per_step) / median(steady);
@@ -570,12 +597,14 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   const weft::CommStats stats = comm.stats();  // read before the gathers below add their own calls
   const weft::CommStats tp_now = tpc.stats();
   const weft::CommStats pp_now = ppc ? ppc->stats() : weft::CommStats{};
+  const weft::CommStats cp_now = cpc ? cpc->stats() : weft::CommStats{};
   auto exposed = [&](std::initializer_list<weft::CommKind> kinds, bool steady_only) {
     double t = 0;
     for (auto k : kinds)
       t += stats[k].exposed_seconds - (steady_only ? warm_stats[k].exposed_seconds : 0.0) +
            tp_now[k].exposed_seconds - (steady_only ? warm_tp_stats[k].exposed_seconds : 0.0) +
-           pp_now[k].exposed_seconds - (steady_only ? warm_pp_stats[k].exposed_seconds : 0.0);
+           pp_now[k].exposed_seconds - (steady_only ? warm_pp_stats[k].exposed_seconds : 0.0) +
+           cp_now[k].exposed_seconds - (steady_only ? warm_cp_stats[k].exposed_seconds : 0.0);
     return t;
   };
   using K = weft::CommKind;
@@ -607,6 +636,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   MPI_Allgather(mine.data(), int(nfield), MPI_DOUBLE, all.data(), int(nfield), MPI_DOUBLE, MPI_COMM_WORLD);
   const weft::CommStats tp_stats = tpc.stats();
   const weft::CommStats pp_stats = ppc ? ppc->stats() : weft::CommStats{};
+  const weft::CommStats cp_stats = cp_now;
   // The hosts of the ranks (topology identity): processor names, fixed width.
   char host[MPI_MAX_PROCESSOR_NAME] = {};
   const std::string node_name = weft::detail::node_name();  // follows WEFT_TEST_RANKS_PER_NODE
@@ -724,11 +754,12 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
                           .set("weight_decay", o.weight_decay).set("clip", o.clip).set("seed", Json(c.seed))
                           .set("data", data_name).set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp))
                           .set("position", name_of(c.position)).set("recompute", c.recompute).set("dtype", "float32"));
-    Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", 1).set("ep", 1).set("world_size", world)
+    Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", ncp).set("ep", 1).set("world_size", world)
                     .set("sequence_parallel", job.sequence_parallel).set("strategy", job.strategy)
                     .set("dp_mode", weft::parallel::to_string(job.dp_mode)).set("bucket_mb", o.dp_options.bucket_mb)
                     .set("overlap", o.dp_options.overlap);
     if (pipelined) mesh.set("schedule", job.schedule).set("stages", job.stages).set("bubble_analytic", bubble);
+    if (cpc) mesh.set("context", job.context).set("context_chunk_tokens", Json(c.seq / std::size_t(2 * ncp)));
     rec.set("mesh", mesh);
     rec.set("runtime", Json::object()
                            .set("execution_space", Space::name()).set("kokkos_version", Json(KOKKOS_VERSION))
@@ -744,7 +775,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
                          .set("global_sequences", Json(o.batch)).set("local_sequences", Json(o.batch / std::size_t(ndp)))
                          .set("microbatches", Json(o.microbatches)).set("microbatch_sequences", Json(c.batch))
                          .set("seq", Json(c.seq)).set("global_tokens", Json(tokens_per_step))
-                         .set("local_tokens", Json(tokens_per_step / std::size_t(ndp)))
+                         .set("local_tokens", Json(tokens_per_step / std::size_t(ndp * ncp)))
                          .set("steps", Json(done)).set("total_tokens", Json(tokens_per_step * done)));
     rec.set("tokens_per_step", Json(tokens_per_step));
     rec.set("loss", Json(losses));
@@ -808,9 +839,10 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
                                  .set("definition", "per step |loss - baseline| / |baseline|, steps 0..steps_compared-1"));
     }
     rec.set("collectives", collectives);
-    rec.set("collectives_note", "dp axis, rank 0, all steps: bytes as nccl-tests' size; exposed = time the rank was blocked");
+    rec.set("collectives_note", "dp axis (the DP x CP ranks with context parallelism: gradients sum over both), rank 0, all steps: bytes as nccl-tests' size; exposed = time the rank was blocked; collectives_tp, _pp and _cp: the other axes' (cp: the attention's K/V exchange and the loss sum)");
     rec.set("collectives_tp", collectives_of(tp_stats));
     if (ppc) rec.set("collectives_pp", collectives_of(pp_stats));
+    if (cpc) rec.set("collectives_cp", collectives_of(cp_stats));
     rec.set("unigram_entropy", unigram);
     std::ofstream f(o.record);
     WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot open the file for writing (", std::strerror(errno), ")");
@@ -874,13 +906,12 @@ Job job_of(const char* model_name, Model& model, DP& dp, AnyOptimizer& opt) {
   return job;
 }
 
-template <class Strat>
-int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
-                      const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+template <class Strat, class MeshT>
+int run_pipeline_on(const Options& o, weft::Environment& env, MeshT& mesh, weft::nn::ContextParallel<float, Space> cp,
+                    const std::string& strategy, const weft::data::TokenStream& stream, const weft::ops::BlasThreads& bt,
+                    int ranks_per_node, double unigram, const std::string& data_name) {
   using Sched = weft::strategy_schedule_t<Strat>;
   using DPPolicy = typename Strat::data_parallel;
-  weft::Mesh<weft::DP, weft::PP, weft::TP> mesh(env.world(), {.dp = ndp, .pp = o.pp, .tp = o.tp});
-  weft::validate_strategy<Strat>(mesh, o.model.heads);
   Sched::check(o.pp, int(o.microbatches));
   const std::size_t L = o.model.layers, S = std::size_t(o.pp * Sched::chunks);
   const auto spec = weft::pipeline::parse_stage_spec(o.stages);
@@ -915,13 +946,17 @@ int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const w
                   weft::pipeline::slowest_stage(weft::pipeline::equal_partition(L, S), u) * 1e3);
     }
   }
-  weft::pipeline::Stage<float, Strat> stage(mesh, o.model, part, Sched::chunks);
-  weft::parallel::DataParallel<float, DPPolicy> dp(mesh.axis<weft::DP>(), stage.parameter_groups(), o.dp_options);
+  const std::string context = cp.policy;
+  weft::pipeline::Stage<float, Strat> stage(mesh, o.model, part, Sched::chunks, std::move(cp));
+  weft::Comm& grads = o.cp > 1 ? mesh.template axes<weft::DP, weft::CP>() : mesh.template axis<weft::DP>();
+  weft::parallel::DataParallel<float, DPPolicy> dp(grads, stage.parameter_groups(), o.dp_options);
   stage.set_hooks(&dp);
-  weft::pipeline::Executor ex(stage, mesh.axis<weft::PP>(), weft::Pipeline<Sched>(o.pp, int(o.microbatches)));
+  weft::pipeline::Executor ex(stage, mesh.template axis<weft::PP>(), weft::Pipeline<Sched>(o.pp, int(o.microbatches)));
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
   Job job = job_of<Strat>("weft GPT (pipeline::Stage)", stage, dp, opt);
-  job.pp = &mesh.axis<weft::PP>();
+  job.strategy = strategy;
+  if (o.cp > 1) job.cp = &mesh.template axis<weft::CP>(), job.context = context;
+  job.pp = &mesh.template axis<weft::PP>();
   job.schedule = weft::pipeline::schedule_name<Sched>();
   job.stages = part.to_string(L);
   job.microbatches = int(o.microbatches);
@@ -929,26 +964,75 @@ int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const w
   job.step = [&](std::size_t step, double lr, weft::metrics::Profiler*) {
     return weft::pipeline::train_step(ex, &dp, opt, stream, step, o.batch, lr, o.clip);
   };
-  return train(o, job, mesh.axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
+  return train(o, job, mesh.template axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
 }
 
-// Without a pipeline: nn::GPT split as S's TP policy says, DataParallel of S's DP policy.
+// The strategy without its CP entry: what the model, DataParallel and the
+// pipeline are instantiated from (the CP variant reaches the model as
+// nn::ContextParallel, built from its type by context_of), so that the
+// compiled strategies are a sum over CP variants, not a product.
 template <class S>
-int run_data_tensor(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
-                    const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+struct without_context;
+template <class... E>
+struct without_context<weft::Strategy<E...>> {
+  template <class X>
+  using keep = std::conditional_t<std::is_same_v<typename X::axis, weft::CP>, std::tuple<>, std::tuple<X>>;
+  template <class... X>
+  static weft::Strategy<X...> of(std::tuple<X...>);
+  using type = decltype(of(std::tuple_cat(std::declval<keep<E>>()...)));
+};
+
+// The model's context parallelism under the CP policy C (none for NoPolicy): one instantiation per variant.
+template <class C, class MeshT>
+weft::nn::ContextParallel<float, Space> context_of(MeshT& mesh) {
+  if constexpr (std::is_same_v<C, weft::NoPolicy>) return {};
+  else return weft::context::attention_of<C, float, Space>(mesh.template axis<weft::CP>());
+}
+
+// The pipeline path of strategy S (CP included): the mesh is DP x PP x CP x TP.
+template <class S>
+int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
+                      const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name);
+
+// Without a pipeline: nn::GPT split as S's TP policy says, its sequences
+// over the CP axis as cp says, DataParallel of S's DP policy over DP (x CP).
+template <class S, class MeshT>
+int run_data_tensor_on(const Options& o, MeshT& mesh, weft::nn::ContextParallel<float, Space> cp, const std::string& strategy,
+                       const weft::data::TokenStream& stream, const weft::ops::BlasThreads& bt, int ranks_per_node,
+                       double unigram, const std::string& data_name) {
   using DPPolicy = typename S::data_parallel;
-  weft::Mesh<weft::DP, weft::TP> mesh(env.world(), ndp, o.tp);
-  weft::validate_strategy<S>(mesh, o.model.heads);
-  weft::nn::GPT<float, S> gpt(mesh, o.model);
-  weft::parallel::DataParallel<float, DPPolicy> dp(mesh.axis<weft::DP>(), gpt.parameter_groups(), o.dp_options);
+  const std::string context = cp.policy;
+  weft::Comm& grads = o.cp > 1 ? mesh.template axes<weft::DP, weft::CP>() : mesh.template axis<weft::DP>();
+  weft::nn::GPT<float, S> gpt(mesh, o.model, std::move(cp));
+  weft::parallel::DataParallel<float, DPPolicy> dp(grads, gpt.parameter_groups(), o.dp_options);
   gpt.set_hooks(&dp);
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
   weft::ops::Tokens<Space> ids("ids", o.model.tokens()), tg("targets", o.model.tokens());
   Job job = job_of<S>("weft GPT (nn::GPT)", gpt, dp, opt);
+  job.strategy = strategy;
+  if (o.cp > 1) job.cp = &mesh.template axis<weft::CP>(), job.context = context;
   job.step = [&](std::size_t step, double lr, weft::metrics::Profiler* prof) {
     return weft::parallel::train_step(gpt, dp, opt, stream, step, o.batch, o.microbatches, ids, tg, lr, o.clip, prof);
   };
-  return train(o, job, mesh.axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
+  return train(o, job, mesh.template axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
+}
+
+template <class S>
+int run_data_tensor(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
+                    const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+  weft::Mesh<weft::DP, weft::CP, weft::TP> mesh(env.world(), ndp, o.cp, o.tp);
+  weft::validate_strategy<S>(mesh, o.model.heads);
+  return run_data_tensor_on<typename without_context<S>::type>(o, mesh, context_of<typename S::context_parallel>(mesh),
+                                                                S::name(), stream, bt, ranks_per_node, unigram, data_name);
+}
+
+template <class S>
+int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
+                      const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+  weft::Mesh<weft::DP, weft::PP, weft::CP, weft::TP> mesh(env.world(), {.dp = ndp, .pp = o.pp, .tp = o.tp, .cp = o.cp});
+  weft::validate_strategy<S>(mesh, o.model.heads);
+  return run_pipeline_on<typename without_context<S>::type>(o, env, mesh, context_of<typename S::context_parallel>(mesh),
+                                                             S::name(), stream, bt, ranks_per_node, unigram, data_name);
 }
 
 // ---------------------------------------------------------------------------
@@ -963,6 +1047,15 @@ constexpr const char* kCompiledSchedules = "gpipe, 1f1b, interleaved:2, interlea
 template <class D, class TPPolicy, class Sched>
 struct StrategyOf {
   using type = weft::Strategy<weft::On<weft::DP, D>, weft::On<weft::PP, weft::Pipeline<Sched>>, weft::On<weft::TP, TPPolicy>>;
+};
+// With context parallelism: the same strategy with On<CP, C> after the PP entry (the mesh's order).
+template <class S, class C>
+struct WithContext {
+  using type = S;
+};
+template <class O, class... E, class V>
+struct WithContext<weft::Strategy<O, E...>, weft::Context<V>> {
+  using type = weft::Strategy<O, weft::On<weft::CP, weft::Context<V>>, E...>;
 };
 template <class D, class TPPolicy>
 struct StrategyOf<D, TPPolicy, void> {
@@ -1005,10 +1098,18 @@ int pick_strategy(const Options& o, F&& f) {
                                            "strategies are every --dp mode x (no TP, TP, TP with --sequence-parallel) x (no "
                                            "pipeline, or pp > 1 with --schedule ", kCompiledSchedules, ")");
   };
+  auto with_cp = [&](auto g) -> int {
+    if (o.cp == 1) return g(std::type_identity<weft::NoPolicy>{});
+    if (o.context == "allgather") return g(std::type_identity<weft::Context<weft::AllGather>>{});
+    if (o.context == "alltoall") return g(std::type_identity<weft::Context<weft::AllToAll>>{});
+    return g(std::type_identity<weft::Context<weft::Ring>>{});
+  };
   return with_dp([&]<class D>(std::type_identity<D>) {
     return with_tp([&]<class TPPolicy>(std::type_identity<TPPolicy>) {
       return with_schedule([&]<class Sched>(std::type_identity<Sched>) {
-        return f(std::type_identity<typename StrategyOf<D, TPPolicy, Sched>::type>{});
+        return with_cp([&]<class C>(std::type_identity<C>) {
+          return f(std::type_identity<typename WithContext<typename StrategyOf<D, TPPolicy, Sched>::type, C>::type>{});
+        });
       });
     });
   });
@@ -1030,27 +1131,39 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
   c.options = parse(argc, argv);
   Options& o = c.options;
   const int ntp = o.tp;
-  const int model_ranks = ntp * o.pp;  // ranks that hold one copy of the model
+  const int model_ranks = ntp * o.pp * o.cp;  // ranks that hold one copy of the model (CP ranks share its weights)
   if (o.check_only) {
     // What weft-plan --run-top asks before launching a candidate: does this
     // build accept the mesh, the modes and the batch split (on any world size)?
     c.ndp = o.dp == 0 ? std::max(1, world / model_ranks) : o.dp;
   } else {
-    WEFT_REQUIRE(o.dp != 0 || world % model_ranks == 0, ConfigError, "--mesh ", (ntp > 1 ? "tp=" : "pp="),
-                 (ntp > 1 ? ntp : o.pp), " does not divide the ", world,
+    WEFT_REQUIRE(o.dp != 0 || world % model_ranks == 0, ConfigError, "--mesh ",
+                 (ntp > 1 ? "tp=" + std::to_string(ntp) + "," : std::string()),
+                 (o.pp > 1 ? "pp=" + std::to_string(o.pp) + "," : std::string()),
+                 (o.cp > 1 ? "cp=" + std::to_string(o.cp) + "," : std::string()), " (", model_ranks,
+                 " ranks per data-parallel replica) does not divide the ", world,
                  " ranks train_gpt was started on; launch it with a multiple of ", model_ranks, " ranks");
     c.ndp = o.dp == 0 ? world / model_ranks : o.dp;
     WEFT_REQUIRE(c.ndp * model_ranks == world, ConfigError, "--mesh dp=", c.ndp,
                  (ntp > 1 ? ",tp=" + std::to_string(ntp) : std::string()),
-                 (o.pp > 1 ? ",pp=" + std::to_string(o.pp) : std::string()), " needs ", c.ndp * model_ranks,
+                 (o.pp > 1 ? ",pp=" + std::to_string(o.pp) : std::string()),
+                 (o.cp > 1 ? ",cp=" + std::to_string(o.cp) : std::string()), " needs ", c.ndp * model_ranks,
                  " ranks, but train_gpt was started on ", world, "; launch it with mpirun -n ", c.ndp * model_ranks,
                  " or change --mesh");
   }
   WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
                "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
+  WEFT_REQUIRE(o.cp > 1 || o.context == "ring", ConfigError, "--context ", o.context,
+               " needs a context-parallel axis: add cp=N (N > 1) to --mesh");
   o.model.batch = weft::parallel::local_microbatch(o.batch, std::size_t(c.ndp), o.microbatches);
   o.model.validate();
-  o.model.validate_tensor_parallel(std::size_t(ntp), o.sequence_parallel);
+  if (o.cp > 1) {
+    // The balanced layout's chunks, and AllToAll's heads (each TP rank's) over cp, with the sizes that work.
+    weft::context::check_sequence(o.model.seq, std::size_t(o.cp), "--seq");
+    if (o.context == "alltoall" && o.model.heads % std::size_t(ntp) == 0 && o.model.kv() % std::size_t(ntp) == 0)
+      weft::context::check_alltoall(o.model.heads / std::size_t(ntp), o.model.kv() / std::size_t(ntp), std::size_t(o.cp));
+  }
+  o.model.local_sequence(std::size_t(o.cp)).validate_tensor_parallel(std::size_t(ntp), o.sequence_parallel);
   pick_strategy(o, [&]<class S>(std::type_identity<S>) {
     if constexpr (S::pipelined) weft::strategy_schedule_t<S>::check(o.pp, int(o.microbatches));
     return 0;
@@ -1115,8 +1228,9 @@ int run(int argc, char** argv, weft::Environment& env) {
                                                      : std::string(" (limit unknown: no MemAvailable, no --memory-limit)"));
   if (o.check_only) {
     if (env.world().rank() == 0)
-      std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks; %s\n",
-                  ndp, ntp, o.pp, weft::parallel::to_string(o.dp_mode), o.model.batch, ndp * ntp * o.pp, memory_line.c_str());
+      std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d,cp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks; %s\n",
+                  ndp, ntp, o.pp, o.cp, weft::parallel::to_string(o.dp_mode), o.model.batch, ndp * ntp * o.pp * o.cp,
+                  memory_line.c_str());
     return 0;
   }
   if (env.world().rank() == 0) std::printf("train_gpt: %s\n", memory_line.c_str());

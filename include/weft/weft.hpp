@@ -28,6 +28,7 @@
 #include <weft/optim/train_step.hpp>
 #include <weft/metrics/metrics.hpp>
 #include <weft/parallel/strategy.hpp>
+#include <weft/parallel/context.hpp>
 #include <weft/parallel/data_parallel.hpp>
 #include <weft/parallel/train_step.hpp>
 #include <weft/parallel/pipeline/simulator.hpp>

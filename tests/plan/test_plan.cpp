@@ -223,6 +223,40 @@ TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size
   }
 }
 
+TEST_CASE("the model matches the context-parallel GPT's ledger at cp = world size within 15 % per category") {
+  auto& world = weft::test::world();
+  const std::size_t cp = std::size_t(world.size());
+  if (cp == 1 || 16 % (2 * cp) != 0) return;  // the small model's 16 tokens bound cp; cp = 1 is the single-process case
+  weft::Mesh<weft::DP, weft::CP> mesh(world, 1, int(cp));
+  using S = weft::Strategy<weft::On<weft::CP, weft::Context<weft::Ring>>>;
+  for (bool swiglu : {false, true}) {
+    CAPTURE(swiglu);
+    auto cfg = small_gpt(swiglu, false, 0);
+    weft::nn::GPT<float, S> gpt(mesh, cfg, weft::context::attention_of<S::context_parallel, float>(mesh.axis<weft::CP>()));
+    weft::parallel::DataParallelOf<float, S> ddp(mesh.axes<weft::DP, weft::CP>(), gpt.parameter_groups());
+    gpt.set_hooks(&ddp);
+    weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
+    one_step(gpt, ddp, opt, cfg, 1.0 / double(cfg.tokens()));
+    const auto m = ddp.memory();
+    const auto g = gpt.memory();
+    const auto b = weft::plan::training_memory(spec_of(cfg), MeshSpec{.cp = cp}, 0.0);
+    const std::string tag = "cp=" + std::to_string(cp) + " ";
+    within(b.parameters, double(m.bytes(C::parameters)), tag + "parameters");
+    within(b.gradients, double(m.bytes(C::gradients)), tag + "gradients");
+    within(b.optimizer_state, double(opt.memory().bytes(C::optimizer_state)), tag + "optimizer state");
+    // Ring keeps nothing of its own and no probabilities: the saved
+    // activations and the backward scratch are exact (a probabilities term
+    // would add B x heads x T/cp x T floats per block).
+    CHECK(double(g.bytes(C::activations)) == b.activations);
+    CHECK(double(g.bytes(C::buffers)) == b.temporary);
+    if (world.rank() == 0)
+      std::printf("validation cp=%zu swiglu=%d parameters %zu/%.0f activations %zu/%.0f temporary %zu/%.0f\n", cp,
+                  int(swiglu), m.bytes(C::parameters), b.parameters, g.bytes(C::activations), b.activations,
+                  g.bytes(C::buffers), b.temporary);
+    gpt.set_hooks(nullptr);
+  }
+}
+
 TEST_CASE("enumeration: divisors in ascending order, found up to the square root") {
   using weft::plan::detail::divisors;
   CHECK(divisors(1) == std::vector<std::size_t>{1});

@@ -10,9 +10,13 @@
 #pragma once
 
 #include <cmath>
+#include <map>
+#include <memory>
+#include <vector>
 
 #include <weft/nn/config.hpp>
 #include <weft/nn/linear.hpp>
+#include <weft/nn/sequence_attention.hpp>
 #include <weft/nn/tp_comm.hpp>
 #include <weft/ops/flash_attention.hpp>
 #include <weft/ops/rotary.hpp>
@@ -35,6 +39,11 @@ inline bool use_blockwise_attention([[maybe_unused]] const GPTConfig& local) {
 #else
   return false;
 #endif
+}
+/// Whether the attention keeps [T, T] probabilities (the BLAS path of whole
+/// sequences); the blockwise kernel and context parallelism keep none.
+inline bool keeps_probabilities(const GPTConfig& local) {
+  return !use_blockwise_attention(local) && local.seq_shards == 1;
 }
 }  // namespace detail
 
@@ -65,8 +74,8 @@ class Attention {
    private:
     Saved(const std::string& n, const GPTConfig& l, std::size_t d, bool sp)
         : qkv(n + ".qkv", l.tokens(), l.qkv_cols()),
-          probs(detail::use_blockwise_attention(l) ? ops::Tensor3<T, Space>()
-                                                   : ops::Tensor3<T, Space>(n + ".probs", l.batch * l.heads, l.seq, l.seq)),
+          probs(!detail::keeps_probabilities(l) ? ops::Tensor3<T, Space>()
+                                                : ops::Tensor3<T, Space>(n + ".probs", l.batch * l.heads, l.seq, l.seq)),
           lse(n + ".lse", l.batch * l.heads, l.seq),
           heads(n + ".heads", l.tokens(), l.d_model),
           input(sp ? ops::Matrix<T, Space>(n + ".input", l.tokens(), d) : ops::Matrix<T, Space>()) {}
@@ -89,21 +98,39 @@ class Attention {
     Workspace(const GPTConfig& l, std::size_t d, bool sp)
         : dqkv("attn.dqkv", l.tokens(), l.qkv_cols()),
           dheads("attn.dheads", l.tokens(), l.d_model),
-          dprobs(detail::use_blockwise_attention(l) ? ops::Tensor3<T, Space>()
-                                                    : ops::Tensor3<T, Space>("attn.dprobs", l.batch * l.heads, l.seq, l.seq)),
+          dprobs(!detail::keeps_probabilities(l) ? ops::Tensor3<T, Space>()
+                                                 : ops::Tensor3<T, Space>("attn.dprobs", l.batch * l.heads, l.seq, l.seq)),
           full(sp ? ops::Matrix<T, Space>("attn.full", l.tokens(), d) : ops::Matrix<T, Space>()) {}
   };
 
   /// Parameters "<name>.qkv.{weight,bias}" and "<name>.proj.{weight,bias}"
-  /// (this rank's part of them over the context's TP axis).
-  Attention(ContextPtr ctx, const std::string& name, const GPTConfig& c)
+  /// (this rank's part of them over the context's TP axis). With `cp` (and
+  /// c a rank's share of every sequence, GPTConfig::local_sequence), each
+  /// sequence's attention runs over the CP axis.
+  Attention(ContextPtr ctx, const std::string& name, const GPTConfig& c, const ContextParallel<T, Space>* cp = nullptr)
       : ctx_(ctx),
         cfg_(c.local(ctx->tp.size())),
         qkv_(ctx, name + ".qkv", c.d_model, c.qkv_cols(), true, c.seed, c.init_std,
              LinearSplit::column(ctx->tp.size(), ctx->tp.rank(),
                                  {c.d_model, c.kv() * c.head_dim(), c.kv() * c.head_dim()})),
         proj_(ctx, name + ".proj", c.d_model, c.d_model, true, c.seed, c.init_std / std::sqrt(2.0 * double(c.layers)),
-              LinearSplit::row(ctx->tp.size(), ctx->tp.rank())) {}
+              LinearSplit::row(ctx->tp.size(), ctx->tp.rank())) {
+    if (cfg_.seq_shards > 1) {
+      WEFT_REQUIRE(cp && cp->make && cp->size() == cfg_.seq_shards, ConfigError, "nn::Attention ", name,
+                   ": the config is a share of 1/", cfg_.seq_shards,
+                   " of every sequence but no context-parallel attention over that many ranks was given");
+      cp_ = cp;
+      cp_->make(cfg_.heads, cfg_.kv(), cfg_.global_seq(), cfg_.head_dim());  // its size checks, now
+    }
+  }
+
+  /// Bytes the context-parallel attention keeps of its own from forward to backward (0 without CP).
+  std::size_t context_bytes() const {
+    std::size_t n = 0;
+    for (const auto& [key, v] : seq_attn_)
+      for (const auto& a : v) n += a->owned_bytes();
+    return n;
+  }
 
   /// out = proj(attention(qkv(h))), filling s. h, out: [rows, D], where rows
   /// are the tokens, or this rank's token shard under sequence parallelism
@@ -119,6 +146,17 @@ class Attention {
     }
     if (cfg_.position == PositionKind::rotary) rotate(s.qkv, false);
     const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
+    if (cp_) {
+      metrics::Profiler::Scope sc(ctx_->profiler, "attention.context");
+      const std::size_t kv = cfg_.kv(), D = cfg_.d_model;
+      auto& sa = sequence_attention(s);
+      for (std::size_t b = 0; b < cfg_.batch; ++b)
+        sa[b]->forward(heads_view(s.qkv, b, 0, H), heads_view(s.qkv, b, D, kv),
+                              heads_view(s.qkv, b, D + kv * hd, kv), T(1) / std::sqrt(T(hd)),
+                              heads_view(s.heads, b, 0, H), lse_of(s.lse, b));
+      detail::row_parallel_forward(*ctx_, proj_, s.heads, out, w ? &w->full : nullptr, "nn::Attention");
+      return;
+    }
     if (detail::use_blockwise_attention(cfg_)) {
       metrics::Profiler::Scope sc(ctx_->profiler, "attention");
       for (std::size_t b = 0; b < cfg_.batch; ++b)
@@ -158,7 +196,14 @@ class Attention {
     detail::row_parallel_backward(*ctx_, proj_, s.heads, dout, w.dheads, w.full);
     const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
     Kokkos::deep_copy(w.dqkv, T(0));  // K and V gradients sum over the query heads of a group
-    if (detail::use_blockwise_attention(cfg_)) {
+    if (cp_) {
+      metrics::Profiler::Scope sc(ctx_->profiler, "attention.context");
+      const std::size_t kv = cfg_.kv(), D = cfg_.d_model;
+      auto& sa = sequence_attention(s);
+      for (std::size_t b = 0; b < cfg_.batch; ++b)
+        sa[b]->backward(heads_view(w.dheads, b, 0, H), heads_view(w.dqkv, b, 0, H),
+                               heads_view(w.dqkv, b, D, kv), heads_view(w.dqkv, b, D + kv * hd, kv));
+    } else if (detail::use_blockwise_attention(cfg_)) {
       metrics::Profiler::Scope sc(ctx_->profiler, "attention");
       const std::size_t kv = cfg_.kv(), D = cfg_.d_model;
       for (std::size_t b = 0; b < cfg_.batch; ++b)
@@ -227,6 +272,23 @@ class Attention {
     const std::size_t hd = cfg_.head_dim();
     return V(&m(b * cfg_.seq, first_col), Kokkos::LayoutStride(count, hd, cfg_.seq, m.stride(0), hd, 1));
   }
+  /// The context-parallel attention of every sequence whose activations are
+  /// `s`: one set per Saved (a pipeline keeps one per in-flight microbatch,
+  /// and each set keeps its forward's state until its backward).
+  std::vector<std::unique_ptr<SequenceAttention<T, Space>>>& sequence_attention(const Saved& s) const {
+    auto& v = seq_attn_[s.qkv.data()];
+    if (v.empty())
+      for (std::size_t b = 0; b < cfg_.batch; ++b)
+        v.push_back(cp_->make(cfg_.heads, cfg_.kv(), cfg_.global_seq(), cfg_.head_dim()));
+    return v;
+  }
+  /// Rows [b H, (b + 1) H) of the [batch * heads, T] log-sum-exp.
+  template <class M>
+  typename SequenceAttention<T, Space>::View2 lse_of(const M& m, std::size_t b) const {
+    const std::size_t H = cfg_.heads;
+    return typename SequenceAttention<T, Space>::View2(
+        &m(b * H, 0), Kokkos::LayoutStride(H, m.stride(0), cfg_.seq, m.stride(1)));
+  }
   using Pair = std::pair<std::size_t, std::size_t>;
   Pair rows(std::size_t b) const { return {b * cfg_.seq, (b + 1) * cfg_.seq}; }
   Pair cols(std::size_t c0) const { return {c0, c0 + cfg_.head_dim()}; }
@@ -251,6 +313,20 @@ class Attention {
   void rotate(const M& m, bool inverse) const {
     metrics::Profiler::Scope sc(ctx_->profiler, "rotary");
     const std::size_t hd = cfg_.head_dim();
+    if (cfg_.seq_shards > 1) {
+      // Each of this rank's two chunks of every sequence has its own global offset.
+      const std::size_t P = cfg_.seq_shards, r = ctx_->cp.rank(), C = cfg_.seq / 2;
+      for (std::size_t b = 0; b < cfg_.batch; ++b)
+        for (std::size_t part = 0; part < 2; ++part) {
+          auto rows = Kokkos::subview(m, std::make_pair(b * cfg_.seq + part * C, b * cfg_.seq + (part + 1) * C), Kokkos::ALL);
+          const std::size_t off = (part == 0 ? r : 2 * P - 1 - r) * C;
+          ops::rotary_apply(rows, {.col_begin = 0, .heads = cfg_.heads, .head_dim = hd, .seq = C, .offset = off,
+                                   .base = cfg_.rope_base}, inverse);
+          ops::rotary_apply(rows, {.col_begin = cfg_.d_model, .heads = cfg_.kv(), .head_dim = hd, .seq = C,
+                                   .offset = off, .base = cfg_.rope_base}, inverse);
+        }
+      return;
+    }
     ops::rotary_apply(m, {.col_begin = 0, .heads = cfg_.heads, .head_dim = hd, .seq = cfg_.seq, .offset = 0,
                           .base = cfg_.rope_base}, inverse);
     ops::rotary_apply(m, {.col_begin = cfg_.d_model, .heads = cfg_.kv(), .head_dim = hd, .seq = cfg_.seq, .offset = 0,
@@ -260,6 +336,8 @@ class Attention {
   ContextPtr ctx_;
   GPTConfig cfg_;
   Linear<T, Space> qkv_, proj_;
+  const ContextParallel<T, Space>* cp_ = nullptr;  // context parallelism (the model's; null: none)
+  mutable std::map<const T*, std::vector<std::unique_ptr<SequenceAttention<T, Space>>>> seq_attn_;  // per Saved, per sequence
 };
 
 }  // namespace weft::nn

@@ -68,13 +68,13 @@ class Block {
   /// Block `index` with parameters under "blocks.<index>."; `saved` is this
   /// block's own or (with recompute) the one all blocks share.
   Block(ContextPtr ctx, std::size_t index, const GPTConfig& c, std::shared_ptr<Saved> saved,
-        std::shared_ptr<Workspace> ws)
+        std::shared_ptr<Workspace> ws, const ContextParallel<T, Space>* cp = nullptr)
       : ctx_(ctx),
         index_(long(index)),
         recompute_(c.recompute),
         ln1_(ctx, prefix(index) + "ln1", c.norm, c.d_model, c.norm_eps),
         ln2_(ctx, prefix(index) + "ln2", c.norm, c.d_model, c.norm_eps),
-        attn_(ctx, prefix(index) + "attn", c),
+        attn_(ctx, prefix(index) + "attn", c, cp),
         mlp_(ctx, prefix(index) + "mlp", c),
         s_(std::move(saved)),
         w_(std::move(ws)) {}
@@ -145,6 +145,8 @@ class Block {
     ln2_.collect(out);
     mlp_.collect(out);
   }
+  /// Bytes the block's context-parallel attention keeps of its own (0 without CP).
+  std::size_t context_bytes() const { return attn_.context_bytes(); }
   /// The activations this block writes (shared with other blocks under recompute).
   const std::shared_ptr<Saved>& saved() const { return s_; }
 

@@ -36,6 +36,10 @@ struct GPTConfig {
   double rope_base = 10000.0;
   bool recompute = false;      ///< activation checkpointing: keep only each block's input, recompute the rest
   std::uint64_t seed = 1234;   ///< --seed: initialisation (with parameter names and global indices)
+  /// Context parallelism: seq is this rank's share, 1 / seq_shards, of every
+  /// sequence (the balanced layout of parallel/context_policy.hpp). Set by
+  /// the model through local_sequence, never by a user: 1 is whole sequences.
+  std::size_t seq_shards = 1;
 
   /// Features per head.
   std::size_t head_dim() const { return d_model / heads; }
@@ -84,6 +88,19 @@ struct GPTConfig {
     c.kv_heads = kv() / tp;
     c.heads = heads / tp;
     c.d_model = d_model / tp;
+    return c;
+  }
+
+  /// The sequence length of the whole sequences this config's tokens belong to.
+  std::size_t global_seq() const { return seq * seq_shards; }
+
+  /// The config of one context-parallel rank's share of every sequence: seq
+  /// / cp tokens per sequence, seq_shards = cp. The layers size their
+  /// activations from it; the position table keeps global_seq() rows.
+  GPTConfig local_sequence(std::size_t cp) const {
+    GPTConfig c = *this;
+    c.seq = seq / cp;
+    c.seq_shards = seq_shards * cp;
     return c;
   }
 

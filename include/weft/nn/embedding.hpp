@@ -22,6 +22,7 @@ class Embedding {
   Embedding(ContextPtr ctx, const GPTConfig& c)
       : ctx_(std::move(ctx)),
         seq_(c.seq),
+        global_seq_(c.global_seq()),
         vocab_(c.vocab),
         first_(ctx_->tp.rank() * (c.vocab / ctx_->tp.size())),
         tok_("tok_emb.weight", c.vocab / ctx_->tp.size(), c.d_model, true) {
@@ -29,7 +30,7 @@ class Embedding {
     tok_.set_tp_sharded(ctx_->tp.active());
     tok_.set_global(c.vocab, c.d_model, {GlobalBand{first_, 0, tok_.rows(), c.d_model, 0}});
     if (c.position == PositionKind::learned) {
-      pos_.emplace_back("pos_emb.weight", c.seq, c.d_model, true);
+      pos_.emplace_back("pos_emb.weight", c.global_seq(), c.d_model, true);
       ops::init_normal(pos_[0].matrix(), c.seed, pos_[0].name(), c.init_std);
     }
     if (ctx_->tp.sp()) full_ = ops::Matrix<T, Space>("tok_emb.full", c.tokens(), c.d_model);
@@ -41,7 +42,18 @@ class Embedding {
   void forward(const IV& ids, const XV& x) const {
     metrics::Profiler::Scope sc(ctx_->profiler, "embedding");
     const TensorParallel& tp = ctx_->tp;
-    if (!tp.active()) {
+    if (ctx_->cp.active()) {  // ids are this rank's tokens; positions from the balanced layout
+      if (!tp.active()) {
+        ops::embedding_forward(tok_.matrix(), ids, x);
+      } else if (!tp.sp()) {
+        ops::vocab_embedding_forward(tok_.matrix(), ids, first_, vocab_, x);
+        detail::tp_all_reduce(*ctx_, x);
+      } else {
+        ops::vocab_embedding_forward(tok_.matrix(), ids, first_, vocab_, full_);
+        detail::tp_reduce_scatter(*ctx_, full_, x);
+      }
+      if (!pos_.empty()) ops::position_forward_balanced(pos_[0].matrix(), positions(x.extent(0)), x);
+    } else if (!tp.active()) {
       ops::embedding_forward(tok_.matrix(), ids, x);
       if (!pos_.empty()) ops::position_forward(pos_[0].matrix(), seq_, 0, x, true);
     } else if (!tp.sp()) {
@@ -62,7 +74,17 @@ class Embedding {
   void backward(const IV& ids, const DXV& dx) {
     metrics::Profiler::Scope sc(ctx_->profiler, "embedding");
     const TensorParallel& tp = ctx_->tp;
-    if (!tp.active()) {
+    if (ctx_->cp.active()) {
+      if (!pos_.empty()) ops::position_backward_balanced(dx, positions(dx.extent(0)), pos_[0].grad_matrix());
+      if (!tp.active()) {
+        ops::embedding_backward(dx, ids, tok_.grad_matrix());
+      } else if (!tp.sp()) {
+        ops::vocab_embedding_backward(dx, ids, first_, tok_.grad_matrix());
+      } else {
+        detail::tp_all_gather(*ctx_, dx, full_);
+        ops::vocab_embedding_backward(full_, ids, first_, tok_.grad_matrix());
+      }
+    } else if (!tp.active()) {
       ops::embedding_backward(dx, ids, tok_.grad_matrix());
       if (!pos_.empty()) ops::position_backward(dx, seq_, 0, pos_[0].grad_matrix());
     } else if (!tp.sp()) {
@@ -90,8 +112,14 @@ class Embedding {
   }
 
  private:
+  // Global positions of this rank's `rows` residual rows (its token shard under sequence parallelism).
+  ops::BalancedPositions positions(std::size_t rows) const {
+    const std::size_t row0 = ctx_->tp.sp() ? ctx_->tp.rank() * rows : 0;
+    return {row0, seq_, global_seq_, ctx_->cp.size(), ctx_->cp.rank()};
+  }
+
   ContextPtr ctx_;
-  std::size_t seq_, vocab_, first_;
+  std::size_t seq_, global_seq_, vocab_, first_;
   Parameter<T, Space> tok_;
   std::vector<Parameter<T, Space>> pos_;
   ops::Matrix<T, Space> full_;  // sequence parallelism: [tokens, D] partial lookups and gathered gradients

@@ -21,6 +21,7 @@
 #include <weft/metrics/memory.hpp>
 #include <weft/nn/block.hpp>
 #include <weft/nn/embedding.hpp>
+#include <weft/nn/sequence_attention.hpp>
 #include <weft/ops/cross_entropy.hpp>
 #include <weft/parallel/strategy.hpp>
 
@@ -74,7 +75,7 @@ class GPTModel {
   /// an invalid config.
   explicit GPTModel(const GPTConfig& c)
     requires(!tensor_parallel_v)
-      : GPTModel(c, TensorParallel{}, 0) {}
+      : GPTModel(c, TensorParallel{}, {}, 0) {}
 
   /// The model split over the TP communicator `tp` (this rank holds shard
   /// tp.rank() of every split layer). Throws ConfigError for an invalid
@@ -82,7 +83,7 @@ class GPTModel {
   /// single TP rank.
   GPTModel(const GPTConfig& c, Comm& tp)
     requires(tensor_parallel_v)
-      : GPTModel(c, TensorParallel{&tp, sequence_parallel_v}, 0) {}
+      : GPTModel(c, TensorParallel{&tp, sequence_parallel_v}, {}, 0) {}
 
   /// The model on `mesh`: split over mesh.axis<TP>() when the layer policy
   /// is tensor-parallel (the mesh must have a TP axis); otherwise a TP axis
@@ -90,12 +91,30 @@ class GPTModel {
   /// business of what wraps the model (DataParallel, the pipeline).
   template <class MeshT>
     requires requires { MeshT::template has_axis<TP>; }
-  GPTModel(MeshT& mesh, const GPTConfig& c) : GPTModel(c, tensor_parallel_of(mesh), 0) {}
+  GPTModel(MeshT& mesh, const GPTConfig& c) : GPTModel(c, tensor_parallel_of(mesh), {}, 0) {}
+
+  /// The model on `mesh` with context parallelism `cp` (from the strategy's
+  /// CP policy: weft::context::attention_of<Context<Variant>, T>(mesh.axis<CP>())):
+  /// every sequence of c.seq tokens is split over the CP ranks in the
+  /// balanced layout. forward_backward and loss still take whole sequences
+  /// (the same ids and targets on every CP rank): each rank picks its own
+  /// tokens, positions come from their global index, and the loss is the
+  /// mean over the whole sequences (summed over CP with its token count).
+  /// Parameter gradients are this rank's part: sum them over DP x CP
+  /// (DataParallel over mesh.axes<DP, CP>()). Throws ConfigError for a
+  /// sequence that does not split into 2·cp chunks, and for AllToAll heads
+  /// (per TP rank) that do not shard over cp, naming the sizes that work.
+  template <class MeshT>
+    requires requires { MeshT::template has_axis<TP>; }
+  GPTModel(MeshT& mesh, const GPTConfig& c, ContextParallel<T, Space> cp)
+      : GPTModel(c, tensor_parallel_of(mesh), std::move(cp), 0) {}
 
  private:
-  // Every public constructor ends here, with the run-time descriptor the layers share.
-  GPTModel(const GPTConfig& c, TensorParallel tp, int)
-      : cfg_(checked(c, tp)), ctx_(std::make_shared<Context>(Context{nullptr, tp})), emb_(ctx_, cfg_),
+  // Every public constructor ends here, with the run-time descriptors the layers share.
+  GPTModel(const GPTConfig& c, TensorParallel tp, ContextParallel<T, Space> cp, int)
+      : global_(c), cp_(std::move(cp)), cfg_(checked(c, tp, cp_)),
+        ctx_(std::make_shared<Context>(Context{nullptr, tp, ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}})),
+        emb_(ctx_, cfg_),
         ln_f_(ctx_, "ln_f", cfg_.norm, cfg_.d_model, cfg_.norm_eps),
         head_(ctx_, "lm_head", cfg_.d_model, cfg_.vocab, false, cfg_.seed, cfg_.init_std,
               LinearSplit::column(tp.size(), tp.rank())),
@@ -122,7 +141,11 @@ class GPTModel {
       blocks_.emplace_back(ctx_, l, cfg_,
                            shared ? shared
                                   : std::make_shared<typename Block<T, Space>::Saved>("blocks." + std::to_string(l), cfg_, tp),
-                           ws_);
+                           ws_, ctx_->cp.active() ? &cp_ : nullptr);
+    if (ctx_->cp.active()) {
+      ids_ = ops::Tokens<Space>("context.ids", cfg_.tokens());
+      targets_ = ops::Tokens<Space>("context.targets", cfg_.tokens());
+    }
     if (tp.sp()) {
       std::vector<Parameter<T, Space>*> partial;
       emb_.collect_sequence_partial(partial);
@@ -136,12 +159,26 @@ class GPTModel {
   GPTModel& operator=(const GPTModel&) = delete;
 
   /// Forward, loss and backward for one microbatch: ids and targets are
-  /// [batch * seq] token ids. Returns the mean loss over its tokens; parameter
-  /// gradients accumulate grad_scale * d(sum of token losses) (default
-  /// 1/tokens: the gradient of the mean).
+  /// [batch * seq] token ids of whole sequences. Returns the mean loss over
+  /// its tokens; parameter gradients accumulate grad_scale * d(sum of token
+  /// losses) (default 1/tokens: the gradient of the mean). Under context
+  /// parallelism each rank takes its tokens of ids and targets, and its
+  /// gradients are its tokens' part (they sum over CP to the whole).
   template <class IV, class TV>
-  double forward_backward(const IV& ids, const TV& targets, double grad_scale = 0) {
-    if (grad_scale == 0) grad_scale = 1.0 / double(cfg_.tokens());
+  double forward_backward(const IV& ids_in, const TV& targets_in, double grad_scale = 0) {
+    if (grad_scale == 0) grad_scale = 1.0 / double(global_.tokens());
+    detail_check_ids(ids_in);
+    if (ctx_->cp.active()) {
+      select_local(ids_in, ids_);
+      select_local(targets_in, targets_);
+      return forward_backward_local(ids_, targets_, grad_scale);
+    }
+    return forward_backward_local(ids_in, targets_in, grad_scale);
+  }
+
+ private:
+  template <class IV, class TV>
+  double forward_backward_local(const IV& ids, const TV& targets, double grad_scale) {
     forward_hidden(ids);
     double sum = 0;
     {
@@ -165,18 +202,24 @@ class GPTModel {
     emb_.backward(ids, dxs_[0]);
     if (root_partial_) root_partial_->finish(*ctx_);
     if (hooks_) hooks_->after_backward(L);
-    return sum / double(cfg_.tokens());
+    return sequence_sum(sum) / double(global_.tokens());
   }
 
-  /// Mean loss of a microbatch without touching gradients (evaluation).
+ public:
+  /// Mean loss of a microbatch of whole sequences without touching gradients (evaluation).
   template <class IV, class TV>
-  double loss(const IV& ids, const TV& targets) {
-    forward_hidden(ids);
-    metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
-    if constexpr (tensor_parallel_v)
-      if (ctx_->tp.active()) return vocab_parallel_loss(targets, T(0), false) / double(cfg_.tokens());
-    return ops::cross_entropy_forward(logits_, targets) / double(cfg_.tokens());
+  double loss(const IV& ids_in, const TV& targets_in) {
+    detail_check_ids(ids_in);
+    if (ctx_->cp.active()) {
+      select_local(ids_in, ids_);
+      select_local(targets_in, targets_);
+      return loss_local(ids_, targets_);
+    }
+    return loss_local(ids_in, targets_in);
   }
+
+  /// The context-parallel axis (inactive: whole sequences on every rank).
+  const ContextSplit& context_parallel() const { return ctx_->cp; }
 
   /// Sets every gradient to zero (before a step's first microbatch).
   void zero_grad() {
@@ -229,6 +272,9 @@ class GPTModel {
       m.add(C::activations, cfg_.recompute ? "blocks.shared" : "blocks." + std::to_string(l), s->bytes());
       last = s;
     }
+    std::size_t context = 0;
+    for (const auto& b : blocks_) context += b.context_bytes();
+    if (context) m.add(C::activations, "context attention", context);
     m.add(C::activations, "ln_f", detail::bytes_of(hf_) + sf_.bytes() + detail::bytes_of(hf_full_));
     m.add(C::activations, "lm_head.logits", detail::bytes_of(logits_));
     m.add(C::buffers, "block backward workspace", ws_->bytes());
@@ -242,19 +288,47 @@ class GPTModel {
 
   /// Attaches a profiler (null detaches): kernel scopes then fence and time.
   void set_profiler(metrics::Profiler* p) { ctx_->profiler = p; }
-  /// The configuration.
-  const GPTConfig& config() const { return cfg_; }
+  /// The configuration (whole sequences, as the model was built from).
+  const GPTConfig& config() const { return global_; }
   /// The tensor-parallel split (inactive: the single-process model).
   const TensorParallel& tensor_parallel() const { return ctx_->tp; }
   /// Logits of the last forward pass ([tokens, V], or this rank's [tokens,
-  /// V / tp] vocabulary columns); after forward_backward they hold the loss
-  /// gradient instead.
+  /// V / tp] vocabulary columns; this rank's tokens under context
+  /// parallelism); after forward_backward they hold the loss gradient instead.
   const ops::Matrix<T, Space>& logits() const { return logits_; }
 
  private:
+  template <class IV, class TV>
+  double loss_local(const IV& ids, const TV& targets) {
+    forward_hidden(ids);
+    metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
+    double sum = 0;
+    if constexpr (tensor_parallel_v)
+      if (ctx_->tp.active()) return sequence_sum(vocab_parallel_loss(targets, T(0), false)) / double(global_.tokens());
+    sum = ops::cross_entropy_forward(logits_, targets);
+    return sequence_sum(sum) / double(global_.tokens());
+  }
+
+  // The loss sum of whole sequences: this rank's tokens' sum, summed over CP.
+  double sequence_sum(double local) const {
+    if (!ctx_->cp.active()) return local;
+    Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(&local, 1);
+    ctx_->cp.comm->all_reduce(v);
+    return local;
+  }
+
+  // This rank's tokens of every sequence of a [batch * seq] token array (the balanced layout).
+  template <class FV>
+  void select_local(const FV& full, const ops::Tokens<Space>& local) const {
+    const ops::BalancedPositions at{0, cfg_.seq, global_.seq, ctx_->cp.size(), ctx_->cp.rank()};
+    const std::size_t tl = cfg_.seq, seq = global_.seq;
+    Kokkos::parallel_for(
+        "weft::context_tokens", Kokkos::RangePolicy<typename Space::execution_space>(0, local.extent(0)),
+        KOKKOS_LAMBDA(std::size_t i) { local(i) = full((i / tl) * seq + at(i)); });
+  }
+
   template <class IV>
   void forward_hidden(const IV& ids) {
-    detail_check_ids(ids);
     const std::size_t L = cfg_.layers;
     if (hooks_) hooks_->before_forward(L);
     emb_.forward(ids, xs_[0]);
@@ -290,23 +364,32 @@ class GPTModel {
     }
   }
 
-  static GPTConfig checked(const GPTConfig& c, const TensorParallel& tp) {
+  static GPTConfig checked(const GPTConfig& c, const TensorParallel& tp, const ContextParallel<T, Space>& cp) {
     c.validate();
+    if (cp.size() > 1) {
+      WEFT_REQUIRE(cp.make && c.seq_shards == 1, ConfigError,
+                   "nn::GPT: context parallelism needs a ContextParallel from weft::context::attention_of and a "
+                   "config of whole sequences");
+      context::check_sequence(c.seq, cp.size(), "the sequence length (--seq)");
+    }
     // weft::validate_strategy's text; heads (and every other split size) are
     // checked by validate_tensor_parallel, which names the valid TP sizes.
     if constexpr (sequence_parallel_v)
       WEFT_REQUIRE(tp.size() > 1, ConfigError, weft::detail::sp_needs_tp_text, " (tp is ", tp.size(), ")");
-    c.validate_tensor_parallel(tp.size(), tp.sequence_parallel);
-    return c;
+    const GPTConfig local = cp.size() > 1 ? c.local_sequence(cp.size()) : c;
+    local.validate_tensor_parallel(tp.size(), tp.sequence_parallel);
+    return local;
   }
   template <class IV>
   void detail_check_ids(const IV& ids) const {
-    WEFT_REQUIRE(ids.extent(0) == cfg_.tokens(), ShapeError, "nn::GPT: got ", ids.extent(0),
-                 " token ids, but the model is built for batch ", cfg_.batch, " x seq ", cfg_.seq, " = ",
-                 cfg_.tokens());
+    WEFT_REQUIRE(ids.extent(0) == global_.tokens(), ShapeError, "nn::GPT: got ", ids.extent(0),
+                 " token ids, but the model is built for batch ", global_.batch, " x seq ", global_.seq, " = ",
+                 global_.tokens());
   }
 
-  GPTConfig cfg_;
+  GPTConfig global_;             // whole sequences, as given
+  ContextParallel<T, Space> cp_;  // the CP axis and its attention (empty: none)
+  GPTConfig cfg_;                // this rank's share of every sequence (= global_ without CP)
   ContextPtr ctx_;
   Embedding<T, Space> emb_;
   std::vector<Block<T, Space>> blocks_;
@@ -323,6 +406,7 @@ class GPTModel {
   std::shared_ptr<typename Block<T, Space>::Workspace> ws_;
   std::unique_ptr<detail::PartialGrads<T, Space>> root_partial_;  // sequence parallelism: ln_f, positions
   GroupHooks* hooks_ = nullptr;
+  ops::Tokens<Space> ids_, targets_;  // context parallelism: this rank's tokens of the microbatch
 };
 
 /// The GPT a strategy selects: nn::GPTModel of its layer policy, so that

@@ -12,5 +12,6 @@
 #include <weft/nn/mlp.hpp>
 #include <weft/nn/norm.hpp>
 #include <weft/nn/parameter.hpp>
+#include <weft/nn/sequence_attention.hpp>
 #include <weft/nn/tensor_parallel.hpp>
 #include <weft/nn/tp_comm.hpp>

@@ -142,6 +142,21 @@ struct TensorParallel {
   bool sp() const { return active() && sequence_parallel; }
 };
 
+/// The context-parallel axis of a model: each sequence of T tokens is split
+/// over its ranks in the causally balanced layout (weft::context::global_index:
+/// rank r holds chunks r and 2·cp−1−r of 2·cp), so a rank's layers see T / cp
+/// tokens per sequence. The weights are whole on every CP rank.
+struct ContextSplit {
+  /// The CP axis' communicator.
+  Comm* comm = nullptr;
+  /// Number of CP ranks (1 without a communicator).
+  std::size_t size() const { return comm ? static_cast<std::size_t>(comm->size()) : 1; }
+  /// This rank's CP index.
+  std::size_t rank() const { return comm ? static_cast<std::size_t>(comm->rank()) : 0; }
+  /// Whether the sequences are split at all (size > 1).
+  bool active() const { return size() > 1; }
+};
+
 /// Weight-gradient work that a backward pass postponed. Zero-bubble pipeline
 /// schedules split a backward into its input-gradient half (on the critical
 /// path) and its weight-gradient half (run later to fill idle time): while a
@@ -202,6 +217,7 @@ class DeferredWork {
 struct Context {
   metrics::Profiler* profiler = nullptr;
   TensorParallel tp;  ///< the TP axis (inactive: the single-process model)
+  ContextSplit cp;    ///< the CP axis (inactive: every rank holds whole sequences)
   DeferredWork* deferred_weight_grads = nullptr;
 };
 

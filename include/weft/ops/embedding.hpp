@@ -166,4 +166,50 @@ void position_backward_rows(const DYV& dy, std::size_t seq, std::size_t row0, co
       });
 }
 
+/// The global position of row i of a block of token rows of a
+/// context-parallel rank: the block starts at local row row0 of sequences of
+/// local_seq = seq / cp tokens, laid out as weft::context::global_index says
+/// (rank r holds chunks r and 2·cp−1−r of 2·cp; the formula is repeated here
+/// so that it runs inside a kernel on any backend).
+struct BalancedPositions {
+  std::size_t row0 = 0, local_seq = 1, seq = 1, cp = 1, rank = 0;
+  KOKKOS_INLINE_FUNCTION std::size_t operator()(std::size_t i) const {
+    const std::size_t t = (row0 + i) % local_seq, c = seq / (2 * cp);
+    return t < c ? rank * c + t : (2 * cp - 1 - rank) * c + (t - c);
+  }
+};
+
+/// y(i, :) += P(at(i), :): learned positions of a context-parallel rank's rows.
+template <class PV, class YV>
+void position_forward_balanced(const PV& P, const BalancedPositions& at, const YV& y) {
+  const std::size_t rows = y.extent(0), d = y.extent(1);
+  WEFT_REQUIRE(at.seq <= P.extent(0) && at.cp > 0 && at.seq % (2 * at.cp) == 0 && at.local_seq * at.cp == at.seq,
+               ConfigError, "weft::ops::position_forward_balanced: sequences of ", at.seq, " tokens over cp = ", at.cp,
+               " need a table of at least ", at.seq, " rows (it has ", P.extent(0), ") and a multiple of 2·cp tokens");
+  detail::require_extent("weft::ops::position_forward_balanced", "position table", P, 1, d);
+  Kokkos::parallel_for(
+      "weft::position_forward_balanced", detail::range(y, rows), KOKKOS_LAMBDA(std::size_t i) {
+        const std::size_t t = at(i);
+        for (std::size_t j = 0; j < d; ++j) y(i, j) += P(t, j);
+      });
+}
+
+/// dP(at(i), :) += dy(i, :) over the rows of the block, in row order per
+/// column chunk (deterministic, no atomics).
+template <class DYV, class DPV>
+void position_backward_balanced(const DYV& dy, const BalancedPositions& at, const DPV& dP) {
+  const std::size_t rows = dy.extent(0), d = dy.extent(1), C = detail::column_chunk;
+  WEFT_REQUIRE(at.seq <= dP.extent(0) && dP.extent(1) == d, ShapeError,
+               "weft::ops::position_backward_balanced: rows of sequences of length ", at.seq,
+               " do not fit a table of ", dP.extent(0), " x ", dP.extent(1));
+  Kokkos::parallel_for(
+      "weft::position_backward_balanced", detail::range(dy, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
+        const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
+        for (std::size_t i = 0; i < rows; ++i) {
+          const std::size_t t = at(i);
+          for (std::size_t jj = 0; jj < w; ++jj) dP(t, j0 + jj) += dy(i, j0 + jj);
+        }
+      });
+}
+
 }  // namespace weft::ops

@@ -21,12 +21,14 @@
 
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include <Kokkos_Core.hpp>
 
 #include <weft/comm/comm.hpp>
+#include <weft/nn/sequence_attention.hpp>
 #include <weft/core/error.hpp>
 #include <weft/ops/flash_attention.hpp>
 #include <weft/parallel/context_policy.hpp>
@@ -302,6 +304,14 @@ class ContextAttention {
   std::size_t saved_bytes() const {
     auto b = [](const auto& v) { return v.size() * sizeof(T); };
     return b(q_) + b(k_) + b(v_) + b(o_) + b(lse_) + b(kg_) + b(vg_) + b(qh_) + b(kh_) + b(vh_) + b(oh_) + b(lh_);
+  }
+
+  /// Bytes of what the last forward keeps in buffers of its own (the views
+  /// it was given are the caller's): AllGather's gathered K/V, AllToAll's
+  /// head-sharded copies; none for Ring.
+  std::size_t owned_bytes() const {
+    auto b = [](const auto& v) { return v.size() * sizeof(T); };
+    return b(kg_) + b(vg_) + b(qh_) + b(kh_) + b(vh_) + b(oh_) + b(lh_);
   }
 
   /// Drops what forward kept.
@@ -593,5 +603,49 @@ class ContextAttention {
   B3 qh_, kh_, vh_, oh_;      // AllToAll: head shards over the whole sequence
   L2 lh_;
 };
+
+namespace detail {
+// nn::SequenceAttention (what nn::Attention calls) over a ContextAttention of the variant.
+template <class Variant, class T, class Space>
+class SequenceAttentionOf final : public nn::SequenceAttention<T, Space> {
+ public:
+  using typename nn::SequenceAttention<T, Space>::View3;
+  using typename nn::SequenceAttention<T, Space>::View2;
+  SequenceAttentionOf(Comm& cp, std::size_t heads, std::size_t kv_heads, std::size_t seq, std::size_t head_dim)
+      : a_(cp, heads, kv_heads, seq, head_dim, true) {}
+  void forward(const View3& q, const View3& k, const View3& v, T scale, const View3& o, const View2& lse) override {
+    a_.forward(q, k, v, scale, o, lse);
+  }
+  void backward(const View3& dO, const View3& dq, const View3& dk, const View3& dv) override {
+    a_.backward(dO, dq, dk, dv);
+  }
+  std::size_t owned_bytes() const override { return a_.owned_bytes(); }
+
+ private:
+  ContextAttention<Variant, T, typename Space::execution_space> a_;
+};
+}  // namespace detail
+
+/// The context parallelism of a model under the CP policy `Policy`
+/// (weft::Context<Ring | AllGather | AllToAll>) over the CP communicator:
+/// what nn::GPT's constructor takes. The variant stays a type: each
+/// attention layer runs ContextAttention<Policy::variant, T, Space>.
+///
+///   weft::nn::GPT<float, S> gpt(mesh, cfg, weft::context::attention_of<weft::Context<weft::Ring>, float>(mesh.axis<weft::CP>()));
+template <class Policy, class T, class Space = Kokkos::DefaultExecutionSpace>
+nn::ContextParallel<T, Space> attention_of(Comm& cp) {
+  static_assert(is_context_policy_v<Policy>,
+                "weft::context::attention_of<Policy, T>: Policy must be weft::Context<weft::Ring>, "
+                "weft::Context<weft::AllGather> or weft::Context<weft::AllToAll> (a strategy's context_parallel)");
+  using V = typename Policy::variant;
+  nn::ContextParallel<T, Space> out;
+  out.comm = &cp;
+  out.policy = Policy::policy_name();
+  out.make = [&cp](std::size_t heads, std::size_t kv_heads, std::size_t seq, std::size_t head_dim) {
+    return std::unique_ptr<nn::SequenceAttention<T, Space>>(
+        std::make_unique<detail::SequenceAttentionOf<V, T, Space>>(cp, heads, kv_heads, seq, head_dim));
+  };
+  return out;
+}
 
 }  // namespace weft::context

@@ -35,12 +35,24 @@ template <class Model, DataParallelType DP, class Optimizer, class IV, class TV>
 optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::TokenStream& data,
                              std::uint64_t step, std::size_t global_batch, std::size_t microbatches, const IV& ids,
                              const TV& targets, double lr, double clip, metrics::Profiler* profiler = nullptr) {
-  const std::size_t p = static_cast<std::size_t>(dp.comm().size());
+  // Under context parallelism DataParallel runs over DP x CP (CP inner, as
+  // mesh.axes<DP, CP>() orders it): the CP ranks of a DP rank take the same
+  // sequences, and the model picks each rank's tokens of them.
+  std::size_t cp = 1;
+  if constexpr (requires { model.context_parallel().size(); }) {
+    const auto& split = model.context_parallel();
+    cp = split.size();
+    WEFT_REQUIRE(std::size_t(dp.comm().size()) % cp == 0 && std::size_t(dp.comm().rank()) % cp == split.rank(),
+                 ConfigError, "parallel::train_step: the model is split over ", cp,
+                 " context-parallel ranks, so DataParallel must run over the DP x CP ranks (mesh.axes<DP, CP>(), "
+                 "CP inner); it runs over ", dp.comm().size(), " ranks");
+  }
+  const std::size_t p = static_cast<std::size_t>(dp.comm().size()) / cp;
   const std::size_t mb = local_microbatch(global_batch, p, microbatches);
   WEFT_REQUIRE(mb == model.config().batch, ConfigError, "parallel::train_step: the model is built for microbatches of ",
                model.config().batch, " sequences, but batch ", global_batch, " / dp ", p, " / microbatches ",
                microbatches, " = ", mb);
-  const std::size_t first = static_cast<std::size_t>(dp.comm().rank()) * mb * microbatches;
+  const std::size_t first = static_cast<std::size_t>(dp.comm().rank()) / cp * mb * microbatches;
   optim::StepResult r;
   dp.zero_grad();
   double local = 0;
@@ -67,7 +79,8 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
     metrics::Profiler::Scope sc(profiler, "dp_parameters");
     dp.sync_parameters();
   }
-  // Every rank's microbatches have equal size: the global mean is the mean of the local means.
+  // Every rank's microbatches have equal size: the global mean is the mean of
+  // the local means (the CP ranks of a DP rank hold the same mean).
   double mean = local / double(microbatches);
   Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(&mean, 1);
   dp.comm().all_reduce(v, ReduceOp::avg);

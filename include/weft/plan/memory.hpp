@@ -109,7 +109,8 @@ inline double block_saved_elements(const ModelSpec& m, const MeshSpec& s) {
   e += 3 * n * D / sp;                                       // h1, mid, h2
   if (sp > 1) e += 2 * n * D;                                // gathered inputs of QKV and MLP up
   e += n * double(m.qkv_cols()) / tp;                        // fused Q, K, V
-  if (!m.flash_attention) e += B * heads * Tq * T;           // probabilities
+  // Context parallelism runs the blockwise kernel on every variant: no probabilities.
+  if (!m.flash_attention && s.cp == 1) e += B * heads * Tq * T;  // probabilities
   e += B * heads * Tq;                                       // log-sum-exp
   e += n * D / tp;                                           // heads before Wo
   e += routed * n * double(m.up_cols() + m.hidden()) / tp;   // MLP up output and activation
@@ -129,7 +130,7 @@ inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
   // partial input gradient before the reduce-scatter.
   const double sp = s.sequence_split();
   double e = n * double(m.qkv_cols()) / tp + n * D / tp;    // dqkv, dheads
-  if (!m.flash_attention) e += B * heads * Tq * T;           // dprobs
+  if (!m.flash_attention && s.cp == 1) e += B * heads * Tq * T;  // dprobs
   e += routed * n * double(m.up_cols() + m.hidden()) / tp;   // dup, dact
   if (sp > 1) e += 2 * n * D;                                // attention's and MLP's gathered gradients
   e += 2 * n * D / sp;                                       // dh, dmid

@@ -504,14 +504,25 @@ optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t gl
   auto& stage = ex.stage();
   using Space = typename std::remove_reference_t<decltype(stage)>::Matrix::execution_space;
   const std::size_t m = std::size_t(ex.microbatches());
-  const std::size_t ndp = dp ? std::size_t(dp->comm().size()) : 1;
+  // Under context parallelism DataParallel runs over DP x CP (CP inner, as
+  // mesh.axes<DP, CP>() orders it): the CP ranks of a DP rank take the same sequences.
+  std::size_t cp = 1;
+  if constexpr (requires { stage.context_parallel().size(); }) {
+    cp = stage.context_parallel().size();
+    WEFT_REQUIRE(cp == 1 || (dp && std::size_t(dp->comm().size()) % cp == 0 &&
+                             std::size_t(dp->comm().rank()) % cp == stage.context_parallel().rank()),
+                 ConfigError, "pipeline::train_step: the stage is split over ", cp,
+                 " context-parallel ranks, so DataParallel must run over the DP x CP ranks (mesh.axes<DP, CP>(), CP "
+                 "inner)");
+  }
+  const std::size_t ndp = dp ? std::size_t(dp->comm().size()) / cp : 1;
   const std::size_t mb = parallel::local_microbatch(global_batch, ndp, m);
   WEFT_REQUIRE(mb == stage.microbatch_samples(), ConfigError, "pipeline::train_step: the stage is built for microbatches of ",
                stage.microbatch_samples(), " samples, but batch ", global_batch, " / dp ", ndp, " / microbatches ", m, " = ", mb);
   // zb adds weight gradients after the group hooks' after_backward: zero2
   // and fsdp then reduce-scatter each group once, after its last weight half.
   if (dp) dp->set_weight_gradients_deferred(Ex::schedule_type::splits_backward);
-  const std::size_t first = (dp ? std::size_t(dp->comm().rank()) : 0) * mb * m;
+  const std::size_t first = (dp ? std::size_t(dp->comm().rank()) / cp : 0) * mb * m;
   for (std::size_t i = 0; i < m; ++i) fill(i, first + i * mb, mb);
   if (dp) {
     dp->zero_grad();

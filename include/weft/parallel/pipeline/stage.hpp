@@ -30,6 +30,7 @@
 #include <weft/metrics/memory.hpp>
 #include <weft/nn/block.hpp>
 #include <weft/nn/embedding.hpp>
+#include <weft/nn/sequence_attention.hpp>
 #include <weft/nn/tp_comm.hpp>
 #include <weft/ops/cross_entropy.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
@@ -90,10 +91,17 @@ class GPTStage {
   /// extent; with a TP policy the layers split over mesh.axis<TP>()): chunk c
   /// runs virtual stage c * pp + rank of `part`, which must have pp * chunks
   /// stages. cfg.batch is the microbatch. Collective over nothing.
+  ///
+  /// With `cp` (weft::context::attention_of of the strategy's CP policy) every
+  /// sequence is split over the CP ranks as in nn::GPT: the stage still
+  /// takes whole sequences in ids(i) and targets(i), each rank runs its
+  /// tokens, and the activations between stages stay sequence-sharded.
   template <class MeshT>
     requires requires(MeshT& m) { m.template extent<PP>(); }
-  GPTStage(MeshT& mesh, const nn::GPTConfig& cfg, const StagePartition& part, int chunks = 1)
-      : GPTStage(cfg, part, mesh.template extent<PP>(), mesh.template coord<PP>(), chunks, tp_of(mesh)) {}
+  GPTStage(MeshT& mesh, const nn::GPTConfig& cfg, const StagePartition& part, int chunks = 1,
+           nn::ContextParallel<T, Space> cp = {})
+      : GPTStage(cfg, part, mesh.template extent<PP>(), mesh.template coord<PP>(), chunks,
+                 nn::TensorParallel{tp_checked(tp_of(mesh)), sequence_parallel_v}, std::move(cp), 0) {}
 
   /// The chunks of pipeline rank `rank` of `ranks`: chunk c runs virtual stage
   /// c * ranks + rank of `part`, which must have ranks * chunks stages.
@@ -103,7 +111,7 @@ class GPTStage {
   /// does not divide over tp (heads, key/value heads, d_model, MLP width,
   /// vocabulary; with sequence parallelism the tokens of a microbatch).
   GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks = 1, Comm* tp_comm = nullptr)
-      : GPTStage(cfg, part, ranks, rank, chunks, nn::TensorParallel{tp_checked(tp_comm), sequence_parallel_v}, 0) {}
+      : GPTStage(cfg, part, ranks, rank, chunks, nn::TensorParallel{tp_checked(tp_comm), sequence_parallel_v}, {}, 0) {}
 
  private:
   template <class MeshT>
@@ -119,8 +127,11 @@ class GPTStage {
       WEFT_REQUIRE(c && c->size() > 1, ConfigError, weft::detail::sp_needs_tp_text, " (tp is ", c ? c->size() : 1, ")");
     return c;
   }
-  GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks, nn::TensorParallel tp, int)
-      : cfg_(checked(cfg, tp)), ctx_(std::make_shared<nn::Context>(nn::Context{nullptr, tp, nullptr})),
+  GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks, nn::TensorParallel tp,
+           nn::ContextParallel<T, Space> cp, int)
+      : global_(cfg), cp_(std::move(cp)), cfg_(checked(cfg, tp, cp_)),
+        ctx_(std::make_shared<nn::Context>(
+            nn::Context{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr})),
         ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
     WEFT_REQUIRE(!cfg.recompute, ConfigError,
                  "pipeline::Stage: --recompute is not supported with pipeline parallelism yet; drop it or use pp=1");
@@ -157,7 +168,8 @@ class GPTStage {
       const std::size_t end_block = std::min(k.end_unit, L + 1) - 1;
       if (end_block > k.first_block) k.blocks.reserve(end_block - k.first_block);
       for (std::size_t b = k.first_block; b < end_block; ++b) {
-        k.blocks.emplace_back(ctx_, b, cfg_, std::make_shared<typename BlockT::Saved>("pipeline.bound", empty, tp), ws_);
+        k.blocks.emplace_back(ctx_, b, cfg_, std::make_shared<typename BlockT::Saved>("pipeline.bound", empty, tp), ws_,
+                              ctx_->cp.active() ? &cp_ : nullptr);
         k.block_group.push_back(groups++);
       }
       if (k.end_unit == L + 2) {
@@ -186,8 +198,10 @@ class GPTStage {
   GPTStage(const GPTStage&) = delete;
   GPTStage& operator=(const GPTStage&) = delete;
 
-  /// The model configuration (batch = the microbatch).
-  const nn::GPTConfig& config() const { return cfg_; }
+  /// The model configuration (batch = the microbatch; whole sequences).
+  const nn::GPTConfig& config() const { return global_; }
+  /// The context-parallel axis (inactive: whole sequences on every rank).
+  const nn::ContextSplit& context_parallel() const { return ctx_->cp; }
   /// Chunks on this rank, in chunk order.
   const std::vector<Chunk>& chunks() const { return chunks_; }
   /// Chunks on this rank, in chunk order (mutable: layers and their parameters).
@@ -210,31 +224,46 @@ class GPTStage {
   /// Sequences per microbatch.
   std::size_t microbatch_samples() const { return cfg_.batch; }
   /// Loss terms per sequence (its tokens): train_step scales gradients by 1 / (batch x this).
-  std::size_t loss_terms_per_sample() const { return cfg_.seq; }
+  std::size_t loss_terms_per_sample() const { return global_.seq; }
   /// The TP communicator when the layers are split (null otherwise).
   Comm* tp_comm() const { return ctx_->tp.active() ? ctx_->tp.comm : nullptr; }
   /// Allocates the token ids and targets of `n` microbatches (the executor
   /// calls it with its microbatch count).
   void reserve_microbatches(std::size_t n) {
-    if (ids_.extent(0) >= n * cfg_.tokens()) return;
-    ids_ = ops::Tokens<Space>("pipeline.ids", n * cfg_.tokens());
-    targets_ = ops::Tokens<Space>("pipeline.targets", n * cfg_.tokens());
+    if (ids_.extent(0) >= n * global_.tokens()) return;
+    ids_ = ops::Tokens<Space>("pipeline.ids", n * global_.tokens());
+    targets_ = ops::Tokens<Space>("pipeline.targets", n * global_.tokens());
+    if (ctx_->cp.active()) {
+      local_ids_ = ops::Tokens<Space>("pipeline.context.ids", n * cfg_.tokens());
+      local_targets_ = ops::Tokens<Space>("pipeline.context.targets", n * cfg_.tokens());
+    }
   }
   /// Token ids of microbatch i ([tokens]); fill before the executor runs.
-  auto ids(std::size_t i) const { return Kokkos::subview(ids_, std::make_pair(i * cfg_.tokens(), (i + 1) * cfg_.tokens())); }
+  auto ids(std::size_t i) const {
+    return Kokkos::subview(ids_, std::make_pair(i * global_.tokens(), (i + 1) * global_.tokens()));
+  }
   /// Targets of microbatch i ([tokens]).
   auto targets(std::size_t i) const {
-    return Kokkos::subview(targets_, std::make_pair(i * cfg_.tokens(), (i + 1) * cfg_.tokens()));
+    return Kokkos::subview(targets_, std::make_pair(i * global_.tokens(), (i + 1) * global_.tokens()));
   }
   /// Forward of microbatch `mb` (its ids and targets from ids(mb), targets(mb))
   /// on chunk c; the head chunk returns the mean token loss, others 0.
   double forward_microbatch(int mb, int c, double grad_scale) {
+    if (ctx_->cp.active()) {  // this rank's tokens of the microbatch's sequences (the balanced layout)
+      const Chunk& k = chunks_.at(std::size_t(c));
+      if (k.emb) select_local(ids(std::size_t(mb)), local(local_ids_, std::size_t(mb)));
+      if (k.head) select_local(targets(std::size_t(mb)), local(local_targets_, std::size_t(mb)));
+      const double sum = forward(mb, c, local(local_ids_, std::size_t(mb)), local(local_targets_, std::size_t(mb)), grad_scale);
+      return sum / double(cfg_.tokens());
+    }
     const double sum = forward(mb, c, ids(std::size_t(mb)), targets(std::size_t(mb)), grad_scale);
     return sum / double(cfg_.tokens());
   }
   /// Backward of microbatch `mb` on chunk c (split: the input-gradient half only).
-  void backward_microbatch(int mb, int c, bool split) { backward(mb, c, ids(std::size_t(mb)), split); }
-
+  void backward_microbatch(int mb, int c, bool split) {
+    if (ctx_->cp.active()) backward(mb, c, local(local_ids_, std::size_t(mb)), split);
+    else backward(mb, c, ids(std::size_t(mb)), split);
+  }
   /// Whether virtual stage `vs` is the first one (its input is token ids).
   bool first_virtual_stage(std::size_t vs) const { return vs == 0; }
   /// Whether chunk c holds the head (computes the loss).
@@ -422,6 +451,10 @@ class GPTStage {
     });
     m.add(C::activations, "pipeline.slots", act);
     if (deferred) m.add(C::activations, "pipeline.deferred_output_gradients", deferred);
+    std::size_t context = 0;  // context parallelism: what the attention keeps of its own, per slot
+    for (const auto& k : chunks_)
+      for (const auto& b : k.blocks) context += b.context_bytes();
+    if (context) m.add(C::activations, "pipeline.context_attention", context);
     m.add(C::buffers, "pipeline.backward_workspace",
           ws_->bytes() + nn::detail::bytes_of(g_[0]) * 2 + nn::detail::bytes_of(dhf_) + nn::detail::bytes_of(dhf_full_));
     if (send_.count()) m.add(C::buffers, "pipeline.send_buffers", send_.count() * rows_ * cfg_.d_model * sizeof(T));
@@ -487,10 +520,31 @@ class GPTStage {
     }
   };
 
-  static nn::GPTConfig checked(const nn::GPTConfig& c, const nn::TensorParallel& tp) {
+  static nn::GPTConfig checked(const nn::GPTConfig& c, const nn::TensorParallel& tp,
+                              const nn::ContextParallel<T, Space>& cp) {
     c.validate();
-    c.validate_tensor_parallel(tp.size(), tp.sequence_parallel);
-    return c;
+    if (cp.size() > 1) {
+      WEFT_REQUIRE(cp.make && c.seq_shards == 1, ConfigError,
+                   "pipeline::Stage: context parallelism needs a ContextParallel from weft::context::attention_of");
+      context::check_sequence(c.seq, cp.size(), "the sequence length (--seq)");
+    }
+    const nn::GPTConfig local = cp.size() > 1 ? c.local_sequence(cp.size()) : c;
+    local.validate_tensor_parallel(tp.size(), tp.sequence_parallel);
+    return local;
+  }
+
+  // Microbatch i of a [n * tokens] array of this rank's tokens.
+  auto local(const ops::Tokens<Space>& v, std::size_t i) const {
+    return Kokkos::subview(v, std::make_pair(i * cfg_.tokens(), (i + 1) * cfg_.tokens()));
+  }
+  // This rank's tokens of every sequence of a [batch * seq] token array.
+  template <class FV, class LV>
+  void select_local(const FV& full, const LV& out) const {
+    const ops::BalancedPositions at{0, cfg_.seq, global_.seq, ctx_->cp.size(), ctx_->cp.rank()};
+    const std::size_t tl = cfg_.seq, seq = global_.seq;
+    Kokkos::parallel_for(
+        "weft::pipeline_context_tokens", Kokkos::RangePolicy<typename Space::execution_space>(0, out.extent(0)),
+        KOKKOS_LAMBDA(std::size_t i) { out(i) = full((i / tl) * seq + at(i)); });
   }
 
   bool has_root(const Chunk& k) const { return root_group_ != no_group && (k.emb || k.head); }
@@ -530,7 +584,9 @@ class GPTStage {
     return b;
   }
 
-  nn::GPTConfig cfg_;
+  nn::GPTConfig global_;              // whole sequences, as given
+  nn::ContextParallel<T, Space> cp_;  // the CP axis and its attention (empty: none)
+  nn::GPTConfig cfg_;                 // this rank's share of every sequence (= global_ without CP)
   nn::ContextPtr ctx_;
   int ranks_, rank_;
   std::size_t rows_;  // token rows of the residual stream on this rank
@@ -549,6 +605,7 @@ class GPTStage {
   detail::WeightsDone weights_done_;
   detail::SendBuffers<Matrix> send_;   // buffers of detached gradient sends
   ops::Tokens<Space> ids_, targets_;   // every microbatch of the step (reserve_microbatches)
+  ops::Tokens<Space> local_ids_, local_targets_;  // context parallelism: this rank's tokens of them
 };
 
 /// The GPT stage a strategy S gives: its layers split as S's TP policy says

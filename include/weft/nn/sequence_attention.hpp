@@ -1,0 +1,54 @@
+// What nn::Attention needs of a context-parallel strategy: attention of one
+// sequence whose tokens are sharded over the CP axis, behind an interface,
+// so that the model's type depends on the tensor-parallel policy alone and
+// the CP variant (a type, weft::Context<Ring | AllGather | AllToAll>) is
+// chosen where the model is built. parallel/context.hpp implements it with
+// context::ContextAttention<Variant, T, Space>; context::attention_of makes one.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <weft/comm/comm.hpp>
+#include <weft/ops/common.hpp>
+
+namespace weft::nn {
+
+/// Attention of one sequence over the CP axis: this rank's queries against
+/// every key, for [heads, T / cp, head_dim] views of this rank's tokens (a
+/// contiguous last dimension), in the balanced layout.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+class SequenceAttention {
+ public:
+  /// [heads, tokens, head_dim] over a [tokens, columns] matrix (no copy).
+  using View3 = Kokkos::View<T***, Kokkos::LayoutStride, typename ops::Matrix<T, Space>::device_type,
+                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  /// [heads, tokens] (the log-sum-exp of each query row).
+  using View2 = Kokkos::View<T**, Kokkos::LayoutStride, typename ops::Matrix<T, Space>::device_type,
+                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  virtual ~SequenceAttention() = default;
+  /// O = causal softmax(scale Q K^T) V over the whole sequence; lse per row.
+  /// Q, K, V, O and lse must stay unchanged until backward.
+  virtual void forward(const View3& q, const View3& k, const View3& v, T scale, const View3& o, const View2& lse) = 0;
+  /// dQ, dK, dV (overwritten) from dO for the last forward.
+  virtual void backward(const View3& dO, const View3& dq, const View3& dk, const View3& dv) = 0;
+  /// Bytes the layer itself keeps from forward to backward (beyond the views it was given).
+  virtual std::size_t owned_bytes() const = 0;
+};
+
+/// A model's context parallelism: the CP communicator and how to build the
+/// attention of one sequence (from the CP policy type, see
+/// context::attention_of). Empty (no communicator): whole sequences.
+template <class T, class Space = Kokkos::DefaultExecutionSpace>
+struct ContextParallel {
+  Comm* comm = nullptr;  ///< the CP axis
+  std::string policy;    ///< "Context<Ring>", ...
+  /// make(heads, kv_heads, seq, head_dim): attention of one sequence of seq global tokens.
+  std::function<std::unique_ptr<SequenceAttention<T, Space>>(std::size_t, std::size_t, std::size_t, std::size_t)> make;
+  /// Number of CP ranks (1 without a communicator).
+  std::size_t size() const { return comm ? static_cast<std::size_t>(comm->size()) : 1; }
+};
+
+}  // namespace weft::nn
