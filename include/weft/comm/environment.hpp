@@ -7,12 +7,17 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <weft/comm/comm.hpp>
@@ -32,6 +37,11 @@ inline const char* thread_level_name(int level) {
     default: return "unknown";
   }
 }
+
+// How long a rank that leaves the report of a failure to another rank waits
+// for that rank to end the job before it ends it itself.
+inline constexpr double quiet_end_s = 5.0;
+inline void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
 // An exception that escapes main on one rank would leave the others blocked in
 // their next collective; print it and abort the whole job instead.
@@ -83,13 +93,20 @@ class Environment {
   Environment& operator=(const Environment&) = delete;
 
   ~Environment() {
+    const int reporter = detail::Watchdog::instance().reporter();
     detail::Watchdog::instance().stop();
     world_.reset();
     const bool failing = std::uncaught_exceptions() > 0 || detail::comm_poisoned();
     if (failing && owns_mpi_) {
       // Another rank may be blocked waiting for this one: finalising could hang.
-      std::fprintf(stderr, "weft: rank %d is leaving with an error; aborting the job so that no rank waits forever\n", rank_);
-      std::fflush(stderr);
+      if (reporter >= 0 && reporter != rank_) {
+        // Another rank of this node reports the failure and ends the job:
+        // leave it the time to print, quietly.
+        detail::sleep_seconds(detail::quiet_end_s);
+      } else {
+        std::fprintf(stderr, "weft: rank %d is leaving with an error; aborting the job so that no rank waits forever\n", rank_);
+        std::fflush(stderr);
+      }
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if (owns_kokkos_) {
