@@ -1265,8 +1265,9 @@ int main(int argc, char** argv) {
   } catch (const weft::AllocationError& a) {
     return out_of_memory(a);
   } catch (const weft::Error& e) {
-    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
-    return 2;
+    // Printed once in the job: by rank 0 when every rank failed alike, else
+    // by the rank that failed (or the one elected for a deadline), which ends the job.
+    return weft::report_error_once(env, e, "train_gpt", 2);
   } catch (const std::exception& e) {  // Kokkos' own report of a failed allocation anywhere
     const auto a = weft::as_allocation_error(e);
     if (!a) throw;

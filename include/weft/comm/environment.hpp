@@ -7,12 +7,17 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <weft/comm/comm.hpp>
@@ -32,6 +37,11 @@ inline const char* thread_level_name(int level) {
     default: return "unknown";
   }
 }
+
+// How long a rank that leaves the report of a failure to another rank waits
+// for that rank to end the job before it ends it itself.
+inline constexpr double quiet_end_s = 5.0;
+inline void sleep_seconds(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
 // An exception that escapes main on one rank would leave the others blocked in
 // their next collective; print it and abort the whole job instead.
@@ -83,13 +93,20 @@ class Environment {
   Environment& operator=(const Environment&) = delete;
 
   ~Environment() {
+    const int reporter = detail::Watchdog::instance().reporter();
     detail::Watchdog::instance().stop();
     world_.reset();
     const bool failing = std::uncaught_exceptions() > 0 || detail::comm_poisoned();
     if (failing && owns_mpi_) {
       // Another rank may be blocked waiting for this one: finalising could hang.
-      std::fprintf(stderr, "weft: rank %d is leaving with an error; aborting the job so that no rank waits forever\n", rank_);
-      std::fflush(stderr);
+      if (reporter >= 0 && reporter != rank_) {
+        // Another rank of this node reports the failure and ends the job:
+        // leave it the time to print, quietly.
+        detail::sleep_seconds(detail::quiet_end_s);
+      } else {
+        std::fprintf(stderr, "weft: rank %d is leaving with an error; aborting the job so that no rank waits forever\n", rank_);
+        std::fflush(stderr);
+      }
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     if (owns_kokkos_) {
@@ -170,5 +187,85 @@ class Environment {
   int rank_ = 0;
   std::optional<Comm> world_;
 };
+
+namespace detail {
+// FNV-1a: equal messages give equal hashes on every rank.
+inline std::uint64_t message_hash(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+}  // namespace detail
+
+/// For a program's top-level catch, after an error ended this rank's work:
+/// prints "<program>: error: <message>" once in the job and ends this rank.
+/// The failing ranks first agree (on weft's own communicator, waiting at most
+/// `wait_s`: 5 s, or half of WEFT_DEADLINE when that is shorter):
+/// - every rank failed: each distinct message is printed by the lowest rank
+///   that has it (an error every rank finds: by rank 0 alone), and this
+///   returns `status`, so the job ends normally with it;
+/// - some ranks did not fail within `wait_s` (they compute, or wait for this
+///   one): the first failing rank of the node prints and ends the job with
+///   `MPI_Abort(status)`; the node's other failing ranks stay quiet.
+/// A wait past its deadline (CommError::deadline_passed) skips the agreement:
+/// the rank the watchdog elected prints, and the job ends.
+inline int report_error_once(Environment& env, const std::exception& e, const char* program, int status,
+                             double wait_s = -1) {
+  const std::string msg = e.what();
+  auto print = [&] {
+    std::fprintf(stderr, "%s: error: %s\n", program, msg.c_str());
+    std::fflush(stderr);
+  };
+  auto& watchdog = detail::Watchdog::instance();
+  auto end_job = [&](bool printed_elsewhere) {
+    if (printed_elsewhere) detail::sleep_seconds(detail::quiet_end_s);  // the reporter ends the job first
+    MPI_Abort(MPI_COMM_WORLD, status);
+    std::_Exit(status);
+  };
+  Comm& world = env.world();
+  if (world.size() == 1) {
+    print();
+    return status;
+  }
+  if (const auto* c = dynamic_cast<const CommError*>(&e); c != nullptr && c->deadline_passed()) {
+    if (!c->reported_by_another_rank()) print();
+    end_job(c->reported_by_another_rank());
+  }
+  if (wait_s < 0) {
+    const double deadline = detail::checked_defaults().deadline_s;
+    wait_s = deadline > 0 ? std::min(5.0, deadline / 2) : 5.0;
+  }
+  const std::uint64_t mine = detail::message_hash(msg);
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(world.size()));
+  MPI_Request rq = MPI_REQUEST_NULL;
+  bool everyone = false;
+  if (watchdog.errors_comm() != MPI_COMM_NULL &&
+      MPI_Iallgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, watchdog.errors_comm(), &rq) == MPI_SUCCESS) {
+    // Shown in the heartbeat table, so that a peer past its own deadline
+    // names this wait and leaves the report to this rank.
+    const auto& core = world.staging_state();
+    detail::WaitScope scope("agree on an error", core.name, core.world_ranks, 0);
+    const double t0 = detail::now_seconds();
+    for (int done = 0;;) {
+      if (MPI_Test(&rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+      if (done) {
+        everyone = true;
+        break;
+      }
+      if (detail::now_seconds() - t0 > wait_s) break;
+      detail::sleep_seconds(1e-3);
+    }
+  }
+  if (everyone) {
+    bool first = true;
+    for (int r = 0; r < world.rank(); ++r) first = first && all[static_cast<std::size_t>(r)] != mine;
+    if (first) print();
+    return status;
+  }
+  const bool here = watchdog.claim_report();
+  if (here) print();
+  end_job(!here);
+  return status;
+}
 
 }  // namespace weft

@@ -141,6 +141,8 @@ struct CommCore {
       check(rc, op);
       return;
     }
+    // Shown in the watchdog's heartbeat table (its deadline is this loop's own).
+    WaitScope scope(op, name, world_ranks, 0);
     for (long spin = 0;; ++spin) {
       int flag = 0;
       int rc = MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE);
@@ -151,12 +153,16 @@ struct CommCore {
       if (flag) break;
       const double t = now_seconds();
       if (deadline_s > 0 && t - t0 > deadline_s) {
-        exposed += t - t0;
         comm_poisoned() = true;
-        fail(op, "did not complete within the checked-mode deadline of " + std::to_string(deadline_s) + " s" +
-                     (what.empty() ? std::string() : " (" + what + ")") +
-                     ". Another rank of this axis is not taking part: it failed, or it is blocked in a different "
-                     "operation:" + peers(op) + "\nSet WEFT_DEADLINE (seconds) to allow slower peers.");
+        PeerReport r;
+        const bool here = Watchdog::instance().elect_reporter(op, name, world_ranks, deadline_s, r);
+        exposed += now_seconds() - t0;
+        throw CommError(op, name,
+                        where(op) + ": did not complete within the checked-mode deadline of " + std::to_string(deadline_s) +
+                            " s" + (what.empty() ? std::string() : " (" + what + ")") +
+                            ". Another rank of this axis is not taking part: it failed, or it is blocked in a "
+                            "different operation:" + r.text + "\nSet WEFT_DEADLINE (seconds) to allow slower peers.",
+                        here ? CommError::Deadline::report_here : CommError::Deadline::reported_by_another_rank);
       }
       if (spin > 64) std::this_thread::yield();
     }

@@ -97,6 +97,26 @@ struct alignas(64) BeatSlot {
 static_assert(std::atomic<double>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free,
               "weft's heartbeat table needs lock-free atomics in shared memory");
 
+// In front of the node's slots: which rank reports the job's failure. The
+// first rank of the node to claim it prints; every other rank of the node
+// ends quietly, so a failure seen by many waiting ranks is printed once.
+struct alignas(64) BeatHeader {
+  std::atomic<std::int32_t> reporter;  // world rank + 1 of the rank that reports; 0: none yet (the zeroed file)
+};
+
+// Where the other ranks of a communicator are, for a wait past its deadline.
+struct PeerReport {
+  std::string text;             // "\n  did not arrive: ..." lines
+  std::vector<int> missing;     // communicator ranks that did not arrive
+  std::vector<int> waiting;     // world ranks waiting in the same operation
+  // True when another rank of this node will report the same failure better:
+  // a lower world rank waits in the same operation, or every rank that did
+  // not arrive is itself waiting in another operation of this node (it is
+  // nearer the fault). `defer_since`: the latest of their waits' starts.
+  bool defer = false;
+  double defer_since = 0;
+};
+
 // What a reader saw in one slot.
 struct BeatView {
   bool known = false;  // the rank is on this node and its slot could be read
@@ -139,14 +159,16 @@ class Watchdog {
       node_ranks_.assign(static_cast<std::size_t>(n), 0);
       MPI_Allgather(&world_rank_, 1, MPI_INT, node_ranks_.data(), 1, MPI_INT, node);
       const std::string name = std::string(key) + "-" + std::to_string(node_ranks_[0]);
-      const std::size_t bytes = sizeof(BeatSlot) * static_cast<std::size_t>(n);
+      const std::size_t bytes = sizeof(BeatHeader) + sizeof(BeatSlot) * static_cast<std::size_t>(n);
       int ok = 0;
       const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
       if (fd >= 0) {
         if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
           void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
           if (p != MAP_FAILED) {
-            table_ = static_cast<BeatSlot*>(p);
+            base_ = p;
+            header_ = static_cast<BeatHeader*>(p);
+            table_ = reinterpret_cast<BeatSlot*>(static_cast<char*>(p) + sizeof(BeatHeader));
             table_bytes_ = bytes;
             ok = 1;
           }
@@ -159,7 +181,9 @@ class Watchdog {
       MPI_Comm_rank(node, &node_rank);
       if (node_rank == 0) shm_unlink(name.c_str());
       if (!all_ok && table_ != nullptr) {
-        munmap(table_, table_bytes_);
+        munmap(base_, table_bytes_);
+        base_ = nullptr;
+        header_ = nullptr;
         table_ = nullptr;
       }
       if (table_ != nullptr) {
@@ -170,7 +194,7 @@ class Watchdog {
       }
       MPI_Comm_free(&node);
     }
-    MPI_Comm_free(&c);
+    errors_ = c;
     stop_.store(false);
     wait_mark().enabled.store(true);
     thread_ = std::thread([this] { run(); });
@@ -182,9 +206,15 @@ class Watchdog {
     wait_mark().enabled.store(false);
     stop_.store(true);
     thread_.join();
-    if (table_ != nullptr) munmap(table_, table_bytes_);
+    if (base_ != nullptr) munmap(base_, table_bytes_);
+    base_ = nullptr;
+    header_ = nullptr;
     table_ = nullptr;
     mine_ = nullptr;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (errors_ != MPI_COMM_NULL && !fin) MPI_Comm_free(&errors_);
+    errors_ = MPI_COMM_NULL;
   }
 
   /// What the heartbeat table says of world rank w (known only for ranks of this node).
@@ -221,11 +251,22 @@ class Watchdog {
   /// `op` on `axis`: the ranks that did not arrive
   /// (and why, where the table can tell), the ranks that wait too, and those
   /// on other nodes. `missing` gets the communicator ranks that did not
-  /// arrive; `waiting` those that wait in the same operation (the lowest of
-  /// them and this rank prints the report).
+  /// arrive; `waiting` the world ranks that wait in the same operation.
   std::string report(const char* op, const std::string& axis, const std::vector<int>& world_ranks,
                      std::vector<int>* missing = nullptr, std::vector<int>* waiting = nullptr) const {
+    PeerReport r = survey(op, axis, world_ranks);
+    if (missing) *missing = r.missing;
+    if (waiting) *waiting = r.waiting;
+    return r.text;
+  }
+
+  /// The report() of a wait, with what the election of the reporter needs.
+  PeerReport survey(const char* op, const std::string& axis, const std::vector<int>& world_ranks) const {
+    PeerReport r;
     const double now = steady_seconds();
+    bool root = false;  // a rank that did not arrive is stopped, dead, busy, or on another node
+    double lower_since = 0, elsewhere_since = 0;
+    bool lower = false, elsewhere_wait = false;
     std::string gone, here, elsewhere;
     auto list = [](std::string& s, const std::string& item) { s += (s.empty() ? "" : ", ") + item; };
     auto secs = [](double s) {
@@ -240,25 +281,42 @@ class Watchdog {
       const BeatView v = view(w);
       if (!v.known) {
         list(elsewhere, std::to_string(a));
+        root = true;
         continue;
       }
       const std::string pid = ", pid " + std::to_string(v.pid) + ")";
       if (now - v.beat > stale_s) {
         list(gone, who + pid + " has not run for " + secs(now - v.beat) + ": it is stopped (SIGSTOP, a debugger) or dead");
-        if (missing) missing->push_back(static_cast<int>(a));
+        r.missing.push_back(static_cast<int>(a));
+        root = true;
       } else if (v.since > 0 && v.op == op && v.axis == axis) {
         list(here, std::to_string(a));
         // Every rank waiting in the same operation counts, however long: a
         // lower rank whose own deadline is a moment later prints, not this one.
-        if (waiting) waiting->push_back(w);
+        r.waiting.push_back(w);
+        if (w < world_rank_) {
+          lower = true;
+          lower_since = std::max(lower_since, v.since);
+        }
       } else if (v.since > 0) {
         list(gone, who + pid + " has been waiting in " + v.op + " on axis '" + v.axis + "' for " +
                        secs(now - v.since));
-        if (missing) missing->push_back(static_cast<int>(a));
+        r.missing.push_back(static_cast<int>(a));
+        elsewhere_wait = true;
+        elsewhere_since = std::max(elsewhere_since, v.since);
       } else {
         list(gone, who + pid + " is running but not in a weft collective (computing, or blocked outside weft)");
-        if (missing) missing->push_back(static_cast<int>(a));
+        r.missing.push_back(static_cast<int>(a));
+        root = true;
       }
+    }
+    if (lower) {
+      r.defer = true;
+      r.defer_since = lower_since;
+    }
+    if (elsewhere_wait && !root) {
+      r.defer = true;
+      r.defer_since = std::max(r.defer_since, elsewhere_since);
     }
     std::string out;
     if (!gone.empty()) out += "\n  did not arrive: " + gone;
@@ -266,10 +324,56 @@ class Watchdog {
     if (!elsewhere.empty())
       out += "\n  on other nodes (not observed from this one; their nodes report them): rank(s) " + elsewhere;
     if (out.empty()) out = "\n  (no other rank)";
-    return out;
+    r.text = std::move(out);
+    return r;
+  }
+
+  /// The world rank that reports the job's failure on this node, or -1 when
+  /// none has claimed it yet.
+  int reporter() const noexcept {
+    if (header_ == nullptr) return local_reporter_.load() - 1;
+    return header_->reporter.load() - 1;
+  }
+
+  /// Claims the report of the job's failure for this rank; true when this
+  /// rank reports it (it claimed first, or already had). Without the
+  /// node-shared table every rank reports its own.
+  bool claim_report() noexcept {
+    std::int32_t none = 0;
+    if (header_ == nullptr) {
+      local_reporter_.compare_exchange_strong(none, world_rank_ + 1);
+      return true;
+    }
+    if (header_->reporter.compare_exchange_strong(none, world_rank_ + 1)) return true;
+    return none == world_rank_ + 1;
+  }
+
+  /// Elects the rank of this node that prints the failure of a wait past its
+  /// deadline; true when it is this one. A rank that another rank of the node
+  /// reports better (PeerReport::defer) waits for that one's claim, at most
+  /// until those ranks' own waits are `deadline_s` + 1 s old, and never longer
+  /// than `deadline_s` + 1 s from now; then the first to claim prints.
+  /// `out` gets the report as it stands when the election ends.
+  bool elect_reporter(const char* op, const std::string& axis, const std::vector<int>& world_ranks, double deadline_s,
+                      PeerReport& out) {
+    const double grace_s = 1.0;
+    const double give_up = steady_seconds() + std::max(deadline_s, 0.0) + grace_s;
+    for (;;) {
+      out = survey(op, axis, world_ranks);
+      const int r = reporter();
+      if (r >= 0) return r == world_rank_;
+      const double now = steady_seconds();
+      if (!out.defer || now > give_up || now > out.defer_since + deadline_s + grace_s) return claim_report();
+      if (mine_ != nullptr) mine_->beat.store(now);  // still running: the others must not count this rank stopped
+      std::this_thread::sleep_for(std::chrono::duration<double>(period_s));
+    }
   }
 
   int world_rank() const noexcept { return world_rank_; }
+
+  /// weft's own duplicate of MPI_COMM_WORLD for agreeing on an error after
+  /// a failure (never used by an operation that could be left pending).
+  MPI_Comm errors_comm() const noexcept { return errors_; }
 
  private:
   Watchdog() = default;
@@ -321,12 +425,11 @@ class Watchdog {
   }
 
   // The deadline of the main thread's wait passed: say who did not arrive
-  // (once: the lowest world rank of this node that waits in the same
-  // operation past its deadline prints) and end the job on every rank.
+  // (once per node: elect_reporter) and end the job on every rank.
   [[noreturn]] void end_job(const WaitMark& m) {
-    std::vector<int> waiting;
-    const std::string peers = report(m.op, *m.axis, *m.world_ranks, nullptr, &waiting);
-    const bool printer = std::all_of(waiting.begin(), waiting.end(), [&](int w) { return w > world_rank_; });
+    PeerReport r;
+    const bool printer = elect_reporter(m.op, *m.axis, *m.world_ranks, m.deadline_s, r);
+    const std::string& peers = r.text;
     if (printer) {
       char head[512];
       std::snprintf(head, sizeof head,
@@ -351,8 +454,12 @@ class Watchdog {
   std::atomic<bool> stop_{false};
   int world_rank_ = 0;
   std::vector<int> node_ranks_;  // world ranks of this node's slots, in slot order
+  void* base_ = nullptr;  // the mapping: header, then the slots
+  BeatHeader* header_ = nullptr;
   BeatSlot* table_ = nullptr;
   std::size_t table_bytes_ = 0;
+  std::atomic<std::int32_t> local_reporter_{0};  // reporter() without a node-shared table
+  MPI_Comm errors_ = MPI_COMM_NULL;
   BeatSlot* mine_ = nullptr;
 };
 

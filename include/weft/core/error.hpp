@@ -41,16 +41,27 @@ class IoError : public Error {
 /// a deadline passed in checked mode. Carries the operation and the axis.
 class CommError : public Error {
  public:
-  CommError(std::string operation, std::string axis, const std::string& what)
-      : Error(what), operation_(std::move(operation)), axis_(std::move(axis)) {}
+  /// How a wait past its deadline is reported in the job: every waiting rank
+  /// raises one, and one rank of the node is elected to print it.
+  enum class Deadline { no, report_here, reported_by_another_rank };
+
+  CommError(std::string operation, std::string axis, const std::string& what, Deadline deadline = Deadline::no)
+      : Error(what), operation_(std::move(operation)), axis_(std::move(axis)), deadline_(deadline) {}
   /// The weft operation that failed, e.g. "all_reduce".
   const std::string& operation() const noexcept { return operation_; }
   /// The name of the communicator's mesh axis (or axis group), e.g. "tp" or "dp*cp".
   const std::string& axis() const noexcept { return axis_; }
+  /// Whether this is a wait past its deadline (the job cannot go on: a peer
+  /// failed or hangs).
+  bool deadline_passed() const noexcept { return deadline_ != Deadline::no; }
+  /// True when another rank of this node was elected to print this failure
+  /// (it names the same ranks): print nothing and end the job non-zero.
+  bool reported_by_another_rank() const noexcept { return deadline_ == Deadline::reported_by_another_rank; }
 
  private:
   std::string operation_;
   std::string axis_;
+  Deadline deadline_ = Deadline::no;
 };
 
 namespace detail {

@@ -347,14 +347,20 @@ class Executor {
   }
 
   /// Ends the run with the CommError of a wait past its deadline.
+  /// Every waiting rank raises it; one rank of the node, elected by the
+  /// watchdog, is told to print it (CommError::reported_by_another_rank).
   [[noreturn]] void deadline_passed(const std::string& what) {
     weft::detail::comm_poisoned() = true;  // pending requests must not be waited for at destruction
+    const auto& core = pp_.staging_state();
+    weft::detail::PeerReport r;
+    const bool here = weft::detail::Watchdog::instance().elect_reporter(pipeline_wait, core.name, core.world_ranks,
+                                                                        o_.deadline_s, r);
     throw CommError("pipeline", pp_.name(),
                     "pipeline rank " + std::to_string(pp_.rank()) + " (schedule " + schedule() + "): waited " +
                         std::to_string(o_.deadline_s) + " s to " + what +
                         " without completing: a pipeline peer failed or hangs (deadline: "
-                        "ExecutorOptions::deadline_s, WEFT_DEADLINE). The pipeline's other ranks:" +
-                        pp_.staging_state().peers(pipeline_wait));
+                        "ExecutorOptions::deadline_s, WEFT_DEADLINE). The pipeline's other ranks:" + r.text,
+                    here ? CommError::Deadline::report_here : CommError::Deadline::reported_by_another_rank);
   }
 
   /// Sum over this pipeline of `x` (a step-level reduction), with the deadline.
