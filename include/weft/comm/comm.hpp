@@ -290,6 +290,9 @@ class Comm {
   /// the axis and the ranks that did not arrive (the watchdog of
   /// weft::Environment keeps that bound; without an Environment it is not kept).
   double deadline() const noexcept { return core_->deadline_s; }
+  /// This communicator's ranks as ranks of MPI_COMM_WORLD (what the
+  /// watchdog's reports name).
+  const std::vector<int>& world_ranks() const noexcept { return core_->world_ranks; }
   /// Sets deadline(); 0 turns the bound off for this communicator (the
   /// process default comes from WEFT_DEADLINE, 60 s when unset).
   void set_deadline(double seconds) {

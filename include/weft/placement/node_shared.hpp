@@ -95,12 +95,17 @@ struct SyncSite {
   int rank = 0, size = 1;
   bool checked = false;
   double deadline = 60.0;
+  std::vector<int> world_ranks;  // the communicator's ranks in MPI_COMM_WORLD, for the watchdog's report
 };
-inline SyncSite sync_site(const Comm& c) { return {c.native(), c.name(), c.rank(), c.size(), c.checked(), c.deadline()}; }
+inline SyncSite sync_site(const Comm& c) {
+  return {c.native(), c.name(), c.rank(), c.size(), c.checked(), c.deadline(), c.world_ranks()};
+}
 
 // Completes a small collective of the node-shared paths. In checked mode
 // (Comm::set_checked) the wait has the communicator's deadline and becomes a
-// CommError instead of a hang; otherwise the blocking call runs.
+// CommError instead of a hang; otherwise the blocking call runs, marked for
+// the watchdog like every blocking collective of Comm, so the default mode's
+// deadline bounds it too and the report names the ranks that did not arrive.
 template <class NonBlocking, class Blocking>
 void shared_collective(const SyncSite& site, const char* op, const std::string& what, NonBlocking&& nb,
                        Blocking&& blocking) {
@@ -110,7 +115,11 @@ void shared_collective(const SyncSite& site, const char* op, const std::string& 
                                        ": " + why);
   };
   if (!site.checked) {
-    const int rc = blocking();
+    int rc = MPI_SUCCESS;
+    {
+      weft::detail::WaitScope scope(op, site.name, site.world_ranks, site.deadline);
+      rc = blocking();
+    }
     if (rc != MPI_SUCCESS) fail(mpi_error_text(rc));
     return;
   }
