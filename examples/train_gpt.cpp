@@ -592,7 +592,9 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   // collective staging) and temporary (everything else: scratch, gathered groups).
   std::size_t comm_buffers = 0;
   for (const auto& item : ledger.items())
-    if (item.label == "dp.communication_buffers") comm_buffers += item.bytes;
+    if (item.label == "dp.communication_buffers" || item.label == "context attention buffers" ||
+        item.label == "pipeline.context_attention_buffers")
+      comm_buffers += item.bytes;
   // Exposed communication by the kinds (summed over all steps, this rank).
   const weft::CommStats stats = comm.stats();  // read before the gathers below add their own calls
   const weft::CommStats tp_now = tpc.stats();
@@ -805,7 +807,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
     rec.set("mfu_cpu_time", flops_per_token * tps_cpu / peak.cpu);
     rec.set("memory_bytes", memory);
     rec.set("memory_bytes_per_rank", Json(per_rank));
-    rec.set("memory_note", "per rank: the five ledger categories; buffers = temporary + communication (dp.communication_buffers), the planner's split; total = all five");
+    rec.set("memory_note", "per rank: the five ledger categories; buffers = temporary + communication (dp.communication_buffers and the context attention buffers), the planner's split; total = all five");
     rec.set("exposed_comm_seconds", exposed_comm);
     rec.set("exposed_comm_seconds_after_warmup", exposed_steady);
     rec.set("exposed_comm_seconds_per_rank", Json(exposed_per_rank));
@@ -1182,7 +1184,8 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
   train_gpt_checks::RunShape shape;
   shape.model = o.model;
   shape.batch = o.batch;
-  shape.dp = std::size_t(c.ndp), shape.tp = std::size_t(ntp), shape.pp = std::size_t(o.pp);
+  shape.dp = std::size_t(c.ndp), shape.tp = std::size_t(ntp), shape.pp = std::size_t(o.pp), shape.cp = std::size_t(o.cp);
+  shape.context = o.context;
   shape.sequence_parallel = o.sequence_parallel;
   shape.dp_mode = o.dp_mode;
   shape.schedule = o.schedule;

@@ -144,6 +144,8 @@ struct RunShape {
   weft::nn::GPTConfig model;  ///< with model.batch = the sequences of one microbatch on one rank
   std::size_t batch = 8;      ///< global batch (--batch)
   std::size_t dp = 1, tp = 1, pp = 1;  ///< the mesh (--mesh), dp resolved from the world size
+  std::size_t cp = 1;                  ///< context-parallel ranks (--mesh cp=N)
+  std::string context = "ring";        ///< --context, with cp > 1
   bool sequence_parallel = false;      ///< --sequence-parallel
   weft::parallel::DPMode dp_mode = weft::parallel::DPMode::replicate;  ///< --dp
   std::string schedule = "1f1b";   ///< with pp > 1
@@ -165,8 +167,9 @@ inline std::pair<weft::plan::ModelSpec, weft::plan::MeshSpec> plan_of(const RunS
   m.recompute = c.recompute;
   m.optimizer = r.optimizer == "sgd" ? Optimizer::sgd : Optimizer::adamw;
   m.sgd_momentum = r.momentum > 0;
-  MeshSpec s{.dp = r.dp, .tp = r.tp, .pp = r.pp, .mode = r.dp_mode, .sequence_parallel = r.sequence_parallel};
+  MeshSpec s{.dp = r.dp, .tp = r.tp, .pp = r.pp, .cp = r.cp, .mode = r.dp_mode, .sequence_parallel = r.sequence_parallel};
   if (r.pp > 1) std::tie(s.schedule, s.chunks) = parse_schedule_name(r.schedule);
+  if (r.cp > 1) s.context = parse_context_name(r.context);
   return {m, s};
 }
 
@@ -213,6 +216,11 @@ inline std::vector<std::string> reductions(const RunShape& r) {
     a.model.seq = r.model.seq / 2;
     offer("--seq " + std::to_string(a.model.seq), a);
   }
+  if (r.model.seq % (4 * r.cp) == 0) {  // the sequence over twice the CP ranks (ring: any heads)
+    RunShape a = r;
+    a.cp = r.cp * 2;
+    offer("cp=" + std::to_string(a.cp) + " in --mesh on " + std::to_string(r.dp * r.tp * r.pp * a.cp) + " ranks", a);
+  }
   for (std::size_t t = r.tp * 2; t <= r.model.heads; t *= 2) {
     try {
       r.model.validate_tensor_parallel(t, r.sequence_parallel);
@@ -221,7 +229,7 @@ inline std::vector<std::string> reductions(const RunShape& r) {
     }
     RunShape a = r;
     a.tp = t;
-    offer("tp=" + std::to_string(t) + " in --mesh on " + std::to_string(r.dp * t * r.pp) + " ranks", a);
+    offer("tp=" + std::to_string(t) + " in --mesh on " + std::to_string(r.dp * t * r.pp * r.cp) + " ranks", a);
     break;
   }
   return out;

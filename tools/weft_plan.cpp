@@ -191,10 +191,18 @@ weft::metrics::Json top_reasons_json(const std::vector<std::vector<std::string>>
   return weft::metrics::Json(out);
 }
 
-std::string mesh_name(const MeshSpec& s) {
+// train_gpt's --mesh value of a layout.
+std::string mesh_flag(const MeshSpec& s) {
   std::string r = "dp=" + std::to_string(s.dp) + ",tp=" + std::to_string(s.tp) + ",pp=" + std::to_string(s.pp) +
                   ",cp=" + std::to_string(s.cp);
   if (s.ep > 1) r += ",ep=" + std::to_string(s.ep);
+  return r;
+}
+
+// A layout as the tables name it: the mesh and, with cp > 1, the context variant.
+std::string mesh_name(const MeshSpec& s) {
+  std::string r = mesh_flag(s);
+  if (s.cp > 1) r.append(":").append(to_string(s.context));
   return r;
 }
 
@@ -272,13 +280,6 @@ double number_at(const JsonValue& v, std::initializer_list<const char*> path, co
   return x->number;
 }
 
-std::string mesh_flag(const MeshSpec& s) {
-  std::string r = "dp=" + std::to_string(s.dp) + ",tp=" + std::to_string(s.tp) + ",pp=" + std::to_string(s.pp) +
-                  ",cp=" + std::to_string(s.cp);
-  if (s.ep > 1) r += ",ep=" + std::to_string(s.ep);
-  return r;
-}
-
 // One candidate --run-top trained (or skipped) and what its record says.
 struct TopRun {
   const Candidate* c = nullptr;
@@ -335,6 +336,7 @@ std::vector<TopRun> run_candidates(const Args& a, const ModelSpec& m, const Topo
                           std::string("--dp"), std::string(to_string(c.mesh.mode))})
       args.push_back(x);
     if (c.mesh.pp > 1) args.insert(args.end(), {"--schedule", schedule_name(c.mesh.schedule, c.mesh.chunks)});
+    if (c.mesh.cp > 1) args.insert(args.end(), {"--context", to_string(c.mesh.context)});
     const std::string tag = dir + "/candidate" + std::to_string(rank);
     std::vector<std::string> check = args;
     check.push_back("--check");
@@ -484,15 +486,14 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
             .set("compute_s", c.compute_s).set("bubble", c.bubble).set("tp_s", c.tp_s).set("cp_s", c.cp_s)
             .set("ep_s", c.ep_s).set("pp_s", c.pp_s).set("dp_s", c.dp_s);
         // The busiest pipeline rank's bytes per collective kind (CommStats convention).
-        CommVolume v = comm_volume(m, c.mesh, 0);
-        for (std::size_t r = 1; r < c.mesh.pp; ++r) {
-          const CommVolume o = comm_volume(m, c.mesh, r);
-          if (o.pp_send + o.tp_all_reduce + o.tp_all_gather > v.pp_send + v.tp_all_reduce + v.tp_all_gather) v = o;
-        }
-        j.set("schedule", schedule_of(c.mesh))
+        const CommVolume v = busiest_comm_volume(m, c.mesh);
+        j.set("schedule", schedule_of(c.mesh)).set("context", c.mesh.cp > 1 ? to_string(c.mesh.context) : "none")
             .set("comm_bytes_per_step", Json::object().set("tp_all_reduce", v.tp_all_reduce).set("tp_all_gather", v.tp_all_gather)
                                             .set("tp_reduce_scatter", v.tp_reduce_scatter).set("pp_send", v.pp_send)
-                                            .set("pp_recv", v.pp_recv));
+                                            .set("pp_recv", v.pp_recv).set("cp_send", v.cp_send)
+                                            .set("cp_all_gather", v.cp_all_gather)
+                                            .set("cp_reduce_scatter", v.cp_reduce_scatter)
+                                            .set("cp_all_to_all", v.cp_all_to_all));
         cands.push_back(j);
       } else {
         Json::Array rs;

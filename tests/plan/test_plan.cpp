@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include <weft/plan/json_read.hpp>
 #include <weft/plan/meshes.hpp>
@@ -223,38 +224,72 @@ TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size
   }
 }
 
-TEST_CASE("the model matches the context-parallel GPT's ledger at cp = world size within 15 % per category") {
+TEST_CASE("context parallelism: the planner's memory and CP traffic equal the GPT's ledger and CommStats, per variant") {
   auto& world = weft::test::world();
   const std::size_t cp = std::size_t(world.size());
   if (cp == 1 || 16 % (2 * cp) != 0) return;  // the small model's 16 tokens bound cp; cp = 1 is the single-process case
   weft::Mesh<weft::DP, weft::CP> mesh(world, 1, int(cp));
-  using S = weft::Strategy<weft::On<weft::CP, weft::Context<weft::Ring>>>;
-  for (bool swiglu : {false, true}) {
-    CAPTURE(swiglu);
-    auto cfg = small_gpt(swiglu, false, 0);
-    weft::nn::GPT<float, S> gpt(mesh, cfg, weft::context::attention_of<S::context_parallel, float>(mesh.axis<weft::CP>()));
+  auto& cpc = mesh.axis<weft::CP>();
+  using K = weft::CommKind;
+  auto one = [&]<class Policy>(std::type_identity<Policy>, weft::plan::ContextKind kind, bool swiglu, bool recompute,
+                               std::size_t kv) {
+    using S = weft::Strategy<weft::On<weft::CP, Policy>>;
+    auto cfg = small_gpt(swiglu, recompute, kv);
+    weft::nn::GPT<float, S> gpt(mesh, cfg, weft::context::attention_of<Policy, float>(cpc));
     weft::parallel::DataParallelOf<float, S> ddp(mesh.axes<weft::DP, weft::CP>(), gpt.parameter_groups());
     gpt.set_hooks(&ddp);
     weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
+    cpc.reset_stats();
     one_step(gpt, ddp, opt, cfg, 1.0 / double(cfg.tokens()));
+    const weft::CommStats st = cpc.stats();
     const auto m = ddp.memory();
     const auto g = gpt.memory();
-    const auto b = weft::plan::training_memory(spec_of(cfg), MeshSpec{.cp = cp}, 0.0);
-    const std::string tag = "cp=" + std::to_string(cp) + " ";
+    const MeshSpec spec{.cp = cp, .context = kind};
+    const auto b = weft::plan::training_memory(spec_of(cfg), spec, 0.0);
+    const auto v = weft::plan::comm_volume(spec_of(cfg), spec, 0);
+    const std::string tag = std::string("cp=") + std::to_string(cp) + " " + to_string(kind) + " ";
     within(b.parameters, double(m.bytes(C::parameters)), tag + "parameters");
     within(b.gradients, double(m.bytes(C::gradients)), tag + "gradients");
     within(b.optimizer_state, double(opt.memory().bytes(C::optimizer_state)), tag + "optimizer state");
-    // Ring keeps nothing of its own and no probabilities: the saved
-    // activations and the backward scratch are exact (a probabilities term
-    // would add B x heads x T/cp x T floats per block).
+    // Exact: what each attention keeps of its own (AllGather's K/V, AllToAll's
+    // head shards; nothing for Ring) is in the activations, its largest set of
+    // exchange buffers is the communication term, the rest of the buffers the
+    // backward scratch; and the CP axis carries exactly the predicted bytes.
+    const double buffers = double(label_bytes(g, "context attention buffers"));
     CHECK(double(g.bytes(C::activations)) == b.activations);
-    CHECK(double(g.bytes(C::buffers)) == b.temporary);
+    CHECK(double(g.bytes(C::buffers)) - buffers == b.temporary);
+    CHECK(buffers == b.communication);
+    CHECK(buffers > 0);
+    CHECK(double(st[K::send].bytes) == v.cp_send);
+    CHECK(double(st[K::recv].bytes) == v.cp_recv);
+    CHECK(double(st[K::all_gather].bytes) == v.cp_all_gather);
+    CHECK(double(st[K::reduce_scatter].bytes) == v.cp_reduce_scatter);
+    CHECK(double(st[K::all_to_all].bytes) == v.cp_all_to_all);
+    CHECK(double(st[K::send].calls + st[K::all_gather].calls + st[K::reduce_scatter].calls + st[K::all_to_all].calls) ==
+          v.cp_calls);
+    CHECK(double(st[K::all_reduce].bytes) == v.cp_all_reduce);  // the loss; the gradients reduce over DP x CP
     if (world.rank() == 0)
-      std::printf("validation cp=%zu swiglu=%d parameters %zu/%.0f activations %zu/%.0f temporary %zu/%.0f\n", cp,
-                  int(swiglu), m.bytes(C::parameters), b.parameters, g.bytes(C::activations), b.activations,
-                  g.bytes(C::buffers), b.temporary);
+      std::printf("validation cp=%zu %-9s swiglu=%d recompute=%d kv=%zu activations %zu/%.0f temporary %.0f/%.0f "
+                  "buffers %.0f/%.0f cp-bytes %llu/%.0f\n",
+                  cp, to_string(kind), int(swiglu), int(recompute), cfg.kv(), g.bytes(C::activations), b.activations,
+                  double(g.bytes(C::buffers)) - buffers, b.temporary, buffers, b.communication,
+                  static_cast<unsigned long long>(st[K::send].bytes + st[K::all_gather].bytes +
+                                                  st[K::reduce_scatter].bytes + st[K::all_to_all].bytes),
+                  v.cp_send + v.cp_all_gather + v.cp_reduce_scatter + v.cp_all_to_all);
     gpt.set_hooks(nullptr);
-  }
+  };
+  using weft::plan::ContextKind;
+  for (bool swiglu : {false, true})
+    for (bool recompute : {false, true})
+      for (std::size_t kv : {std::size_t(0), std::size_t(2), std::size_t(1)}) {
+        CAPTURE(swiglu);
+        CAPTURE(recompute);
+        CAPTURE(kv);
+        one(std::type_identity<weft::Context<weft::Ring>>{}, ContextKind::ring, swiglu, recompute, kv);
+        one(std::type_identity<weft::Context<weft::AllGather>>{}, ContextKind::allgather, swiglu, recompute, kv);
+        if (weft::context::alltoall_fits(4, kv ? kv : 4, cp))
+          one(std::type_identity<weft::Context<weft::AllToAll>>{}, ContextKind::alltoall, swiglu, recompute, kv);
+      }
 }
 
 TEST_CASE("enumeration: divisors in ascending order, found up to the square root") {

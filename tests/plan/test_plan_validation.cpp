@@ -256,10 +256,13 @@ TEST_CASE("tensor parallelism: the predicted bytes per collective kind equal a r
   const std::size_t tp = std::size_t(w.size());
   if (tp < 2 || 4 % tp != 0) return;
   for (bool swiglu : {false, true})
-    for (bool sp : {false, true}) {
+    for (bool sp : {false, true})
+    for (bool recompute : {false, true}) {
       CAPTURE(swiglu);
       CAPTURE(sp);
+      CAPTURE(recompute);
       weft::nn::GPTConfig c;
+      c.recompute = recompute;
       c.layers = 2;
       c.d_model = 32;
       c.heads = 4;
@@ -293,9 +296,9 @@ TEST_CASE("tensor parallelism: the predicted bytes per collective kind equal a r
       CHECK(double(st[K::all_gather].bytes) == v.tp_all_gather);
       CHECK(double(st[K::reduce_scatter].bytes) == v.tp_reduce_scatter);
       if (w.rank() == 0)
-        std::printf("validation tp=%zu sp=%d swiglu=%d all_reduce %llu/%.0f all_gather %llu/%.0f "
+        std::printf("validation tp=%zu sp=%d swiglu=%d recompute=%d all_reduce %llu/%.0f all_gather %llu/%.0f "
                     "reduce_scatter %llu/%.0f\n",
-                    tp, int(sp), int(swiglu), static_cast<unsigned long long>(st[K::all_reduce].bytes), v.tp_all_reduce,
+                    tp, int(sp), int(swiglu), int(recompute), static_cast<unsigned long long>(st[K::all_reduce].bytes), v.tp_all_reduce,
                     static_cast<unsigned long long>(st[K::all_gather].bytes), v.tp_all_gather,
                     static_cast<unsigned long long>(st[K::reduce_scatter].bytes), v.tp_reduce_scatter);
     }

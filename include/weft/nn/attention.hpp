@@ -9,6 +9,7 @@
 // the ranks in each direction.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -129,6 +130,16 @@ class Attention {
     std::size_t n = 0;
     for (const auto& [key, v] : seq_attn_)
       for (const auto& a : v) n += a->owned_bytes();
+    return n;
+  }
+
+  /// The most bytes of exchange buffers the context-parallel attention has
+  /// held at once (one sequence at a time, so a peak over its sequences;
+  /// 0 without CP).
+  std::size_t context_buffer_bytes() const {
+    std::size_t n = 0;
+    for (const auto& [key, v] : seq_attn_)
+      for (const auto& a : v) n = std::max(n, a->peak_buffer_bytes());
     return n;
   }
 

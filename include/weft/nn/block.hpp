@@ -147,6 +147,8 @@ class Block {
   }
   /// Bytes the block's context-parallel attention keeps of its own (0 without CP).
   std::size_t context_bytes() const { return attn_.context_bytes(); }
+  /// The context-parallel attention's peak of exchange buffers (Attention::context_buffer_bytes).
+  std::size_t context_buffer_bytes() const { return attn_.context_buffer_bytes(); }
   /// The activations this block writes (shared with other blocks under recompute).
   const std::shared_ptr<Saved>& saved() const { return s_; }
 

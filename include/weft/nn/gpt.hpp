@@ -13,6 +13,7 @@
 // give the same type, nn::GPTModel<T, Space, LayerPolicy>.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -275,6 +276,9 @@ class GPTModel {
     std::size_t context = 0;
     for (const auto& b : blocks_) context += b.context_bytes();
     if (context) m.add(C::activations, "context attention", context);
+    std::size_t context_buffers = 0;  // blocks run one after another: the largest, not the sum
+    for (const auto& b : blocks_) context_buffers = std::max(context_buffers, b.context_buffer_bytes());
+    if (context_buffers) m.add(C::buffers, "context attention buffers", context_buffers);
     m.add(C::activations, "ln_f", detail::bytes_of(hf_) + sf_.bytes() + detail::bytes_of(hf_full_));
     m.add(C::activations, "lm_head.logits", detail::bytes_of(logits_));
     m.add(C::buffers, "block backward workspace", ws_->bytes());

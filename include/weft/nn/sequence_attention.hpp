@@ -36,6 +36,9 @@ class SequenceAttention {
   virtual void backward(const View3& dO, const View3& dq, const View3& dk, const View3& dv) = 0;
   /// Bytes the layer itself keeps from forward to backward (beyond the views it was given).
   virtual std::size_t owned_bytes() const = 0;
+  /// The most bytes of exchange and scratch buffers the layer has held at
+  /// once during one forward or backward so far (freed when each returns).
+  virtual std::size_t peak_buffer_bytes() const = 0;
 };
 
 /// A model's context parallelism: the CP communicator and how to build the

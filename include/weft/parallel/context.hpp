@@ -314,6 +314,11 @@ class ContextAttention {
     return b(kg_) + b(vg_) + b(qh_) + b(kh_) + b(vh_) + b(oh_) + b(lh_);
   }
 
+  /// The most bytes of exchange and scratch buffers held at once during one
+  /// forward or backward so far (they are freed when it returns): the
+  /// planner's context_buffer_elements predicts it.
+  std::size_t peak_buffer_bytes() const { return peak_buffers_ * sizeof(T); }
+
   /// Drops what forward kept.
   void release() {
     q_ = {};
@@ -368,6 +373,7 @@ class ContextAttention {
     const std::size_t qn = causal_ ? C : tl;  // queries per kernel call
     B3 op(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.o_part"), H_, qn, hd_);
     L2 lp(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.lse_part"), H_, qn);
+    note_buffers(cur, next, op, lp);
     const int to = int((r + 1) % P), from = int((r + P - 1) % P);
     for (std::size_t s = 0; s < P; ++s) {
       const std::size_t src = (r + P - s) % P;
@@ -411,6 +417,7 @@ class ContextAttention {
     B4 part("weft::context.dkv_part", 2, Hk_, tl, hd_);
     B4 acc_in(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.dkv_in"), 2, Hk_, tl, hd_);
     B4 acc_out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.dkv_out"), 2, Hk_, tl, hd_);
+    note_buffers(cur, next, part, acc_in, acc_out);
     detail::pack_into(cur, 0, k_);
     detail::pack_into(cur, 1, v_);
     Kokkos::deep_copy(dQ, T(0));
@@ -482,6 +489,7 @@ class ContextAttention {
     detail::pack_into(mine, 0, K);
     detail::pack_into(mine, 1, V);
     B5 all(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv_all"), P, 2, Hk_, tl, hd_);
+    note_buffers(mine, all);
     cp_->all_gather(mine, all);
     kg_ = B3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.k_global"), Hk_, T_, hd_);
     vg_ = B3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.v_global"), Hk_, T_, hd_);
@@ -525,6 +533,7 @@ class ContextAttention {
     detail::from_global(scattered, 0, dkg, P, T_);
     detail::from_global(scattered, 1, dvg, P, T_);
     B4 mine(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.dkv"), 2, Hk_, tl, hd_);
+    note_buffers(dkg, dvg, scattered, mine);
     cp_->reduce_scatter(scattered, mine);
     detail::unpack_from(dK, mine, 0, false);
     detail::unpack_from(dV, mine, 1, false);
@@ -557,6 +566,7 @@ class ContextAttention {
     B4 send(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.a2a_send"), P, per_rank, tl, hd_);
     B4 recv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.a2a_recv"), P, per_rank, tl, hd_);
     detail::heads_to_send(send, Xh, T_);
+    note_buffers(send, recv);
     cp_->all_to_all(send, recv);
     detail::heads_gather(X, recv, q_per_rank(), H_ / Hk_, kv);
   }
@@ -576,6 +586,7 @@ class ContextAttention {
     B4 send(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.a2a_send"), P, qpr, tl, 1);
     B4 recv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.a2a_recv"), P, qpr, tl, 1);
     detail::lse_pack(send, lh_, T_);
+    note_buffers(send, recv);
     cp_->all_to_all(send, recv);
     detail::lse_unpack(lse, recv);
   }
@@ -587,9 +598,11 @@ class ContextAttention {
     B3 dqh("weft::context.dq_heads", qpr, T_, hd_), dkh("weft::context.dk_heads", kpr, T_, hd_),
         dvh("weft::context.dv_heads", kpr, T_, hd_);
     ops::flash_attention_backward(qh_, kh_, vh_, oh_, doh, lh_, scale_, causal_, dqh, dkh, dvh);
+    live_ = doh.size() + dqh.size() + dkh.size() + dvh.size();  // beside each exchange below
     gather_heads(dqh, qpr, false, dQ);
     gather_heads(dkh, kpr, true, dK);
     gather_heads(dvh, kpr, true, dV);
+    live_ = 0;
   }
 
   Comm* cp_;
@@ -602,6 +615,14 @@ class ContextAttention {
   B3 kg_, vg_;                // AllGather: K and V in global order
   B3 qh_, kh_, vh_, oh_;      // AllToAll: head shards over the whole sequence
   L2 lh_;
+  std::size_t peak_buffers_ = 0;  // elements; see peak_buffer_bytes
+  std::size_t live_ = 0;          // elements of the caller's scratch alive beside AllToAll's exchanges
+
+  // Notes the buffers alive together at one point of forward or backward.
+  template <class... Vs>
+  void note_buffers(const Vs&... v) {
+    peak_buffers_ = std::max(peak_buffers_, (std::size_t(v.size()) + ... + live_));
+  }
 };
 
 namespace detail {
@@ -620,6 +641,7 @@ class SequenceAttentionOf final : public nn::SequenceAttention<T, Space> {
     a_.backward(dO, dq, dk, dv);
   }
   std::size_t owned_bytes() const override { return a_.owned_bytes(); }
+  std::size_t peak_buffer_bytes() const override { return a_.peak_buffer_bytes(); }
 
  private:
   ContextAttention<Variant, T, typename Space::execution_space> a_;

@@ -96,6 +96,72 @@ inline double rank_tokens(const ModelSpec& m, const MeshSpec& s) {
   return double(m.micro_batch) * double(m.seq) / double(s.cp);
 }
 
+/// Context parallelism's per-rank head counts: query heads and K/V heads of
+/// one TP rank (K/V replicated when fewer than tp), AllToAll's query and K/V
+/// heads per CP rank (K/V replicated when fewer than cp), and the tokens of
+/// one sequence on one rank.
+struct ContextShape {
+  double heads = 0, kv = 0, q_per_rank = 0, kv_per_rank = 0, local_tokens = 0, seq = 0, head_dim = 0;
+};
+inline ContextShape context_shape(const ModelSpec& m, const MeshSpec& s) {
+  ContextShape c;
+  c.heads = double(m.heads / s.tp);
+  c.kv = double(std::max<std::size_t>(m.kv() / s.tp, 1));
+  c.q_per_rank = c.heads / double(s.cp);
+  c.kv_per_rank = c.kv >= double(s.cp) ? c.kv / double(s.cp) : 1.0;
+  c.seq = double(m.seq);
+  c.local_tokens = double(m.seq) / double(s.cp);
+  c.head_dim = double(m.head_dim());
+  return c;
+}
+
+/// Elements the context-parallel attention of one block keeps of its own
+/// from forward to backward, for one microbatch (weft::context::
+/// ContextAttention::owned_bytes): none for Ring; AllGather the K/V of the
+/// whole sequence; AllToAll the head-sharded Q, K, V, output and
+/// log-sum-exp over the whole sequence. 0 with cp = 1.
+inline double context_saved_elements(const ModelSpec& m, const MeshSpec& s) {
+  if (s.cp <= 1) return 0;
+  const ContextShape c = context_shape(m, s);
+  const double B = double(m.micro_batch);
+  switch (s.context) {
+    case ContextKind::ring: return 0;
+    case ContextKind::allgather: return B * 2 * c.kv * c.seq * c.head_dim;
+    case ContextKind::alltoall:
+      return B * ((2 * c.q_per_rank + 2 * c.kv_per_rank) * c.seq * c.head_dim + c.q_per_rank * c.seq);
+  }
+  return 0;
+}
+
+/// The largest set of buffers the context-parallel attention holds at once
+/// during one sequence's forward or backward, in elements (weft::context::
+/// ContextAttention::peak_buffer_bytes; sequences and blocks run one after
+/// another, so this is a peak, not a sum). 0 with cp = 1.
+///   Ring: forward the current and next K/V blocks and one chunk's partial
+///   output and log-sum-exp; backward the two K/V blocks, this step's dK/dV
+///   part and the incoming and outgoing sums (5 blocks of 2 kv T/cp hd).
+///   AllGather: forward this rank's K/V and the gathered cp blocks; backward
+///   dK/dV over the whole sequence, their scattered copy and this rank's sum.
+///   AllToAll: backward's head-sharded dO, dQ, dK, dV over the whole
+///   sequence beside one exchange's send and receive buffers.
+inline double context_buffer_elements(const ModelSpec& m, const MeshSpec& s) {
+  if (s.cp <= 1) return 0;
+  const ContextShape c = context_shape(m, s);
+  const double P = double(s.cp), tl = c.local_tokens, hd = c.head_dim, kvb = 2 * c.kv * tl * hd;
+  switch (s.context) {
+    case ContextKind::ring: {
+      const double chunk = tl / 2;
+      return std::max(2 * kvb + c.heads * chunk * (hd + 1), 5 * kvb);
+    }
+    case ContextKind::allgather: return std::max(kvb * (1 + P), 2 * (2 * c.kv * c.seq * hd) + kvb);
+    case ContextKind::alltoall: {
+      const double exchange = 2 * std::max(c.heads, P * c.kv_per_rank) * tl * hd;
+      return (2 * c.q_per_rank + 2 * c.kv_per_rank) * c.seq * hd + exchange;
+    }
+  }
+  return 0;
+}
+
 /// Activation elements saved per block for one microbatch (what nn::Block,
 /// nn::Attention and nn::MLP keep; see docs/model.md), on one rank.
 inline double block_saved_elements(const ModelSpec& m, const MeshSpec& s) {
@@ -241,7 +307,10 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   const double deferred_head = split ? n * double(m.vocab) / tp : 0.0;
   for (const ChunkLayout& k : rank_layout(m, s, rank)) {
     const double blocks = double(k.blocks), sets = m.recompute ? std::min(1.0, blocks) : blocks;
-    const double slot = sets * block_saved_elements(m, s) + (blocks + 1) * n * D / seq_split + (k.head ? head : 0.0) +
+    // Each block's context-parallel attention keeps its own copies (every
+    // block, recompute or not: they are the attention's, not the block's).
+    const double slot = sets * block_saved_elements(m, s) + blocks * context_saved_elements(m, s) +
+                        (blocks + 1) * n * D / seq_split + (k.head ? head : 0.0) +
                         blocks * deferred_block + (k.head ? deferred_head : 0.0);
     const double messages = (k.head ? 0.0 : n * D / seq_split) + (k.embedding ? 0.0 : n * D / seq_split);
     b.activations += double(k.slots) * slot * a;
@@ -260,10 +329,10 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
         if (k.embedding) b.temporary += n * D * a;
   }
 
-  // Other strategies' staging: expert dispatch and combine, the ring's K/V
-  // double buffer.
+  // Other strategies' staging: expert dispatch and combine, and the
+  // context-parallel attention's largest set of exchange buffers.
   if (m.experts && s.ep > 1) b.communication += 2 * n * double(m.top_k) * D * a;
-  if (s.cp > 1) b.communication += 2 * n * 2 * double(m.kv()) * double(m.head_dim()) / double(s.tp) * a;
+  if (s.cp > 1) b.communication += context_buffer_elements(m, s) * a;
 
   b.headroom = headroom_fraction * (b.total());
   return b;

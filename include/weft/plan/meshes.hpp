@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <weft/parallel/context_policy.hpp>
 #include <weft/plan/memory.hpp>
 
 namespace weft::plan {
@@ -134,6 +135,10 @@ inline std::vector<std::string> rejection_reasons(const ModelSpec& m, const Mesh
     r.push_back(std::string("pp ").append(str(s.pp)).append(" x ").append(str(s.chunks))
                     .append(" virtual stages exceed the ").append(str(m.layers)).append(" layers plus embedding and head"));
   if (s.cp > 1 && m.seq % (2 * s.cp)) r.push_back("cp " + str(s.cp) + ": seq " + str(m.seq) + " does not split into 2 x cp chunks");
+  if (s.cp > 1 && s.context == ContextKind::alltoall && m.heads % s.tp == 0 &&
+      !context::alltoall_fits(m.heads / s.tp, std::max<std::size_t>(m.kv() / s.tp, 1), s.cp))
+    r.push_back("cp " + str(s.cp) + " alltoall: " + str(m.heads / s.tp) + " query heads and " +
+                str(std::max<std::size_t>(m.kv() / s.tp, 1)) + " K/V heads per TP rank do not shard over cp");
   if (s.ep > 1 && (!m.experts || m.experts % s.ep)) r.push_back("ep " + str(s.ep) + " does not divide experts " + str(m.experts));
   if (s.dp % s.ep) r.push_back("ep " + str(s.ep) + " does not divide dp " + str(s.dp));
   if (s.dp == 1 && s.mode != DPMode::replicate) r.push_back("dp 1: nothing to shard with " + std::string(to_string(s.mode)));
@@ -190,13 +195,20 @@ struct CommVolume {
   double pp_send = 0;            ///< PP axis: activations and input gradients sent
   double pp_recv = 0;            ///< PP axis: activations and output gradients received
   double pp_all_reduce = 0;      ///< PP axis: the step totals (gradient norm, loss)
+  double cp_send = 0;            ///< CP axis, Ring: K/V blocks and dK/dV sums sent
+  double cp_recv = 0;            ///< CP axis, Ring: K/V blocks and dK/dV sums received
+  double cp_all_gather = 0;      ///< CP axis, AllGather: K/V gathered (the whole sequence's)
+  double cp_reduce_scatter = 0;  ///< CP axis, AllGather: dK/dV reduced (the whole sequence's)
+  double cp_all_to_all = 0;      ///< CP axis, AllToAll: Q, K, V, output, lse and their gradients
+  double cp_all_reduce = 0;      ///< CP axis: the loss sum of each microbatch (pp = 1)
+  double cp_calls = 0;           ///< CP axis: point-to-point messages and exchange collectives (the all-reduce aside)
 };
 
 /// The step's communication volume of pipeline rank `rank` (0 with pp = 1).
 /// Per microbatch, with n the rank's tokens and D the width, elements of
 /// act_bytes (formulas: docs/plan.md):
 ///   TP without sequence parallelism: all-reduce 4 n D per block (two in
-///   forward, two in backward; two more under recompute), n D after the
+///   forward, two in backward; two more for each block recompute re-runs), n D after the
 ///   vocabulary-parallel embedding, n D for the head's input gradient, and
 ///   3 n for the vocabulary-parallel cross-entropy (row maxima, sums of exp,
 ///   target logits).
@@ -205,6 +217,16 @@ struct CommVolume {
 ///   cross-entropy's 3 n and of the gradients of the parameters the token
 ///   shards share (norms, learned positions), in grad_bytes.
 ///   Both: one 8-byte all-reduce of the gradient norm per step.
+///   CP, per block, sequence and microbatch, with kvb = 2 kv (T/cp) hd (one
+///   rank's K/V block, kv the TP rank's K/V heads): Ring sends and receives
+///   kvb cp-1 times in forward, and in backward cp-1 K/V blocks and cp dK/dV
+///   sums (3 cp - 2 in all); AllGather all-gathers 2 kv T hd in forward and
+///   reduce-scatters as much in backward; AllToAll exchanges Q, K, V, the
+///   output and the log-sum-exp in forward (H/tp (T/cp) (2 hd + 1) + 2 cp
+///   kv' (T/cp) hd, kv' the K/V heads per CP rank) and dO, dQ, dK, dV in
+///   backward. Recompute runs each forward exchange once more, for every
+///   block but the last of each chunk (as it does TP's two forward
+///   all-reduces). One 8-byte all-reduce of the loss per microbatch (pp = 1).
 ///   PP: each chunk receives its input and sends its input gradient unless it
 ///   holds the embedding, and sends its output and receives its output
 ///   gradient unless it holds the head: n D / (sequence split) each; two
@@ -215,6 +237,11 @@ inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t
   const double a = double(m.act_bytes), g = double(m.grad_bytes), nd = n * D * a;
   const bool sp = s.sequence_parallel && s.tp > 1;
   const auto chunks = rank_layout(m, s, rank);
+  // Recompute re-runs the forward of every block but the last one of a
+  // chunk (whose activations are still in the shared set when backward starts).
+  double recomputed = 0;
+  if (m.recompute)
+    for (const auto& k : chunks) recomputed += k.blocks > 0 ? double(k.blocks - 1) : 0.0;
   if (s.tp > 1) {
     double blocks = 0;
     bool emb = false, head = false;
@@ -222,9 +249,9 @@ inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t
     const double ce = head ? 3 * n * a : 0.0;
     const double ends = double(emb) + double(head);
     if (!sp) {
-      v.tp_all_reduce = mb * ((4 + (m.recompute ? 2 : 0)) * blocks * nd + ends * nd + ce);
+      v.tp_all_reduce = mb * ((4 * blocks + 2 * recomputed) * nd + ends * nd + ce);
     } else {
-      const double per = (4 + (m.recompute ? 2 : 0)) * blocks * nd + ends * nd;
+      const double per = (4 * blocks + 2 * recomputed) * nd + ends * nd;
       v.tp_all_gather = mb * per;
       v.tp_reduce_scatter = mb * per;
       const double shared = blocks * double(m.norm_params(2)) + (head ? double(m.norm_params(1)) : 0.0) +
@@ -232,6 +259,38 @@ inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t
       v.tp_all_reduce = mb * (ce + shared * g);
     }
     v.tp_all_reduce += 8;
+  }
+  if (s.cp > 1) {
+    double blocks = 0;
+    for (const auto& k : chunks) blocks += double(k.blocks);
+    const ContextShape c = context_shape(m, s);
+    const double P = double(s.cp), tl = c.local_tokens, hd = c.head_dim;
+    // Per sequence: forwards (recomputed ones included) and backwards over all blocks.
+    const double B = mb * double(m.micro_batch), fw = B * (blocks + recomputed), bw = B * blocks;
+    switch (s.context) {
+      case ContextKind::ring: {
+        const double kvb = 2 * c.kv * tl * hd * a;
+        const double msgs = fw * (P - 1) + bw * ((P - 1) + P);
+        v.cp_send = v.cp_recv = msgs * kvb;
+        v.cp_calls = msgs;
+        break;
+      }
+      case ContextKind::allgather:
+        v.cp_all_gather = fw * 2 * c.kv * c.seq * hd * a;
+        v.cp_reduce_scatter = bw * 2 * c.kv * c.seq * hd * a;
+        v.cp_calls = fw + bw;
+        break;
+      case ContextKind::alltoall: {
+        const double kv = 2 * P * c.kv_per_rank * tl * hd, q = c.heads * tl * hd;
+        v.cp_all_to_all = (fw * (2 * q + kv + c.heads * tl) + bw * (2 * q + kv)) * a;
+        v.cp_calls = fw * 5 + bw * 4;
+        break;
+      }
+    }
+    // Without a pipeline the model sums each microbatch's loss over CP (one
+    // 8-byte all-reduce); a pipeline's head returns its local sum to the
+    // executor, which totals the step over PP and the gradients' group.
+    if (s.pp == 1) v.cp_all_reduce = mb * 8;
   }
   if (s.pp > 1) {
     const double msg = nd / s.sequence_split();
@@ -245,14 +304,28 @@ inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t
   return v;
 }
 
+/// The step's volume of the pipeline rank that moves the most bytes over
+/// TP, PP and CP (rank 0 with pp = 1).
+inline CommVolume busiest_comm_volume(const ModelSpec& m, const MeshSpec& s) {
+  auto load = [](const CommVolume& x) {
+    return x.tp_all_reduce + x.tp_all_gather + x.pp_send + x.cp_send + x.cp_all_gather + x.cp_all_to_all;
+  };
+  CommVolume vol = comm_volume(m, s, 0);
+  for (std::size_t r = 1; r < s.pp; ++r) {
+    const CommVolume o = comm_volume(m, s, r);
+    if (load(o) > load(vol)) vol = o;
+  }
+  return vol;
+}
+
 /// The step's bubble: the schedule's idle fraction (pipeline.hpp:
 /// schedule_bubble; a backward costs two forwards), 0 without a pipeline.
 inline double pipeline_bubble(const ModelSpec& m, const MeshSpec& s) {
   return s.pp > 1 ? schedule_bubble(s.schedule, s.chunks, int(s.pp), int(microbatches(m, s))) : 0.0;
 }
 
-/// Fills c's memory and cost on topology t (c must be valid).
-inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
+/// Fills c's memory and cost on topology t for c.mesh as it is (c must be valid).
+inline void cost_layout(const ModelSpec& m, Candidate& c, const Topology& t) {
   const MeshSpec& s = c.mesh;
   c.memory = training_memory(m, s, t.headroom_fraction);
   c.fits = c.memory.total() <= t.memory_gb * 1e9;
@@ -268,11 +341,7 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
   const double layers_here = double(m.layers) / double(s.pp);
   // TP and PP from the step's volume on the busiest pipeline rank; each
   // collective call pays its latency steps (4 calls per block per microbatch).
-  CommVolume vol = comm_volume(m, s, 0);
-  for (std::size_t r = 1; r < s.pp; ++r) {
-    const CommVolume o = comm_volume(m, s, r);
-    if (o.tp_all_reduce + o.tp_all_gather + o.pp_send > vol.tp_all_reduce + vol.tp_all_gather + vol.pp_send) vol = o;
-  }
+  const CommVolume vol = busiest_comm_volume(m, s);
   if (s.tp > 1) {
     const Link l = link_for_span(s.tp, t);
     const double calls = mb * layers_here * (4 + (m.recompute ? 2 : 0));
@@ -284,10 +353,28 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
              collective_seconds("reduce_scatter", vol.tp_reduce_scatter, s.tp, l.bw_gbs, 0) +
              calls * steps * l.latency_us * 1e-6;
   }
-  // Ring CP: each rank passes its K,V block around cp-1 times, forward and
-  // twice in backward (K,V and their gradients).
-  const double kv_block = n * 2 * double(m.kv()) * double(m.head_dim()) / double(s.tp) * a;
-  c.cp_s = s.cp > 1 ? mb * layers_here * 3 * link(s.tp, s.cp, "all_to_all", kv_block * double(s.cp)) : 0.0;
+  // CP from the step's volume: Ring's messages one after another on the
+  // ring's link (each paying its latency), AllGather's and AllToAll's
+  // collectives each paying their ring steps. All on the critical path: the
+  // ring overlaps its transfers with compute, so this is an upper bound.
+  if (s.cp > 1) {
+    const Link l = link_for_span(s.tp * s.cp, t);
+    const double steps = double(s.cp - 1);
+    switch (s.context) {
+      case ContextKind::ring:
+        c.cp_s = vol.cp_send / (l.bw_gbs * 1e9) + vol.cp_calls * l.latency_us * 1e-6;
+        break;
+      case ContextKind::allgather:
+        c.cp_s = collective_seconds("all_gather", vol.cp_all_gather, s.cp, l.bw_gbs, 0) +
+                 collective_seconds("reduce_scatter", vol.cp_reduce_scatter, s.cp, l.bw_gbs, 0) +
+                 vol.cp_calls * steps * l.latency_us * 1e-6;
+        break;
+      case ContextKind::alltoall:
+        c.cp_s = collective_seconds("all_to_all", vol.cp_all_to_all, s.cp, l.bw_gbs, 0) +
+                 vol.cp_calls * steps * l.latency_us * 1e-6;
+        break;
+    }
+  }
   // EP: dispatch and combine all-to-alls of top_k copies of each token, forward and backward.
   c.ep_s = m.experts && s.ep > 1
                ? mb * layers_here * 4 * link(s.tp * s.cp * s.pp, s.ep, "all_to_all", n * double(m.top_k) * D * a)
@@ -320,6 +407,24 @@ inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
   const double busy = c.compute_s + c.tp_s + c.cp_s + c.ep_s + c.pp_s;
   c.step_s = busy / (1.0 - c.bubble) + dp_exposed;
   c.tokens_per_s = tokens / c.step_s;
+}
+
+/// Fills c's memory and cost on topology t (c must be valid). With cp > 1
+/// every context variant the heads allow is costed and c keeps the best
+/// (fitting first, then the shortest step): Ring always fits the rules,
+/// AllToAll only where query and K/V heads shard over cp.
+inline void cost(const ModelSpec& m, Candidate& c, const Topology& t) {
+  if (c.mesh.cp <= 1) return cost_layout(m, c, t);
+  bool have = false;
+  Candidate best;
+  for (ContextKind k : {ContextKind::ring, ContextKind::allgather, ContextKind::alltoall}) {
+    Candidate x = c;
+    x.mesh.context = k;
+    if (!rejection_reasons(m, x.mesh, t).empty()) continue;
+    cost_layout(m, x, t);
+    if (!have || (x.fits && !best.fits) || (x.fits == best.fits && x.step_s < best.step_s)) best = std::move(x), have = true;
+  }
+  c = std::move(best);
 }
 
 /// Valid candidates costed and ranked: fitting ones first, then by predicted

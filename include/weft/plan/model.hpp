@@ -20,6 +20,22 @@ enum class Mlp { gelu, swiglu };
 using DPMode = parallel::DPMode;
 using parallel::to_string;
 
+/// How attention runs over a sequence split across cp > 1 ranks (the
+/// variants of weft::Context<Ring | AllGather | AllToAll>): K/V blocks passed
+/// round a ring, K/V all-gathered, or heads exchanged all-to-all.
+enum class ContextKind { ring, allgather, alltoall };
+/// The variant's command-line name: ring, allgather or alltoall.
+inline const char* to_string(ContextKind k) {
+  return k == ContextKind::ring ? "ring" : k == ContextKind::allgather ? "allgather" : "alltoall";
+}
+/// The variant of a command-line name; ConfigError naming the choices otherwise.
+inline ContextKind parse_context_name(const std::string& s) {
+  if (s == "ring") return ContextKind::ring;
+  if (s == "allgather") return ContextKind::allgather;
+  if (s == "alltoall") return ContextKind::alltoall;
+  ::weft::detail::throw_error<ConfigError>("context variant \"", s, "\": expected ring, allgather or alltoall");
+}
+
 /// A model's shape and training precision. Defaults describe weft's own GPT
 /// in fp32 (biases, LayerNorm, learned positions, untied head, AdamW).
 struct ModelSpec {
@@ -146,6 +162,9 @@ struct MeshSpec {
   /// activations each stage holds, the point-to-point volume and the bubble.
   Schedule schedule = Schedule::one_f_one_b;
   std::size_t chunks = 1;  ///< virtual stages per rank (interleaved only)
+  /// The context-parallel attention (with cp > 1): it sets the CP traffic,
+  /// the K/V buffers and what attention keeps for backward.
+  ContextKind context = ContextKind::ring;
   /// Number of ranks.
   std::size_t world() const { return dp * tp * pp * cp; }
   /// The factor sequence parallelism divides the residual stream's tokens

@@ -455,6 +455,10 @@ class GPTStage {
     for (const auto& k : chunks_)
       for (const auto& b : k.blocks) context += b.context_bytes();
     if (context) m.add(C::activations, "pipeline.context_attention", context);
+    std::size_t context_buffers = 0;  // one block at a time: the largest
+    for (const auto& k : chunks_)
+      for (const auto& b : k.blocks) context_buffers = std::max(context_buffers, b.context_buffer_bytes());
+    if (context_buffers) m.add(C::buffers, "pipeline.context_attention_buffers", context_buffers);
     m.add(C::buffers, "pipeline.backward_workspace",
           ws_->bytes() + nn::detail::bytes_of(g_[0]) * 2 + nn::detail::bytes_of(dhf_) + nn::detail::bytes_of(dhf_full_));
     if (send_.count()) m.add(C::buffers, "pipeline.send_buffers", send_.count() * rows_ * cfg_.d_model * sizeof(T));
