@@ -4,12 +4,17 @@
 // kernel. Configs S and M are those of the issue that set the targets.
 //
 //   bench_train_step [--config S|M|all] [--steps N] [--warmup N] [--threads N]
+//   bench_train_step --attention-seqs 128,1024,4096 [--heads 8] [--head-dim 32] [--reps 3]
+//     only the attention comparison: one causal layer of one sequence at each
+//     T, BLAS products around stored [T, T] probabilities against the
+//     blockwise kernel (CPU seconds, median of --reps, alternating)
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -69,8 +74,9 @@ double median(std::vector<double> v) {
 
 // CPU seconds (median of reps) of one layer's causal attention, forward and
 // backward, at the config's shapes: per-head BLAS products around a softmax
-// over stored [T, T] probabilities, and the blockwise kernel. nn::Attention
-// uses the blockwise kernel; this is the measurement behind that choice.
+// over stored [T, T] probabilities, and the blockwise kernel. nn::Attention's
+// automatic kernel keeps the BLAS path unless the probabilities would not
+// fit its budget; this is the measurement behind that choice.
 std::pair<double, double> attention_kernels(const weft::nn::GPTConfig& c, int reps) {
   using T = float;
   namespace ops = weft::ops;
@@ -158,9 +164,28 @@ weft::nn::GPTConfig make(std::size_t L, std::size_t D, std::size_t H, std::size_
   return c;
 }
 
+// The attention comparison alone at each T of `seqs` (one sequence, H heads of hd).
+int attention_only(const std::string& seqs, std::size_t H, std::size_t hd, int reps) {
+  std::printf("attention of one causal layer, one sequence, %zu heads of %zu, forward + backward, CPU seconds "
+              "(median of %d, alternating)\n",
+              H, hd, reps);
+  std::printf("%8s %12s %12s %16s %14s\n", "T", "BLAS s", "blockwise s", "blockwise/BLAS", "[T,T] MiB");
+  std::stringstream in(seqs);
+  for (std::string item; std::getline(in, item, ',');) {
+    const std::size_t T = std::stoul(item);
+    const weft::nn::GPTConfig c = make(1, H * hd, H, T, 1, 256);
+    const auto [tb, tf] = attention_kernels(c, reps);
+    std::printf("%8zu %12.4f %12.4f %16.2f %14.1f\n", T, tb, tf, tf / tb,
+                2.0 * double(H) * double(T) * double(T) * sizeof(float) / 1048576.0);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
-  std::string which = "all";
-  int steps = 0, warmup = 2, threads = 1;
+  std::string which = "all", attention_seqs;
+  int steps = 0, warmup = 2, threads = 1, reps = 3;
+  std::size_t heads = 8, head_dim = 32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -171,7 +196,19 @@ int run(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(value());
     else if (a == "--warmup") warmup = std::stoi(value());
     else if (a == "--threads") threads = std::stoi(value());
-    else weft::detail::throw_error<weft::ConfigError>("unknown flag ", a, "; expected --config S|M|all, --steps N, --warmup N, --threads N");
+    else if (a == "--attention-seqs") attention_seqs = value();
+    else if (a == "--heads") heads = std::stoul(value());
+    else if (a == "--head-dim") head_dim = std::stoul(value());
+    else if (a == "--reps") reps = std::stoi(value());
+    else
+      weft::detail::throw_error<weft::ConfigError>("unknown flag ", a,
+                                                   "; expected --config S|M|all, --steps N, --warmup N, --threads N, "
+                                                   "--attention-seqs T,T,... [--heads H] [--head-dim D] [--reps N]");
+  }
+  WEFT_REQUIRE(reps >= 1 && heads >= 1 && head_dim >= 1, weft::ConfigError, "--reps, --heads and --head-dim must be positive");
+  if (!attention_seqs.empty()) {
+    weft::ops::set_blas_threads(threads, 1);
+    return attention_only(attention_seqs, heads, head_dim, reps);
   }
   WEFT_REQUIRE(which == "S" || which == "M" || which == "all", weft::ConfigError, "--config ", which,
                ": expected S, M or all");

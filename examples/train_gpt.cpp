@@ -113,6 +113,8 @@ const char* kUsage =
     "  --warmup N        linear learning-rate warm-up steps (0)\n"
     "  --optimizer adamw|sgd, --weight-decay X (0.1), --momentum X (sgd, 0.9), --clip X (1.0; 0: off)\n"
     "  --norm layernorm|rmsnorm, --mlp gelu|swiglu, --pos learned|rotary, --recompute\n"
+    "  --attention K     attention over whole sequences: auto (BLAS products, or the blockwise kernel when the\n"
+    "                    [T, T] probabilities would not fit in the memory limit), blas or blockwise (auto)\n"
     "  --seed N          initialisation and data order (1234)\n"
     "  --data FILE       train on the bytes of FILE (default: synthetic language)\n"
     "  --threads N       BLAS threads per rank (default: cores / ranks on the node)\n"
@@ -247,6 +249,13 @@ Options parse(int argc, char** argv) {
        [&](const std::string& v) {
          o.context = parse_choice<std::string>("--context", v,
                                                {{"ring", "ring"}, {"allgather", "allgather"}, {"alltoall", "alltoall"}});
+       }},
+      {"--attention",
+       [&](const std::string& v) {
+         o.model.attention = parse_choice<weft::nn::AttentionKernel>(
+             "--attention", v,
+             {{"auto", weft::nn::AttentionKernel::automatic}, {"blas", weft::nn::AttentionKernel::blas},
+              {"blockwise", weft::nn::AttentionKernel::blockwise}});
        }},
       {"--schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v); }},
       {"--stages", [&](const std::string& v) { o.stages = (weft::pipeline::parse_stage_spec(v), v); }},
@@ -460,6 +469,8 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
     if (cpc)
       std::printf("train_gpt: context parallelism %s over cp=%d: every sequence of %zu tokens in 2 x %d chunks of %zu\n",
                   job.context.c_str(), ncp, c.seq, ncp, c.seq / std::size_t(2 * ncp));
+    else if (weft::nn::detail::use_blockwise_attention<float>(c.local(std::size_t(ntp))))
+      std::printf("train_gpt: attention: the blockwise kernel (no [T, T] probabilities)\n");
     std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s per rank\n", bt.threads, bt.reason.c_str(),
                 peak.wall * 1e-9);
   }
@@ -755,7 +766,11 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
                           .set("lr", o.lr).set("warmup", Json(o.warmup)).set("optimizer", o.optimizer)
                           .set("weight_decay", o.weight_decay).set("clip", o.clip).set("seed", Json(c.seed))
                           .set("data", data_name).set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp))
-                          .set("position", name_of(c.position)).set("recompute", c.recompute).set("dtype", "float32"));
+                          .set("position", name_of(c.position)).set("recompute", c.recompute)
+                          .set("attention", ncp > 1 || weft::nn::detail::use_blockwise_attention<float>(c.local(std::size_t(ntp)))
+                                                ? "blockwise"
+                                                : "blas")
+                          .set("dtype", "float32"));
     Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", ncp).set("ep", 1).set("world_size", world)
                     .set("sequence_parallel", job.sequence_parallel).set("strategy", job.strategy)
                     .set("dp_mode", weft::parallel::to_string(job.dp_mode)).set("bucket_mb", o.dp_options.bucket_mb)
@@ -1191,9 +1206,20 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
   shape.schedule = o.schedule;
   shape.optimizer = o.optimizer;
   shape.momentum = o.momentum;
-  c.estimate = train_gpt_checks::estimate_peak_bytes(shape);
   std::tie(c.limit, c.limit_source) =
       train_gpt_checks::memory_limit(o.memory_limit, o.check_only ? c.ndp * model_ranks : ranks_per_node);
+  // --attention auto: the BLAS path (the faster one) unless its [T, T]
+  // probabilities push the estimate over the limit and the blockwise kernel
+  // brings it under; the choice is made here, once, for every rank.
+  if (o.model.attention == weft::nn::AttentionKernel::automatic) {
+    shape.model.attention = weft::nn::AttentionKernel::blas;
+    if (c.limit > 0 && train_gpt_checks::estimate_peak_bytes(shape) > c.limit) {
+      shape.model.attention = weft::nn::AttentionKernel::blockwise;
+      if (train_gpt_checks::estimate_peak_bytes(shape) > c.limit) shape.model.attention = weft::nn::AttentionKernel::blas;
+    }
+    o.model.attention = shape.model.attention;
+  }
+  c.estimate = train_gpt_checks::estimate_peak_bytes(shape);
   if (c.limit > 0) train_gpt_checks::check_memory(shape, c.limit, c.limit_source);
   return c;
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <weft/comm/comm.hpp>
+#include <weft/nn/attention.hpp>
 #include <weft/nn/config.hpp>
 #include <weft/parallel/dp_mode.hpp>
 #include <weft/plan/json_read.hpp>
@@ -165,6 +166,8 @@ inline std::pair<weft::plan::ModelSpec, weft::plan::MeshSpec> plan_of(const RunS
   m.layernorm = c.norm == weft::nn::NormKind::layernorm;
   m.learned_positions = c.position == weft::nn::PositionKind::learned;
   m.recompute = c.recompute;
+  // Whether the attention keeps [T, T] probabilities: only whole sequences on the BLAS path.
+  m.flash_attention = r.cp > 1 || weft::nn::detail::use_blockwise_attention<float>(c.local(r.tp));
   m.optimizer = r.optimizer == "sgd" ? Optimizer::sgd : Optimizer::adamw;
   m.sgd_momentum = r.momentum > 0;
   MeshSpec s{.dp = r.dp, .tp = r.tp, .pp = r.pp, .cp = r.cp, .mode = r.dp_mode, .sequence_parallel = r.sequence_parallel};
@@ -215,6 +218,11 @@ inline std::vector<std::string> reductions(const RunShape& r) {
     RunShape a = r;
     a.model.seq = r.model.seq / 2;
     offer("--seq " + std::to_string(a.model.seq), a);
+  }
+  if (r.cp == 1 && r.model.attention != weft::nn::AttentionKernel::blockwise) {
+    RunShape a = r;
+    a.model.attention = weft::nn::AttentionKernel::blockwise;
+    offer("--attention blockwise", a);
   }
   if (r.model.seq % (4 * r.cp) == 0) {  // the sequence over twice the CP ranks (ring: any heads)
     RunShape a = r;

@@ -266,6 +266,48 @@ TEST_CASE("GPT: recompute gives bit-identical losses and gradients, with less ac
   CHECK(b.memory().bytes(C::parameters) == a.memory().bytes(C::parameters));
 }
 
+TEST_CASE("GPT: the automatic attention kernel keeps BLAS until the probabilities pass the budget; both give the same loss") {
+  auto c = tiny();
+  c.layers = 2;
+  const double probs = double(c.batch * c.heads * c.seq * c.seq * sizeof(double));  // one block's [B H, T, T]
+  CHECK_FALSE(nn::detail::use_blockwise_attention<double>(c));  // far under the 1 GiB default
+  c.attention_budget = probs;                                     // at the budget: still BLAS
+  CHECK_FALSE(nn::detail::use_blockwise_attention<double>(c));
+  nn::GPT<double, SingleProcess, Space> blas(c);
+  c.attention_budget = probs - 1;                                 // one byte over it: blockwise
+  CHECK(nn::detail::use_blockwise_attention<double>(c));
+  nn::GPT<double, SingleProcess, Space> blockwise(c);
+  c.attention_budget = 0;
+  c.attention = nn::AttentionKernel::blas;  // an explicit choice overrides the budget
+  CHECK_FALSE(nn::detail::use_blockwise_attention<double>(c));
+  c.attention = nn::AttentionKernel::blockwise;
+  c.attention_budget = 1e30;
+  CHECK(nn::detail::use_blockwise_attention<double>(c));
+  auto ids = ops::Tokens<Space>("ids", c.tokens());
+  auto tgt = ops::Tokens<Space>("tgt", c.tokens());
+  {
+    auto h1 = Kokkos::create_mirror_view(ids);
+    auto h2 = Kokkos::create_mirror_view(tgt);
+    const auto v1 = ids_for(c, 4), v2 = ids_for(c, 5);
+    for (std::size_t i = 0; i < c.tokens(); ++i) h1(i) = v1[i], h2(i) = v2[i];
+    Kokkos::deep_copy(ids, h1);
+    Kokkos::deep_copy(tgt, h2);
+  }
+  blas.zero_grad();
+  blockwise.zero_grad();
+  const double la = blas.forward_backward(ids, tgt), lb = blockwise.forward_backward(ids, tgt);
+  CHECK(std::fabs(la - lb) <= 1e-12 * std::fabs(la));
+  auto pa = blas.parameters(), pb = blockwise.parameters();
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    CAPTURE(pa[i]->name());
+    CHECK(relative_error(to_vector(pa[i]->grad), to_vector(pb[i]->grad)) <= 1e-10);
+  }
+  using C = metrics::MemoryCategory;
+  // The blockwise model holds no probabilities: two blocks' [B H, T, T] less, and no dprobs scratch.
+  CHECK(double(blas.memory().bytes(C::activations) - blockwise.memory().bytes(C::activations)) == 2 * probs);
+  CHECK(double(blas.memory().bytes(C::buffers) - blockwise.memory().bytes(C::buffers)) == probs);
+}
+
 TEST_CASE("GPT: initialisation depends on (seed, name, index) only, not on the batch") {
   auto c = tiny();
   nn::GPT<double, SingleProcess, Space> a(c);

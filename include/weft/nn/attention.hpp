@@ -28,23 +28,34 @@ namespace weft::nn {
 namespace detail {
 /// Whether nn::Attention uses the blockwise kernel (ops/flash_attention.hpp)
 /// rather than per-head BLAS products around a softmax over stored [T, T]
-/// probabilities. Measured on config S and M shapes (head_dim 32 and 64,
-/// T = 128 and 256; bench_train_step prints the comparison, see
-/// docs/model.md), the BLAS path is faster on one CPU thread, so it is the
-/// default; the blockwise kernel keeps no [T, T] buffers. Compiling with
-/// WEFT_ATTENTION_KERNEL=1 selects the blockwise kernel (head_dim <= 256),
-/// =0 the BLAS path.
-inline bool use_blockwise_attention([[maybe_unused]] const GPTConfig& local) {
-#if defined(WEFT_ATTENTION_KERNEL) && WEFT_ATTENTION_KERNEL
-  return local.head_dim() <= ops::detail::flash_max_head_dim;
+/// probabilities, for the local config `local` (one TP rank's heads, one
+/// microbatch) and elements of T. Measured on one CPU thread at T = 128 to
+/// 4096 (bench_train_step --attention-seqs, docs/model.md), the BLAS path is
+/// 3 to 6 times faster, so AttentionKernel::automatic keeps it unless one
+/// block's probabilities exceed local.attention_budget bytes; blas and
+/// blockwise choose. The blockwise kernel needs head_dim <= 256 (a larger
+/// head falls back to BLAS). Compiling with WEFT_ATTENTION_KERNEL=1 forces
+/// the blockwise kernel, =0 the BLAS path.
+template <class T>
+inline bool use_blockwise_attention(const GPTConfig& local) {
+  const bool fits = local.head_dim() <= ops::detail::flash_max_head_dim;
+#if defined(WEFT_ATTENTION_KERNEL)
+  return WEFT_ATTENTION_KERNEL && fits;
 #else
-  return false;
+  switch (local.attention) {
+    case AttentionKernel::blas: return false;
+    case AttentionKernel::blockwise: return fits;
+    case AttentionKernel::automatic: break;
+  }
+  const double probs = double(local.batch) * double(local.heads) * double(local.seq) * double(local.seq) * sizeof(T);
+  return fits && probs > local.attention_budget;
 #endif
 }
 /// Whether the attention keeps [T, T] probabilities (the BLAS path of whole
 /// sequences); the blockwise kernel and context parallelism keep none.
+template <class T>
 inline bool keeps_probabilities(const GPTConfig& local) {
-  return !use_blockwise_attention(local) && local.seq_shards == 1;
+  return !use_blockwise_attention<T>(local) && local.seq_shards == 1;
 }
 }  // namespace detail
 
@@ -75,7 +86,7 @@ class Attention {
    private:
     Saved(const std::string& n, const GPTConfig& l, std::size_t d, bool sp)
         : qkv(n + ".qkv", l.tokens(), l.qkv_cols()),
-          probs(!detail::keeps_probabilities(l) ? ops::Tensor3<T, Space>()
+          probs(!detail::keeps_probabilities<T>(l) ? ops::Tensor3<T, Space>()
                                                 : ops::Tensor3<T, Space>(n + ".probs", l.batch * l.heads, l.seq, l.seq)),
           lse(n + ".lse", l.batch * l.heads, l.seq),
           heads(n + ".heads", l.tokens(), l.d_model),
@@ -99,7 +110,7 @@ class Attention {
     Workspace(const GPTConfig& l, std::size_t d, bool sp)
         : dqkv("attn.dqkv", l.tokens(), l.qkv_cols()),
           dheads("attn.dheads", l.tokens(), l.d_model),
-          dprobs(!detail::keeps_probabilities(l) ? ops::Tensor3<T, Space>()
+          dprobs(!detail::keeps_probabilities<T>(l) ? ops::Tensor3<T, Space>()
                                                  : ops::Tensor3<T, Space>("attn.dprobs", l.batch * l.heads, l.seq, l.seq)),
           full(sp ? ops::Matrix<T, Space>("attn.full", l.tokens(), d) : ops::Matrix<T, Space>()) {}
   };
@@ -168,7 +179,7 @@ class Attention {
       detail::row_parallel_forward(*ctx_, proj_, s.heads, out, w ? &w->full : nullptr, "nn::Attention");
       return;
     }
-    if (detail::use_blockwise_attention(cfg_)) {
+    if (detail::use_blockwise_attention<T>(cfg_)) {
       metrics::Profiler::Scope sc(ctx_->profiler, "attention");
       for (std::size_t b = 0; b < cfg_.batch; ++b)
         ops::flash_attention_forward(heads_view(s.qkv, b, 0, H), heads_view(s.qkv, b, cfg_.d_model, cfg_.kv()),
@@ -214,7 +225,7 @@ class Attention {
       for (std::size_t b = 0; b < cfg_.batch; ++b)
         sa[b]->backward(heads_view(w.dheads, b, 0, H), heads_view(w.dqkv, b, 0, H),
                                heads_view(w.dqkv, b, D, kv), heads_view(w.dqkv, b, D + kv * hd, kv));
-    } else if (detail::use_blockwise_attention(cfg_)) {
+    } else if (detail::use_blockwise_attention<T>(cfg_)) {
       metrics::Profiler::Scope sc(ctx_->profiler, "attention");
       const std::size_t kv = cfg_.kv(), D = cfg_.d_model;
       for (std::size_t b = 0; b < cfg_.batch; ++b)

@@ -15,6 +15,13 @@ namespace weft::nn {
 enum class MlpKind { gelu, swiglu };
 /// Positions: GPT-2's learned absolute table, or rotary (RoPE) in attention.
 enum class PositionKind { learned, rotary };
+/// The kernel nn::Attention runs over whole sequences (context parallelism
+/// always runs the blockwise one): per-head BLAS products around stored
+/// [T, T] probabilities, the blockwise kernel (ops/flash_attention.hpp, no
+/// [T, T] buffers), or automatic: BLAS -- on CPUs the faster one at every
+/// length measured (docs/model.md) -- unless one block's probabilities would
+/// take more than GPTConfig::attention_budget bytes.
+enum class AttentionKernel { automatic, blas, blockwise };
 
 /// A GPT's hyper-parameters. The defaults are GPT-2 shaped: learned positions,
 /// LayerNorm with affine parameters, Linear with bias, a 4*D GELU MLP, no
@@ -35,6 +42,10 @@ struct GPTConfig {
   double init_std = 0.02;      ///< std of weights; residual projections get init_std / sqrt(2 * layers)
   double rope_base = 10000.0;
   bool recompute = false;      ///< activation checkpointing: keep only each block's input, recompute the rest
+  AttentionKernel attention = AttentionKernel::automatic;  ///< --attention: the kernel over whole sequences
+  /// AttentionKernel::automatic's limit: the blockwise kernel once one
+  /// block's [batch x heads, T, T] probabilities (per TP rank) exceed it.
+  double attention_budget = 1073741824.0;
   std::uint64_t seed = 1234;   ///< --seed: initialisation (with parameter names and global indices)
   /// Context parallelism: seq is this rank's share, 1 / seq_shards, of every
   /// sequence (the balanced layout of parallel/context_policy.hpp). Set by
@@ -74,6 +85,8 @@ struct GPTConfig {
     WEFT_REQUIRE(position != PositionKind::rotary || head_dim() % 2 == 0, ConfigError,
                  "rotary positions need an even head dimension, but --d-model ", d_model, " / --heads ", heads, " = ",
                  head_dim());
+    WEFT_REQUIRE(attention_budget >= 0, ConfigError, "attention_budget is ", attention_budget,
+                 "; expected the bytes of probabilities above which the blockwise kernel runs (>= 0)");
     WEFT_REQUIRE(norm_eps > 0 && init_std > 0, ConfigError, "norm_eps (", norm_eps, ") and init_std (", init_std,
                  ") must be positive");
   }
