@@ -63,7 +63,7 @@ double kv_decode_error(const GPTConfig& c) {
   auto ref = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.logits());  // [seq, V / tp]
   const std::size_t Vl = ref.extent(1), first = std::size_t(weft::test::world().rank()) * Vl;
 
-  ModelRunner<T, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> runner(model, 16, 4, 16, 2);
+  ModelRunner<T, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> runner(model, 16, 4, 16, 2, 16);
   std::vector<int> table{9, 2, 14, 0, 5, 11, 3, 7, 1, 12};  // 10 blocks of 4: the 40 positions
   std::vector<int> pos(c.seq);
   std::iota(pos.begin(), pos.end(), 0);
@@ -239,4 +239,29 @@ TEST_CASE("serve: seeded sampling is reproducible and independent of the batch")
   auto greedy = rs;
   for (auto& r : greedy) r.sampling = {};
   CHECK(serve(model, ec, greedy).tokens != together.tokens);
+}
+
+TEST_CASE("serve: the planner's inference budget is within 15 % of the runner's memory") {
+  GPTConfig c;
+  c.layers = 4;
+  c.d_model = 128;
+  c.heads = 4;
+  c.seq = 128;
+  c.batch = 1;
+  c.vocab = 256;
+  weft::nn::GPT<float, TPOnly> model(c, weft::test::world());
+  EngineConfig ec;
+  ec.block_size = 16;
+  ec.max_seqs = 8;
+  ec.blocks = 8 * 128 / 16;  // the planner's batch x context
+  ec.token_budget = 128;
+  Engine<float, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> e(model, ec);
+  const ServeMemory m = e.runner().memory();
+  const auto plan = planned_memory(c, std::size_t(weft::test::world().size()), ec);
+  MESSAGE("measured weights " << m.weights << " kv " << m.kv_cache << " workspace " << m.workspace << " buffers "
+                              << m.buffers << "; planned " << plan.weights << " " << plan.kv_cache << " "
+                              << plan.workspace << " " << plan.buffers);
+  CHECK(double(m.kv_cache) == doctest::Approx(plan.kv_cache));  // the pool is exactly the planner's batch x context
+  CHECK(std::abs(double(m.weights) - plan.weights) / plan.weights < 0.01);
+  CHECK(std::abs(double(m.total()) - plan.total()) / plan.total() < 0.15);
 }

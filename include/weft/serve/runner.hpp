@@ -79,14 +79,18 @@ class ModelRunner {
 
   /// A runner over `model`'s weights (kept by reference: they must outlive
   /// the runner) with a cache of `blocks` x `block_size` tokens, for passes
-  /// of at most `max_tokens` tokens of at most `max_seqs` sequences. Throws
-  /// ConfigError for a model with context or sequence parallelism, or zero sizes.
-  ModelRunner(Model& model, std::size_t blocks, std::size_t block_size, std::size_t max_tokens, std::size_t max_seqs)
+  /// of at most `max_tokens` tokens of at most `max_seqs` sequences, with
+  /// the logits of at most `max_logit_rows` tokens (0: max_seqs, one per
+  /// sequence, what generation needs). Throws ConfigError for a model with
+  /// context parallelism, or zero sizes.
+  ModelRunner(Model& model, std::size_t blocks, std::size_t block_size, std::size_t max_tokens, std::size_t max_seqs,
+              std::size_t max_logit_rows = 0)
       : cfg_(model.config()),
         tp_(model.tensor_parallel()),
         l_(cfg_.local(tp_.size())),
         max_tokens_(max_tokens),
         max_seqs_(max_seqs),
+        max_logit_rows_(max_logit_rows ? max_logit_rows : max_seqs),
         max_blocks_per_seq_(blocks_for(cfg_.seq, block_size)),
         cache_(cfg_.layers, blocks, block_size, l_.kv() * cfg_.head_dim()) {
     WEFT_REQUIRE(!model.context_parallel().active(), ConfigError,
@@ -123,15 +127,16 @@ class ModelRunner {
     act_ = Mat("serve.mlp_act", N, l_.hidden());
     mean_ = ops::Vector<T, Space>("serve.norm_mean", N);
     rstd_ = ops::Vector<T, Space>("serve.norm_rstd", N);
-    scores_ = Mat("serve.scores", N * l_.heads, cfg_.seq);
     ids_ = ops::Tokens<Space>("serve.ids", N);
     posv_ = ops::Tokens<Space>("serve.positions", N);
     seqv_ = ops::Tokens<Space>("serve.seqs", N);
     rows_ = ops::Tokens<Space>("serve.logit_rows", N);
     tables_ = Kokkos::View<int**, Kokkos::LayoutRight, Space>("serve.block_tables", max_seqs, max_blocks_per_seq_);
-    hl_ = Mat("serve.logit_hidden", N, D);
-    logits_local_ = Mat("serve.logits_local", N, cfg_.vocab / tp_.size());
-    if (tp_.active()) logits_full_ = Mat("serve.logits_gathered", N, cfg_.vocab);
+    const std::size_t R = max_logit_rows_;
+    hl_ = Mat("serve.logit_hidden", R, D);
+    hn_ = Mat("serve.logit_norm_out", R, D);
+    logits_local_ = Mat("serve.logits_local", R, cfg_.vocab / tp_.size());
+    if (tp_.active()) logits_full_ = Mat("serve.logits_gathered", R, cfg_.vocab);
   }
 
   /// The model's configuration (whole model, as built).
@@ -157,7 +162,7 @@ class ModelRunner {
     ServeMemory m;
     m.weights = weight_bytes_;
     m.kv_cache = cache_.bytes();
-    for (const Mat* v : {&x_, &h_, &out_, &qkv_, &heads_, &up_, &act_, &scores_, &hl_, &logits_local_})
+    for (const Mat* v : {&x_, &h_, &out_, &qkv_, &heads_, &up_, &act_, &hl_, &hn_, &logits_local_})
       m.workspace += nn::detail::bytes_of(*v);
     m.workspace += nn::detail::bytes_of(mean_) + nn::detail::bytes_of(rstd_);
     m.buffers = nn::detail::bytes_of(logits_full_) + nn::detail::bytes_of(tables_) + 4 * nn::detail::bytes_of(ids_);
@@ -174,9 +179,9 @@ class ModelRunner {
   /// or a position beyond the context, and for token ids outside the vocabulary.
   HostLogits forward(const StepBatch& b) {
     const std::size_t N = b.tokens.size(), S = b.block_tables.size(), R = b.logit_rows.size();
-    WEFT_REQUIRE(N > 0 && N <= max_tokens_ && S <= max_seqs_ && R <= N, ShapeError, "serve::ModelRunner: a pass of ", N,
+    WEFT_REQUIRE(N > 0 && N <= max_tokens_ && S <= max_seqs_ && R <= N && R <= max_logit_rows_, ShapeError, "serve::ModelRunner: a pass of ", N,
                  " tokens of ", S, " sequences (", R, " logit rows); the runner takes 1..", max_tokens_, " tokens of at most ",
-                 max_seqs_, " sequences");
+                 max_seqs_, " sequences and ", max_logit_rows_, " logit rows");
     upload(b);
     const std::size_t D = cfg_.d_model;
     auto rows = [&](const Mat& m, std::size_t n) { return Kokkos::subview(m, std::make_pair(std::size_t(0), n), Kokkos::ALL); };
@@ -216,7 +221,7 @@ class ModelRunner {
     }
     HostLogits result("serve.logits", R, cfg_.vocab);
     if (R == 0) return result;
-    auto hl = rows(hl_, R), hn = rows(h_, R);
+    auto hl = rows(hl_, R), hn = rows(hn_, R);
     {
       const auto src = x_;
       const auto rv = rows_;
@@ -340,7 +345,9 @@ class ModelRunner {
   }
 
   // Causal attention of each token's query heads over its sequence's cached
-  // keys and values, positions 0..its own; grouped-query heads share a key/value head.
+  // keys and values, positions 0..its own, in one pass with a running
+  // maximum (no [tokens, context] scores are stored); grouped-query heads
+  // share a key/value head.
   template <class QV, class HV>
   void attend(const QV& qkv, std::size_t layer, const HV& heads, std::size_t N) const {
     const std::size_t hd = cfg_.head_dim(), Hq = l_.heads, group = l_.heads / l_.kv(), bs = cache_.block_size;
@@ -348,41 +355,42 @@ class ModelRunner {
     const auto K = cache_.k, V = cache_.v;
     const auto pv = posv_, sv = seqv_;
     const auto bt = tables_;
-    const auto sc = scores_;
     Kokkos::parallel_for(
         "weft::serve::attention", Kokkos::RangePolicy<typename Space::execution_space>(0, N * Hq),
         KOKKOS_LAMBDA(std::size_t i) {
           const std::size_t r = i / Hq, h = i % Hq, kvc = (h / group) * hd, p = std::size_t(pv(r)), s = std::size_t(sv(r));
-          T mx = 0;
+          const std::size_t q0 = h * hd;
+          T mx = 0, sum = 0;
+          for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) = 0;
           for (std::size_t j = 0; j <= p; ++j) {
             const std::size_t blk = std::size_t(bt(s, j / bs)), slot = j % bs;
             T dot = 0;
-            for (std::size_t d = 0; d < hd; ++d) dot += qkv(r, h * hd + d) * K(layer, blk, slot, kvc + d);
+            for (std::size_t d = 0; d < hd; ++d) dot += qkv(r, q0 + d) * K(layer, blk, slot, kvc + d);
             dot *= scale;
-            sc(i, j) = dot;
-            mx = (j == 0 || dot > mx) ? dot : mx;
+            if (j == 0 || dot > mx) {  // a new maximum: rescale what is summed so far
+              const T c = j == 0 ? T(0) : ops::math::fast_exp(mx - dot);
+              sum *= c;
+              for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) *= c;
+              mx = dot;
+            }
+            const T e = ops::math::fast_exp(dot - mx);
+            sum += e;
+            for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) += e * V(layer, blk, slot, kvc + d);
           }
-          T sum = 0;
-          for (std::size_t j = 0; j <= p; ++j) sum += (sc(i, j) = ops::math::fast_exp(sc(i, j) - mx));
           const T inv = T(1) / sum;
-          for (std::size_t d = 0; d < hd; ++d) heads(r, h * hd + d) = 0;
-          for (std::size_t j = 0; j <= p; ++j) {
-            const std::size_t blk = std::size_t(bt(s, j / bs)), slot = j % bs;
-            const T pj = sc(i, j) * inv;
-            for (std::size_t d = 0; d < hd; ++d) heads(r, h * hd + d) += pj * V(layer, blk, slot, kvc + d);
-          }
+          for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) *= inv;
         });
   }
 
   nn::GPTConfig cfg_;
   nn::TensorParallel tp_;
   nn::GPTConfig l_;  // this rank's heads and MLP width
-  std::size_t max_tokens_, max_seqs_, max_blocks_per_seq_;
+  std::size_t max_tokens_, max_seqs_, max_logit_rows_, max_blocks_per_seq_;
   KVCache<T, Space> cache_;
   nn::Parameter<T, Space>*tok_ = nullptr, *pos_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr, *head_ = nullptr;
   std::vector<BlockWeights> blocks_;
   std::size_t weight_bytes_ = 0;
-  Mat x_, h_, out_, qkv_, heads_, up_, act_, scores_, hl_, logits_local_, logits_full_;
+  Mat x_, h_, out_, qkv_, heads_, up_, act_, hl_, hn_, logits_local_, logits_full_;
   ops::Vector<T, Space> mean_, rstd_;
   ops::Tokens<Space> ids_, posv_, seqv_, rows_;
   Kokkos::View<int**, Kokkos::LayoutRight, Space> tables_;

@@ -8,3 +8,4 @@
 #include <weft/serve/sampler.hpp>
 #include <weft/serve/runner.hpp>
 #include <weft/serve/engine.hpp>
+#include <weft/serve/budget.hpp>
