@@ -122,7 +122,6 @@ class ModelRunner {
     h_ = Mat("serve.norm_out", N, D);
     out_ = Mat("serve.block_out", N, D);
     qkv_ = Mat("serve.qkv", N, l_.qkv_cols());
-    heads_ = Mat("serve.heads", N, l_.d_model);
     up_ = Mat("serve.mlp_up", N, up_cols);
     act_ = Mat("serve.mlp_act", N, l_.hidden());
     mean_ = ops::Vector<T, Space>("serve.norm_mean", N);
@@ -162,7 +161,7 @@ class ModelRunner {
     ServeMemory m;
     m.weights = weight_bytes_;
     m.kv_cache = cache_.bytes();
-    for (const Mat* v : {&x_, &h_, &out_, &qkv_, &heads_, &up_, &act_, &hl_, &hn_, &logits_local_})
+    for (const Mat* v : {&x_, &h_, &out_, &qkv_, &up_, &act_, &hl_, &hn_, &logits_local_})
       m.workspace += nn::detail::bytes_of(*v);
     m.workspace += nn::detail::bytes_of(mean_) + nn::detail::bytes_of(rstd_);
     m.buffers = nn::detail::bytes_of(logits_full_) + nn::detail::bytes_of(tables_) + 4 * nn::detail::bytes_of(ids_);
@@ -185,8 +184,10 @@ class ModelRunner {
     upload(b);
     const std::size_t D = cfg_.d_model;
     auto rows = [&](const Mat& m, std::size_t n) { return Kokkos::subview(m, std::make_pair(std::size_t(0), n), Kokkos::ALL); };
-    auto x = rows(x_, N), h = rows(h_, N), out = rows(out_, N), qkv = rows(qkv_, N), heads = rows(heads_, N),
-         up = rows(up_, N), act = rows(act_, N);
+    auto x = rows(x_, N), h = rows(h_, N), out = rows(out_, N), qkv = rows(qkv_, N), up = rows(up_, N),
+         act = rows(act_, N);
+    // The heads' outputs [N, D / tp] live in the norm output's storage, free once QKV has read it.
+    Kokkos::View<T**, Kokkos::LayoutRight, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> heads(h_.data(), N, l_.d_model);
     auto mean = Kokkos::subview(mean_, std::make_pair(std::size_t(0), N));
     auto rstd = Kokkos::subview(rstd_, std::make_pair(std::size_t(0), N));
     auto ids = Kokkos::subview(ids_, std::make_pair(std::size_t(0), N));
@@ -390,7 +391,7 @@ class ModelRunner {
   nn::Parameter<T, Space>*tok_ = nullptr, *pos_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr, *head_ = nullptr;
   std::vector<BlockWeights> blocks_;
   std::size_t weight_bytes_ = 0;
-  Mat x_, h_, out_, qkv_, heads_, up_, act_, hl_, hn_, logits_local_, logits_full_;
+  Mat x_, h_, out_, qkv_, up_, act_, hl_, hn_, logits_local_, logits_full_;
   ops::Vector<T, Space> mean_, rstd_;
   ops::Tokens<Space> ids_, posv_, seqv_, rows_;
   Kokkos::View<int**, Kokkos::LayoutRight, Space> tables_;
