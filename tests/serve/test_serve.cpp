@@ -7,6 +7,7 @@
 // a message while the others are served. Double precision where tokens are
 // compared (float ties could break differently across TP sizes).
 #include <cmath>
+#include <filesystem>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -101,9 +102,9 @@ std::vector<Request> requests(std::size_t n, std::size_t max_new = 6) {
   return r;
 }
 
-template <class Model>
-Served serve(Model& model, const EngineConfig& ec, const std::vector<Request>& rs) {
-  Engine<double, Kokkos::DefaultExecutionSpace, typename Model::layer_policy> e(model, ec);
+template <class T, class Space, class LP>
+Served serve(weft::nn::GPTModel<T, Space, LP>& model, const EngineConfig& ec, const std::vector<Request>& rs) {
+  Engine<T, Space, LP> e(model, ec);
   std::vector<std::uint64_t> ids;
   for (const auto& r : rs) {
     const Submission s = e.submit(r);
@@ -264,4 +265,36 @@ TEST_CASE("serve: the planner's inference budget is within 15 % of the runner's 
   CHECK(double(m.kv_cache) == doctest::Approx(plan.kv_cache));  // the pool is exactly the planner's batch x context
   CHECK(std::abs(double(m.weights) - plan.weights) / plan.weights < 0.01);
   CHECK(std::abs(double(m.total()) - plan.total()) / plan.total() < 0.15);
+}
+
+TEST_CASE("serve: weights from a checkpoint are the saved model's") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("weft_test_serve_checkpoint_np" + std::to_string(weft::test::world().size()));
+  if (weft::test::world().rank() == 0) fs::remove_all(dir);
+  weft::test::world().barrier();
+  GPTConfig c = tiny(true);
+  using Model = weft::nn::GPT<float, TPOnly>;
+  Model saved(c, weft::test::world());
+  auto state_of = [](Model& m) {
+    weft::checkpoint::State<float, Kokkos::DefaultExecutionSpace> st;
+    for (auto* p : m.parameters()) st.add(p->name(), weft::checkpoint::layout_of(*p), 0, p->value);
+    return st;
+  };
+  weft::checkpoint::save(dir.string(), 3, state_of(saved), weft::metrics::Json::object(), weft::test::world().native());
+  c.seed = 12345;  // another initialisation, replaced by the checkpoint's weights
+  Model loaded(c, weft::test::world());
+  EngineConfig ec;
+  ec.block_size = 4;
+  ec.blocks = 64;
+  ec.token_budget = 32;
+  ec.max_seqs = 4;
+  const auto rs = requests(4);
+  const Served before = serve(loaded, ec, rs);
+  auto st = state_of(loaded);
+  weft::checkpoint::load(weft::checkpoint::resolve(dir.string()), st, weft::test::world().native());
+  const Served a = serve(saved, ec, rs), b = serve(loaded, ec, rs);
+  CHECK(a.tokens == b.tokens);
+  CHECK(before.tokens != a.tokens);
+  weft::test::world().barrier();
+  if (weft::test::world().rank() == 0) fs::remove_all(dir);
 }
