@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
     weft::serve::EngineConfig dc = ec;
     dc.batching = weft::serve::Batching::continuous;
     dc.max_seqs = decode_batch;
-    dc.token_budget = std::max(token_budget, decode_batch);
+    dc.token_budget = decode_batch * decode_context;  // every prompt in one step, so all sequences decode together
     dc.blocks = weft::serve::blocks_for(decode_batch * seq, block_size);
     Engine e(model, dc);
     for (std::size_t i = 0; i < decode_batch; ++i) {
