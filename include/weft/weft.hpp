@@ -45,3 +45,4 @@
 #include <weft/checkpoint/npy.hpp>
 #include <weft/checkpoint/checkpoint.hpp>
 #include <weft/checkpoint/train_state.hpp>
+#include <weft/serve/serve.hpp>

@@ -1,0 +1,538 @@
+// serve_gpt: serves the reference GPT -- initialised from --seed as
+// train_gpt initialises it, or loaded from a train_gpt --checkpoint -- under
+// a traffic model: Poisson arrivals at --rate requests per second, or a
+// closed loop of --concurrency clients that each send the next request when
+// their last one ends. Prompt and output lengths are drawn uniformly from
+// the --prompt-len and --output-len ranges (prompt tokens uniformly from the
+// vocabulary, all from --seed). It prints the latency and throughput
+// summary, and with --record FILE writes a JSON record (every request's
+// generated tokens under "outputs"; fields in docs/serving.md, schema in
+// docs/schema/serve_record.schema.json).
+//
+//   mpirun -n 1 serve_gpt --layers 2 --d-model 64 --heads 4 --seq 128 --requests 32 --rate 20 --record serve.json
+//   mpirun -n 2 serve_gpt --mesh tp=2 --requests 32 --concurrency 8 --record serve.json
+//
+// --mesh dp=A,tp=B runs A independent replicas of B tensor-parallel ranks
+// each; request i goes to replica i mod A (each replica has its own traffic
+// clock), and the record gathers every replica's requests.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <weft/config.hpp>
+#include <weft/checkpoint/checkpoint.hpp>
+#include <weft/comm/environment.hpp>
+#include <weft/metrics/json.hpp>
+#include <weft/serve/serve.hpp>
+
+namespace {
+
+using weft::ConfigError;
+using Json = weft::metrics::Json;
+using Model = weft::nn::GPT<float, weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>>;
+using Engine = weft::serve::Engine<float, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>>;
+
+const char* kUsage =
+    "usage: serve_gpt [flags]\n"
+    "Model (train_gpt's flags; with --checkpoint they must be the checkpoint's):\n"
+    "  --layers N --d-model N --heads N --kv-heads N --seq N (the context) --vocab N --seed N\n"
+    "  --norm layernorm|rmsnorm --mlp gelu|swiglu --pos learned|rotary\n"
+    "  --checkpoint DIR  load the weights from a train_gpt checkpoint (a root: its latest complete one)\n"
+    "Mesh:\n"
+    "  --mesh tp=N[,dp=M]  tensor-parallel ranks per replica, independent replicas (default tp=world)\n"
+    "Traffic:\n"
+    "  --requests N        requests in all (default 32)\n"
+    "  --rate R            Poisson arrivals at R requests per second\n"
+    "  --concurrency C     closed loop: C clients, each sends its next request when its last ends (default 4)\n"
+    "  --prompt-len A[-B]  prompt tokens, uniform in [A, B] (default 8-32)\n"
+    "  --output-len A[-B]  tokens to generate, uniform in [A, B] (default 8-32)\n"
+    "  --temperature T --top-k K  sampling (default greedy); each request samples from its own seed\n"
+    "Engine:\n"
+    "  --block-size N      tokens per KV block (default 16)\n"
+    "  --kv-blocks N       KV blocks per rank (default: max-seqs x seq / block-size)\n"
+    "  --token-budget N    tokens per step (default: --seq)\n"
+    "  --max-seqs N        sequences per step (default 16)\n"
+    "  --batching continuous|static (default continuous)\n"
+    "Output:\n"
+    "  --record FILE       write the JSON record\n"
+    "  --help              this text\n"
+    "Exit status: 0 done (rejected requests are reported, not fatal); 2 a bad flag or input.\n";
+
+std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false) {
+  std::size_t pos = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  WEFT_REQUIRE(pos == v.size() && !v.empty() && (allow_zero ? x >= 0 : x > 0), ConfigError, flag, " ", v,
+               ": expected a ", allow_zero ? "non-negative" : "positive", " integer");
+  return std::size_t(x);
+}
+
+double parse_real(const std::string& flag, const std::string& v, bool positive) {
+  std::size_t pos = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &pos);
+  } catch (...) {
+    pos = 0;
+  }
+  WEFT_REQUIRE(pos == v.size() && !v.empty() && std::isfinite(x) && (positive ? x > 0 : x >= 0), ConfigError, flag,
+               " ", v, ": expected a ", positive ? "positive" : "non-negative", " number");
+  return x;
+}
+
+struct Range {
+  std::size_t lo = 8, hi = 32;
+};
+Range parse_range(const std::string& flag, const std::string& v) {
+  const auto dash = v.find('-');
+  Range r;
+  r.lo = parse_count(flag, v.substr(0, dash), true);
+  r.hi = dash == std::string::npos ? r.lo : parse_count(flag, v.substr(dash + 1), true);
+  WEFT_REQUIRE(r.lo <= r.hi, ConfigError, flag, " ", v, ": the range's low end exceeds its high end");
+  return r;
+}
+
+template <class E>
+E parse_choice(const std::string& flag, const std::string& v, const std::map<std::string, E>& choices) {
+  auto it = choices.find(v);
+  if (it == choices.end()) {
+    std::string names;
+    for (const auto& [k, e] : choices) names += (names.empty() ? "" : ", ") + k;
+    weft::detail::throw_error<ConfigError>(flag, " ", v, ": expected one of ", names);
+  }
+  return it->second;
+}
+
+struct Options {
+  weft::nn::GPTConfig model;
+  std::string checkpoint, record;
+  int tp = 0, dp = 1;
+  std::size_t requests = 32, concurrency = 4, kv_blocks = 0;
+  double rate = 0;
+  Range prompt{8, 32}, output{8, 32};
+  double temperature = 0;
+  std::size_t top_k = 0;
+  weft::serve::EngineConfig engine;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  o.model.layers = 2;
+  o.model.d_model = 64;
+  o.model.heads = 4;
+  o.model.seq = 128;
+  o.model.batch = 1;
+  o.engine.block_size = 16;
+  o.engine.token_budget = 0;  // --seq unless given
+  o.engine.max_seqs = 16;
+  bool rate = false, conc = false;
+  const std::map<std::string, std::function<void(const std::string&)>> flags{
+      {"--layers", [&](const std::string& v) { o.model.layers = parse_count("--layers", v); }},
+      {"--d-model", [&](const std::string& v) { o.model.d_model = parse_count("--d-model", v); }},
+      {"--heads", [&](const std::string& v) { o.model.heads = parse_count("--heads", v); }},
+      {"--kv-heads", [&](const std::string& v) { o.model.kv_heads = parse_count("--kv-heads", v); }},
+      {"--seq", [&](const std::string& v) { o.model.seq = parse_count("--seq", v); }},
+      {"--vocab", [&](const std::string& v) { o.model.vocab = parse_count("--vocab", v); }},
+      {"--seed", [&](const std::string& v) { o.model.seed = parse_count("--seed", v, true); }},
+      {"--norm", [&](const std::string& v) {
+         o.model.norm = parse_choice<weft::nn::NormKind>(
+             "--norm", v, {{"layernorm", weft::nn::NormKind::layernorm}, {"rmsnorm", weft::nn::NormKind::rmsnorm}});
+       }},
+      {"--mlp", [&](const std::string& v) {
+         o.model.mlp = parse_choice<weft::nn::MlpKind>("--mlp", v,
+                                                       {{"gelu", weft::nn::MlpKind::gelu}, {"swiglu", weft::nn::MlpKind::swiglu}});
+       }},
+      {"--pos", [&](const std::string& v) {
+         o.model.position = parse_choice<weft::nn::PositionKind>(
+             "--pos", v, {{"learned", weft::nn::PositionKind::learned}, {"rotary", weft::nn::PositionKind::rotary}});
+       }},
+      {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
+      {"--record", [&](const std::string& v) { o.record = v; }},
+      {"--mesh", [&](const std::string& v) {
+         std::size_t start = 0;
+         std::set<std::string> seen;
+         while (start <= v.size()) {
+           const std::size_t end = std::min(v.find(',', start), v.size());
+           const std::string item = v.substr(start, end - start);
+           const std::size_t eq = item.find('=');
+           WEFT_REQUIRE(eq != std::string::npos, ConfigError, "--mesh ", v, ": expected axis=size items such as tp=2, got '",
+                        item, "'");
+           const std::string axis = item.substr(0, eq);
+           WEFT_REQUIRE(seen.insert(axis).second, ConfigError, "--mesh ", v, ": axis ", axis, " is given twice");
+           const int n = int(parse_count("--mesh " + axis, item.substr(eq + 1)));
+           if (axis == "tp") o.tp = n;
+           else if (axis == "dp") o.dp = n;
+           else
+             WEFT_REQUIRE(n == 1, ConfigError, "--mesh ", v, ": ", axis, "=", n,
+                          " is not available in serve_gpt (tensor parallelism and independent dp replicas only); use ",
+                          axis, "=1 or leave it out");
+           start = end + 1;
+         }
+       }},
+      {"--requests", [&](const std::string& v) { o.requests = parse_count("--requests", v); }},
+      {"--rate", [&](const std::string& v) { o.rate = parse_real("--rate", v, true); rate = true; }},
+      {"--concurrency", [&](const std::string& v) { o.concurrency = parse_count("--concurrency", v); conc = true; }},
+      {"--prompt-len", [&](const std::string& v) { o.prompt = parse_range("--prompt-len", v); }},
+      {"--output-len", [&](const std::string& v) { o.output = parse_range("--output-len", v); }},
+      {"--temperature", [&](const std::string& v) { o.temperature = parse_real("--temperature", v, false); }},
+      {"--top-k", [&](const std::string& v) { o.top_k = parse_count("--top-k", v, true); }},
+      {"--block-size", [&](const std::string& v) { o.engine.block_size = parse_count("--block-size", v); }},
+      {"--kv-blocks", [&](const std::string& v) { o.kv_blocks = parse_count("--kv-blocks", v); }},
+      {"--token-budget", [&](const std::string& v) { o.engine.token_budget = parse_count("--token-budget", v); }},
+      {"--max-seqs", [&](const std::string& v) { o.engine.max_seqs = parse_count("--max-seqs", v); }},
+      {"--batching", [&](const std::string& v) {
+         o.engine.batching = parse_choice<weft::serve::Batching>(
+             "--batching", v, {{"continuous", weft::serve::Batching::continuous}, {"static", weft::serve::Batching::static_batch}});
+       }},
+  };
+  std::set<std::string> seen;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i], v;
+    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      v = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    } else {
+      auto it = flags.find(a);
+      WEFT_REQUIRE(it != flags.end(), ConfigError, "unknown flag ", a, "; see --help");
+      WEFT_REQUIRE(i + 1 < argc, ConfigError, a, " needs a value; see --help");
+      v = argv[++i];
+    }
+    auto it = flags.find(a);
+    WEFT_REQUIRE(it != flags.end(), ConfigError, "unknown flag ", a, "; see --help");
+    WEFT_REQUIRE(seen.insert(a).second, ConfigError, a, " is given twice; give each flag once");
+    it->second(v);
+  }
+  WEFT_REQUIRE(!(rate && conc), ConfigError, "--rate and --concurrency both given; choose Poisson arrivals (--rate) or a "
+               "closed loop (--concurrency)");
+  if (!rate && !conc) o.concurrency = 4;
+  o.model.batch = 1;
+  o.model.validate();
+  WEFT_REQUIRE(o.prompt.lo > 0, ConfigError, "--prompt-len ", o.prompt.lo, ": prompts need at least one token");
+  WEFT_REQUIRE(o.output.lo > 0, ConfigError, "--output-len ", o.output.lo, ": requests generate at least one token");
+  if (o.engine.token_budget == 0) o.engine.token_budget = o.model.seq;
+  o.engine.blocks = o.kv_blocks ? o.kv_blocks : weft::serve::blocks_for(o.engine.max_seqs * o.model.seq, o.engine.block_size);
+  return o;
+}
+
+// Uniform 64-bit draws from (seed, stream, index): the traffic is the same on every rank and every run.
+std::uint64_t draw(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  const weft::ops::Philox p(seed, stream, index);
+  return (std::uint64_t(p.x[0]) << 32) | p.x[1];
+}
+
+struct Traffic {
+  std::vector<weft::serve::Request> requests;
+  std::vector<double> arrival;  // seconds after the start (Poisson), 0 for the closed loop
+};
+
+Traffic traffic(const Options& o) {
+  Traffic t;
+  const std::uint64_t seed = o.model.seed ^ 0x5e7e5e7eull;
+  double clock = 0;
+  for (std::size_t i = 0; i < o.requests; ++i) {
+    weft::serve::Request r;
+    const std::size_t np = o.prompt.lo + draw(seed, 1, i) % (o.prompt.hi - o.prompt.lo + 1);
+    r.max_new_tokens = o.output.lo + draw(seed, 2, i) % (o.output.hi - o.output.lo + 1);
+    for (std::size_t k = 0; k < np; ++k) r.prompt.push_back(int(draw(seed, 3 + i, k) % o.model.vocab));
+    r.sampling = {o.temperature, o.top_k, seed + i};
+    if (o.rate > 0) clock += -std::log(weft::ops::Philox(seed, 4, i).uniform()) / o.rate;
+    t.arrival.push_back(o.rate > 0 ? clock : 0.0);
+    t.requests.push_back(std::move(r));
+  }
+  return t;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double x = p / 100.0 * double(v.size() - 1);
+  const std::size_t i = std::size_t(x);
+  return i + 1 < v.size() ? v[i] + (x - double(i)) * (v[i + 1] - v[i]) : v.back();
+}
+
+// Gathers every rank's vector of doubles onto world rank 0 (concatenated in rank order).
+std::vector<double> gather(MPI_Comm comm, const std::vector<double>& mine) {
+  int n = int(mine.size()), size = 0, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
+  MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[std::size_t(r)] = total;
+    total += counts[std::size_t(r)];
+  }
+  std::vector<double> all(rank == 0 ? std::size_t(total) : 0);
+  MPI_Gatherv(mine.data(), n, MPI_DOUBLE, all.data(), counts.data(), displs.data(), MPI_DOUBLE, 0, comm);
+  return all;
+}
+
+int run(int argc, char** argv, weft::Environment& env) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      if (env.world().rank() == 0) std::fputs(kUsage, stdout);
+      return 0;
+    }
+  Options o = parse(argc, argv);
+  const int world = env.world().size();
+  if (o.tp == 0) o.tp = world / o.dp;
+  WEFT_REQUIRE(o.tp * o.dp == world, ConfigError, "--mesh tp=", o.tp, ",dp=", o.dp, " needs ", o.tp * o.dp,
+               " ranks but the job has ", world, "; launch with mpirun -n ", o.tp * o.dp, " or change --mesh");
+  o.model.validate_tensor_parallel(std::size_t(o.tp), false);
+  const int replica = env.world().rank() / o.tp;
+  weft::Comm tpc = env.world().split(replica, env.world().rank(), "tp");
+  const bool leader = tpc.rank() == 0;
+
+  Model model(o.model, tpc);
+  double load_seconds = 0;
+  if (!o.checkpoint.empty()) {
+    weft::checkpoint::State<float, Kokkos::DefaultExecutionSpace> state;
+    for (auto* p : model.parameters()) state.add(p->name(), weft::checkpoint::layout_of(*p), 0, p->value);
+    const auto st = weft::checkpoint::load(weft::checkpoint::resolve(o.checkpoint), state, env.world().native());
+    load_seconds = st.seconds;
+    if (env.world().rank() == 0)
+      std::printf("serve_gpt: weights from %s (step %zu, %.3f s)\n", st.path.c_str(), st.step, st.seconds);
+  }
+  Engine engine(model, o.engine);
+  const Traffic all = traffic(o);
+  // This replica's requests: i mod dp == replica.
+  std::vector<std::size_t> mine;
+  for (std::size_t i = 0; i < all.requests.size(); ++i)
+    if (int(i % std::size_t(o.dp)) == replica) mine.push_back(i);
+
+  std::map<std::uint64_t, std::size_t> global_of;  // engine id -> request index
+  std::vector<double> arrival_of(all.requests.size(), -1);
+  std::vector<std::string> rejected_why(all.requests.size());
+  std::vector<std::vector<int>> outputs(all.requests.size());
+  std::vector<double> ttft, itl, e2e;
+  std::size_t next = 0, finished = 0, in_flight = 0, rejected = 0;
+  double kv_sum = 0, kv_max = 0, occ_sum = 0, tok_sum = 0;
+  std::size_t steps = 0;
+  const double t_start = engine.now();
+  std::size_t generated = 0;
+  auto submit = [&](std::size_t k, double at) {
+    const std::size_t i = mine[k];
+    const auto s = engine.submit(all.requests[i]);
+    arrival_of[i] = at;
+    if (!s.accepted) {
+      rejected_why[i] = s.error;
+      ++rejected;
+      ++finished;
+      if (leader && env.world().rank() == 0) std::printf("serve_gpt: request %zu rejected: %s\n", i, s.error.c_str());
+      return;
+    }
+    global_of[s.id] = i;
+    ++in_flight;
+  };
+  while (finished < mine.size()) {
+    // How many requests to submit now: decided on the replica's TP rank 0 (its clock) and broadcast.
+    std::size_t admit = 0;
+    double now = engine.now() - t_start;
+    if (o.rate > 0) {
+      while (next + admit < mine.size() && all.arrival[mine[next + admit]] <= now) ++admit;
+      if (admit == 0 && engine.idle() && next < mine.size()) {
+        // Nothing to do until the next arrival.
+        std::this_thread::sleep_for(std::chrono::duration<double>(all.arrival[mine[next]] - now));
+        now = engine.now() - t_start;
+        while (next + admit < mine.size() && all.arrival[mine[next + admit]] <= now) ++admit;
+      }
+    } else {
+      while (next + admit < mine.size() && in_flight + admit < o.concurrency) ++admit;
+    }
+    long n = long(admit);
+    Kokkos::View<long*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> nv(&n, 1);
+    tpc.broadcast(nv, 0);
+    for (long k = 0; k < n; ++k, ++next) submit(next, o.rate > 0 ? all.arrival[mine[next]] + t_start : engine.now());
+    if (engine.idle()) continue;
+    const auto st = engine.step();
+    ++steps;
+    kv_sum += double(st.blocks_used) / double(o.engine.blocks);
+    kv_max = std::max(kv_max, double(st.blocks_used) / double(o.engine.blocks));
+    occ_sum += double(st.sequences) / double(o.engine.max_seqs);
+    tok_sum += double(st.tokens) / double(o.engine.token_budget);
+    for (auto& c : engine.take_finished()) {
+      const std::size_t i = global_of.at(c.id);
+      outputs[i] = c.tokens;
+      ttft.push_back(c.token_times.front() - arrival_of[i]);
+      for (std::size_t k = 1; k < c.token_times.size(); ++k) itl.push_back(c.token_times[k] - c.token_times[k - 1]);
+      e2e.push_back(c.token_times.back() - arrival_of[i]);
+      generated += c.tokens.size();
+      --in_flight;
+      ++finished;
+    }
+  }
+  const double seconds = engine.now() - t_start;
+
+  // Every replica's results onto world rank 0: its leader sends, the other TP ranks send nothing.
+  auto share = [&](const std::vector<double>& v) { return gather(env.world().native(), leader ? v : std::vector<double>{}); };
+  std::vector<double> flat;  // request index, count, tokens... for this replica's requests
+  for (std::size_t i : mine) {
+    flat.push_back(double(i));
+    flat.push_back(double(outputs[i].size()));
+    for (int t : outputs[i]) flat.push_back(double(t));
+  }
+  const auto outs = share(flat), ttft_all = share(ttft), itl_all = share(itl), e2e_all = share(e2e);
+  const auto counts = share({double(generated), seconds, double(rejected), double(engine.preemptions()), double(steps),
+                             kv_sum, kv_max, occ_sum, tok_sum});
+  const auto mem = engine.runner().memory();
+  const auto plan = weft::serve::planned_memory(o.model, std::size_t(o.tp), o.engine);
+  if (env.world().rank() != 0) return 0;
+
+  std::vector<std::vector<int>> all_out(all.requests.size());
+  for (std::size_t k = 0; k < outs.size();) {
+    const std::size_t i = std::size_t(outs[k]), n = std::size_t(outs[k + 1]);
+    for (std::size_t j = 0; j < n; ++j) all_out[i].push_back(int(outs[k + 2 + j]));
+    k += 2 + n;
+  }
+  double gen = 0, wall = 0, rej = 0, pre = 0, nsteps = 0, kvs = 0, kvm = 0, occ = 0, toks = 0;
+  for (std::size_t k = 0; k < counts.size(); k += 9) {
+    gen += counts[k];
+    wall = std::max(wall, counts[k + 1]);
+    rej += counts[k + 2];
+    pre += counts[k + 3];
+    nsteps += counts[k + 4];
+    kvs += counts[k + 5];
+    kvm = std::max(kvm, counts[k + 6]);
+    occ += counts[k + 7];
+    toks += counts[k + 8];
+  }
+  auto pct = [](const std::vector<double>& v) {
+    Json j = Json::object();
+    j.set("p50", percentile(v, 50));
+    j.set("p90", percentile(v, 90));
+    j.set("p99", percentile(v, 99));
+    j.set("mean", v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()));
+    j.set("count", v.size());
+    return j;
+  };
+  const double tps = wall > 0 ? gen / wall : 0;
+  std::printf("serve_gpt: %zu requests (%g rejected), %g tokens in %.3f s: %.1f tokens/s; %g steps, %g preemptions\n",
+              all.requests.size(), rej, gen, wall, tps, nsteps, pre);
+  std::printf("serve_gpt: TTFT p50 %.4f p90 %.4f p99 %.4f s; inter-token p50 %.4f p90 %.4f p99 %.4f s\n",
+              percentile(ttft_all, 50), percentile(ttft_all, 90), percentile(ttft_all, 99), percentile(itl_all, 50),
+              percentile(itl_all, 90), percentile(itl_all, 99));
+  std::printf("serve_gpt: KV blocks used mean %.3f max %.3f of %zu; batch occupancy %.3f of %zu sequences, %.3f of %zu tokens\n",
+              nsteps ? kvs / nsteps : 0.0, kvm, o.engine.blocks, nsteps ? occ / nsteps : 0.0, o.engine.max_seqs,
+              nsteps ? toks / nsteps : 0.0, o.engine.token_budget);
+  const double planned = plan.weights + plan.kv_cache + plan.workspace + plan.buffers;
+  std::printf("serve_gpt: memory per rank %zu bytes (weights %zu, KV %zu, workspace %zu, buffers %zu); planned %.0f: %+.1f %%\n",
+              mem.total(), mem.weights, mem.kv_cache, mem.workspace, mem.buffers, planned,
+              100.0 * (double(mem.total()) - planned) / planned);
+  if (o.record.empty()) return 0;
+
+  Json r = Json::object();
+  r.set("record_version", 1);
+  r.set("program", "serve_gpt");
+  r.set("weft_version", WEFT_VERSION_STRING);
+  r.set("git_commit", WEFT_GIT_COMMIT);
+  Json mj0 = Json::object();
+  mj0.set("layers", o.model.layers);
+  mj0.set("d_model", o.model.d_model);
+  mj0.set("heads", o.model.heads);
+  mj0.set("kv_heads", o.model.kv());
+  mj0.set("context", o.model.seq);
+  mj0.set("vocab", o.model.vocab);
+  mj0.set("seed", static_cast<unsigned long long>(o.model.seed));
+  mj0.set("norm", o.model.norm == weft::nn::NormKind::layernorm ? "layernorm" : "rmsnorm");
+  mj0.set("mlp", o.model.mlp == weft::nn::MlpKind::gelu ? "gelu" : "swiglu");
+  mj0.set("pos", o.model.position == weft::nn::PositionKind::learned ? "learned" : "rotary");
+  mj0.set("weights", o.checkpoint.empty() ? std::string("seed") : o.checkpoint);
+  mj0.set("precision", "float32");
+  r.set("model", mj0);
+  Json mesh = Json::object();
+  mesh.set("tp", o.tp);
+  mesh.set("dp", o.dp);
+  mesh.set("world", world);
+  r.set("mesh", mesh);
+  Json eng = Json::object();
+  eng.set("block_size", o.engine.block_size);
+  eng.set("kv_blocks", o.engine.blocks);
+  eng.set("token_budget", o.engine.token_budget);
+  eng.set("max_seqs", o.engine.max_seqs);
+  eng.set("batching", o.engine.batching == weft::serve::Batching::continuous ? "continuous" : "static");
+  r.set("engine", eng);
+  Json tr = Json::object();
+  tr.set("model", o.rate > 0 ? "poisson" : "closed_loop");
+  tr.set("requests", o.requests);
+  tr.set("rate", o.rate > 0 ? Json(o.rate) : Json());
+  tr.set("concurrency", o.rate > 0 ? Json() : Json(o.concurrency));
+  tr.set("prompt_len", Json(Json::Array{Json(o.prompt.lo), Json(o.prompt.hi)}));
+  tr.set("output_len", Json(Json::Array{Json(o.output.lo), Json(o.output.hi)}));
+  tr.set("temperature", o.temperature);
+  tr.set("top_k", o.top_k);
+  r.set("traffic", tr);
+  r.set("seconds", wall);
+  r.set("generated_tokens", gen);
+  r.set("tokens_per_second", tps);
+  r.set("tokens_per_second_method", "generated tokens of all replicas / the longest replica's wall time from its first step to its last request's end");
+  r.set("ttft_seconds", pct(ttft_all));
+  r.set("inter_token_seconds", pct(itl_all));
+  r.set("e2e_seconds", pct(e2e_all));
+  r.set("steps", nsteps);
+  r.set("preemptions", pre);
+  r.set("rejected", rej);
+  Json kv = Json::object();
+  kv.set("mean_fraction", nsteps ? kvs / nsteps : 0.0);
+  kv.set("max_fraction", kvm);
+  r.set("kv_cache_use", kv);
+  Json occj = Json::object();
+  occj.set("mean_sequences_fraction", nsteps ? occ / nsteps : 0.0);
+  occj.set("mean_tokens_fraction", nsteps ? toks / nsteps : 0.0);
+  r.set("batch_occupancy", occj);
+  Json mj = Json::object();
+  mj.set("weights", mem.weights);
+  mj.set("kv_cache", mem.kv_cache);
+  mj.set("workspace", mem.workspace);
+  mj.set("buffers", mem.buffers);
+  mj.set("total", mem.total());
+  r.set("memory_bytes_per_rank", mj);
+  Json pj = Json::object();
+  pj.set("weights", plan.weights);
+  pj.set("kv_cache", plan.kv_cache);
+  pj.set("workspace", plan.workspace);
+  pj.set("buffers", plan.buffers);
+  pj.set("total", planned);
+  pj.set("relative_error", (double(mem.total()) - planned) / planned);
+  r.set("planned_memory_bytes_per_rank", pj);
+  r.set("checkpoint_load_seconds", load_seconds);
+  Json::Array oa, ra;
+  for (const auto& why : rejected_why) ra.push_back(why.empty() ? Json() : Json(why));
+  r.set("rejections", Json(std::move(ra)));
+  for (std::size_t i = 0; i < all_out.size(); ++i) {
+    Json::Array t;
+    for (int x : all_out[i]) t.push_back(Json(x));
+    oa.push_back(Json(std::move(t)));
+  }
+  r.set("outputs", Json(std::move(oa)));
+  std::ofstream f(o.record);
+  WEFT_REQUIRE(f.good(), weft::IoError, "--record ", o.record, ": cannot open for writing");
+  f << r.dump(1) << "\n";
+  WEFT_REQUIRE(f.good(), weft::IoError, "--record ", o.record, ": write failed");
+  std::printf("serve_gpt: record written to %s\n", o.record.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  weft::Environment env(argc, argv);
+  try {
+    return run(argc, argv, env);
+  } catch (const weft::Error& e) {
+    return weft::report_error_once(env, e, "serve_gpt", 2);
+  }
+}

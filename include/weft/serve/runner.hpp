@@ -1,0 +1,400 @@
+// The inference forward pass of the reference GPT over a block KV cache:
+// one pass takes a flat batch of tokens from any number of requests, each
+// token with its request's block table and its position, so prefill chunks
+// and single-token decodes of different requests run in the same matmuls
+// (the ragged batch continuous batching needs). It reads the weights of an
+// nn::GPTModel -- the training model, from its seed or from a checkpoint
+// loaded into it -- and, when the model's layer policy is tensor-parallel,
+// runs split as training does: heads, their KV cache, the MLP and the
+// vocabulary sharded over TP, one all-reduce after each row-parallel
+// product, and the vocabulary-split logits gathered for sampling.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <weft/nn/gpt.hpp>
+#include <weft/ops/elementwise.hpp>
+#include <weft/ops/embedding.hpp>
+#include <weft/ops/gemm.hpp>
+#include <weft/ops/norm.hpp>
+#include <weft/serve/kv_cache.hpp>
+
+namespace weft::serve {
+
+/// One forward pass's tokens, on the host: token n of the batch is
+/// tokens[n] at position positions[n] of sequence seqs[n], whose KV blocks
+/// are block_tables[seqs[n]]. A sequence's tokens in a batch are consecutive
+/// and in position order; their keys and values are written to the cache
+/// before attention, so a token attends to its own sequence's positions
+/// 0..positions[n] (causal), cached or in the batch.
+struct StepBatch {
+  std::vector<int> tokens;                     ///< token ids
+  std::vector<int> positions;                  ///< position of each token in its sequence
+  std::vector<int> seqs;                       ///< index into block_tables of each token
+  std::vector<std::vector<int>> block_tables;  ///< per sequence: its blocks, in position order
+  std::vector<int> logit_rows;                 ///< tokens whose next-token logits are wanted
+
+  /// Appends tokens [first, first + count) of `ids` of a sequence with `table` (its blocks);
+  /// with `want_last` the logits after its last token are wanted.
+  void add(const std::vector<int>& ids, std::size_t first, std::size_t count, const std::vector<int>& table,
+           bool want_last) {
+    const int s = int(block_tables.size());
+    block_tables.push_back(table);
+    for (std::size_t i = first; i < first + count; ++i) {
+      tokens.push_back(ids[i]);
+      positions.push_back(int(i));
+      seqs.push_back(s);
+    }
+    if (want_last) logit_rows.push_back(int(tokens.size()) - 1);
+  }
+};
+
+/// Bytes of a serving rank by category (those of plan::InferenceBudget).
+struct ServeMemory {
+  std::size_t weights = 0;    ///< parameter values
+  std::size_t kv_cache = 0;   ///< keys and values of every layer, the whole pool
+  std::size_t workspace = 0;  ///< activations of one pass and its logits
+  std::size_t buffers = 0;    ///< tensor-parallel gather buffer, batch descriptors
+  /// Sum of the categories.
+  std::size_t total() const { return weights + kv_cache + workspace + buffers; }
+};
+
+/// The reference GPT's inference pass over a KV cache of `blocks` blocks of
+/// `block_size` tokens. T, Space and LayerPolicy are the model's: with
+/// weft::TensorParallel<...> the runner is split over the model's TP axis
+/// (every TP rank must run the same batches, in the same order).
+template <class T, class Space = Kokkos::DefaultExecutionSpace, class LayerPolicy = NoPolicy>
+class ModelRunner {
+ public:
+  /// The model whose weights this runner reads.
+  using Model = nn::GPTModel<T, Space, LayerPolicy>;
+  /// A row-major matrix on the model's space.
+  using Mat = ops::Matrix<T, Space>;
+  /// Logits on the host, [rows, vocab].
+  using HostLogits = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>;
+
+  /// A runner over `model`'s weights (kept by reference: they must outlive
+  /// the runner) with a cache of `blocks` x `block_size` tokens, for passes
+  /// of at most `max_tokens` tokens of at most `max_seqs` sequences, with
+  /// the logits of at most `max_logit_rows` tokens (0: max_seqs, one per
+  /// sequence, what generation needs). Throws ConfigError for a model with
+  /// context parallelism, or zero sizes.
+  ModelRunner(Model& model, std::size_t blocks, std::size_t block_size, std::size_t max_tokens, std::size_t max_seqs,
+              std::size_t max_logit_rows = 0)
+      : cfg_(model.config()),
+        tp_(model.tensor_parallel()),
+        l_(cfg_.local(tp_.size())),
+        max_tokens_(max_tokens),
+        max_seqs_(max_seqs),
+        max_logit_rows_(max_logit_rows ? max_logit_rows : max_seqs),
+        max_blocks_per_seq_(blocks_for(cfg_.seq, block_size)),
+        cache_(cfg_.layers, blocks, block_size, l_.kv() * cfg_.head_dim()) {
+    WEFT_REQUIRE(!model.context_parallel().active(), ConfigError,
+                 "serve::ModelRunner: serving over a context-parallel axis is not supported; build the model without CP");
+    WEFT_REQUIRE(max_tokens > 0 && max_seqs > 0, ConfigError, "serve::ModelRunner: max_tokens (", max_tokens,
+                 ") and max_seqs (", max_seqs, ") must be positive");
+    std::map<std::string, nn::Parameter<T, Space>*> by_name;
+    for (auto* p : model.parameters()) by_name[p->name()] = p;
+    auto get = [&](const std::string& n) -> nn::Parameter<T, Space>* {
+      auto it = by_name.find(n);
+      return it == by_name.end() ? nullptr : it->second;
+    };
+    tok_ = get("tok_emb.weight");
+    pos_ = get("pos_emb.weight");
+    for (std::size_t b = 0; b < cfg_.layers; ++b) {
+      const std::string p = "blocks." + std::to_string(b) + ".";
+      blocks_.push_back({get(p + "ln1.weight"), get(p + "ln1.bias"), get(p + "attn.qkv.weight"),
+                         get(p + "attn.qkv.bias"), get(p + "attn.proj.weight"), get(p + "attn.proj.bias"),
+                         get(p + "ln2.weight"), get(p + "ln2.bias"), get(p + "mlp.up.weight"), get(p + "mlp.up.bias"),
+                         get(p + "mlp.down.weight"), get(p + "mlp.down.bias")});
+    }
+    lnf_w_ = get("ln_f.weight");
+    lnf_b_ = get("ln_f.bias");
+    head_ = get("lm_head.weight");
+    WEFT_REQUIRE(tok_ && head_ && lnf_w_, Error, "serve::ModelRunner: the model lacks its embedding, final norm or head");
+    for (auto* p : model.parameters()) weight_bytes_ += p->size() * sizeof(T);
+    const std::size_t N = max_tokens, D = cfg_.d_model, up_cols = l_.hidden() * (cfg_.mlp == nn::MlpKind::swiglu ? 2 : 1);
+    x_ = Mat("serve.residual", N, D);
+    h_ = Mat("serve.norm_out", N, D);
+    out_ = Mat("serve.block_out", N, D);
+    qkv_ = Mat("serve.qkv", N, l_.qkv_cols());
+    up_ = Mat("serve.mlp_up", N, up_cols);
+    act_ = Mat("serve.mlp_act", N, l_.hidden());
+    mean_ = ops::Vector<T, Space>("serve.norm_mean", N);
+    rstd_ = ops::Vector<T, Space>("serve.norm_rstd", N);
+    ids_ = ops::Tokens<Space>("serve.ids", N);
+    posv_ = ops::Tokens<Space>("serve.positions", N);
+    seqv_ = ops::Tokens<Space>("serve.seqs", N);
+    rows_ = ops::Tokens<Space>("serve.logit_rows", N);
+    tables_ = Kokkos::View<int**, Kokkos::LayoutRight, Space>("serve.block_tables", max_seqs, max_blocks_per_seq_);
+    const std::size_t R = max_logit_rows_;
+    hl_ = Mat("serve.logit_hidden", R, D);
+    hn_ = Mat("serve.logit_norm_out", R, D);
+    logits_local_ = Mat("serve.logits_local", R, cfg_.vocab / tp_.size());
+    if (tp_.active()) logits_full_ = Mat("serve.logits_gathered", R, cfg_.vocab);
+  }
+
+  /// The model's configuration (whole model, as built).
+  const nn::GPTConfig& config() const { return cfg_; }
+  /// The KV cache (this rank's key/value heads).
+  const KVCache<T, Space>& cache() const { return cache_; }
+  /// Tokens per KV block.
+  std::size_t block_size() const { return cache_.block_size; }
+  /// Blocks in the KV cache.
+  std::size_t blocks() const { return cache_.blocks(); }
+  /// Most tokens of one pass.
+  std::size_t max_tokens() const { return max_tokens_; }
+  /// Most sequences of one pass.
+  std::size_t max_seqs() const { return max_seqs_; }
+
+  /// Bytes this runner uses on this rank, by the categories of
+  /// plan::InferenceBudget: the model's parameter values (weights; the
+  /// training model's gradients and activations are not counted, serving
+  /// never touches them), the KV cache, one pass's activations and logits
+  /// (workspace), and the tensor-parallel logits gather and batch
+  /// descriptors (buffers).
+  ServeMemory memory() const {
+    ServeMemory m;
+    m.weights = weight_bytes_;
+    m.kv_cache = cache_.bytes();
+    for (const Mat* v : {&x_, &h_, &out_, &qkv_, &up_, &act_, &hl_, &hn_, &logits_local_})
+      m.workspace += nn::detail::bytes_of(*v);
+    m.workspace += nn::detail::bytes_of(mean_) + nn::detail::bytes_of(rstd_);
+    m.buffers = nn::detail::bytes_of(logits_full_) + nn::detail::bytes_of(tables_) + 4 * nn::detail::bytes_of(ids_);
+    return m;
+  }
+  /// Bytes of the model's parameter values on this rank.
+  std::size_t weight_bytes() const { return weight_bytes_; }
+  /// Bytes of the KV cache on this rank.
+  std::size_t kv_bytes() const { return cache_.bytes(); }
+
+  /// Runs batch b: writes its tokens' keys and values into their blocks and
+  /// returns the logits [b.logit_rows.size(), vocab] of the wanted tokens,
+  /// whole on every TP rank. Throws ShapeError for a batch over the limits
+  /// or a position beyond the context, and for token ids outside the vocabulary.
+  HostLogits forward(const StepBatch& b) {
+    const std::size_t N = b.tokens.size(), S = b.block_tables.size(), R = b.logit_rows.size();
+    WEFT_REQUIRE(N > 0 && N <= max_tokens_ && S <= max_seqs_ && R <= N && R <= max_logit_rows_, ShapeError, "serve::ModelRunner: a pass of ", N,
+                 " tokens of ", S, " sequences (", R, " logit rows); the runner takes 1..", max_tokens_, " tokens of at most ",
+                 max_seqs_, " sequences and ", max_logit_rows_, " logit rows");
+    upload(b);
+    const std::size_t D = cfg_.d_model;
+    auto rows = [&](const Mat& m, std::size_t n) { return Kokkos::subview(m, std::make_pair(std::size_t(0), n), Kokkos::ALL); };
+    auto x = rows(x_, N), h = rows(h_, N), out = rows(out_, N), qkv = rows(qkv_, N), up = rows(up_, N),
+         act = rows(act_, N);
+    // The heads' outputs [N, D / tp] live in the norm output's storage, free once QKV has read it.
+    Kokkos::View<T**, Kokkos::LayoutRight, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> heads(h_.data(), N, l_.d_model);
+    auto mean = Kokkos::subview(mean_, std::make_pair(std::size_t(0), N));
+    auto rstd = Kokkos::subview(rstd_, std::make_pair(std::size_t(0), N));
+    auto ids = Kokkos::subview(ids_, std::make_pair(std::size_t(0), N));
+    // Embedding, as nn::Embedding: token rows (vocabulary-split and summed over TP), then positions.
+    if (!tp_.active()) {
+      ops::embedding_forward(tok_->matrix(), ids, x);
+    } else {
+      ops::vocab_embedding_forward(tok_->matrix(), ids, tp_.rank() * (cfg_.vocab / tp_.size()), cfg_.vocab, x);
+      tp_.comm->all_reduce(x);
+    }
+    if (pos_) add_positions(x, N);
+    for (std::size_t l = 0; l < cfg_.layers; ++l) {
+      const auto& w = blocks_[l];
+      norm(x, w.ln1_w, w.ln1_b, h, mean, rstd);
+      ops::gemm(ops::Trans::N, ops::Trans::N, T(1), h, w.qkv_w->matrix(), T(0), qkv);
+      ops::bias_add(qkv, w.qkv_b->value);
+      if (cfg_.position == nn::PositionKind::rotary) rotate(qkv, N);
+      store_kv(qkv, l, N);
+      attend(qkv, l, heads, N);
+      row_parallel(heads, *w.proj_w, w.proj_b, out);
+      ops::add(out, out, x);  // the residual stream between attention and MLP (Block's `mid`)
+      norm(out, w.ln2_w, w.ln2_b, h, mean, rstd);
+      ops::gemm(ops::Trans::N, ops::Trans::N, T(1), h, w.up_w->matrix(), T(0), up);
+      if (cfg_.mlp == nn::MlpKind::gelu) {
+        ops::bias_gelu_forward(up, w.up_b->value, act);
+      } else {
+        ops::bias_add(up, w.up_b->value);
+        ops::swiglu_forward(up, act);
+      }
+      row_parallel(act, *w.down_w, w.down_b, x);
+      ops::add(x, x, out);
+    }
+    HostLogits result("serve.logits", R, cfg_.vocab);
+    if (R == 0) return result;
+    auto hl = rows(hl_, R), hn = rows(hn_, R);
+    {
+      const auto src = x_;
+      const auto rv = rows_;
+      Kokkos::parallel_for(
+          "weft::serve::gather_rows", Kokkos::RangePolicy<typename Space::execution_space>(0, R * D),
+          KOKKOS_LAMBDA(std::size_t i) { hl(i / D, i % D) = src(std::size_t(rv(i / D)), i % D); });
+    }
+    norm(hl, lnf_w_, lnf_b_, hn, Kokkos::subview(mean_, std::make_pair(std::size_t(0), R)),
+         Kokkos::subview(rstd_, std::make_pair(std::size_t(0), R)));
+    auto local = rows(logits_local_, R);
+    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), hn, head_->matrix(), T(0), local);
+    if (!tp_.active()) {
+      Kokkos::deep_copy(result, local);
+    } else {
+      auto full = rows(logits_full_, R);
+      const std::size_t Vl = cfg_.vocab / tp_.size();
+      tp_.comm->all_gather(local, full, BlockLayout{R, Vl, cfg_.vocab});
+      Kokkos::deep_copy(result, full);
+    }
+    return result;
+  }
+
+ private:
+  struct BlockWeights {
+    nn::Parameter<T, Space>*ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *up_w, *up_b, *down_w,
+        *down_b;
+  };
+
+  void upload(const StepBatch& b) {
+    const std::size_t N = b.tokens.size();
+    auto put = [&](const ops::Tokens<Space>& dst, const std::vector<int>& src) {
+      auto hm = Kokkos::create_mirror_view(dst);
+      for (std::size_t i = 0; i < src.size(); ++i) hm(i) = src[i];
+      Kokkos::deep_copy(dst, hm);
+    };
+    for (std::size_t i = 0; i < N; ++i)
+      WEFT_REQUIRE(b.positions[i] >= 0 && std::size_t(b.positions[i]) < cfg_.seq && b.seqs[i] >= 0 &&
+                       std::size_t(b.seqs[i]) < b.block_tables.size() &&
+                       std::size_t(b.positions[i]) < b.block_tables[std::size_t(b.seqs[i])].size() * cache_.block_size,
+                   ShapeError, "serve::ModelRunner: token ", i, " at position ", b.positions[i],
+                   " lies outside the context of ", cfg_.seq, " tokens or outside its sequence's blocks");
+    put(ids_, b.tokens);
+    put(posv_, b.positions);
+    put(seqv_, b.seqs);
+    put(rows_, b.logit_rows);
+    auto ht = Kokkos::create_mirror_view(tables_);
+    for (std::size_t s = 0; s < b.block_tables.size(); ++s) {
+      WEFT_REQUIRE(b.block_tables[s].size() <= max_blocks_per_seq_, ShapeError, "serve::ModelRunner: sequence ", s,
+                   " holds ", b.block_tables[s].size(), " blocks; a context of ", cfg_.seq, " tokens needs at most ",
+                   max_blocks_per_seq_);
+      for (std::size_t j = 0; j < b.block_tables[s].size(); ++j) ht(s, j) = b.block_tables[s][j];
+    }
+    Kokkos::deep_copy(tables_, ht);
+  }
+
+  template <class XV, class YV, class MV>
+  void norm(const XV& x, nn::Parameter<T, Space>* w, nn::Parameter<T, Space>* b, const YV& y, const MV& mean,
+            const MV& rstd) const {
+    if (cfg_.norm == nn::NormKind::layernorm)
+      ops::layernorm_forward(x, w->value, b->value, T(cfg_.norm_eps), y, mean, rstd);
+    else
+      ops::rmsnorm_forward(x, w->value, T(cfg_.norm_eps), y, rstd);
+  }
+
+  // out = in W (+ b), the partial sums of a row-parallel product joined over TP first (as detail::row_parallel_forward).
+  template <class XV, class OV>
+  void row_parallel(const XV& in, const nn::Parameter<T, Space>& w, nn::Parameter<T, Space>* b, const OV& out) const {
+    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), in, w.matrix(), T(0), out);
+    if (tp_.active()) tp_.comm->all_reduce(out);
+    if (b) ops::bias_add(out, b->value);
+  }
+
+  template <class XV>
+  void add_positions(const XV& x, std::size_t N) const {
+    const auto P = pos_->matrix();
+    const auto pv = posv_;
+    const std::size_t D = cfg_.d_model;
+    Kokkos::parallel_for(
+        "weft::serve::positions", Kokkos::RangePolicy<typename Space::execution_space>(0, N * D),
+        KOKKOS_LAMBDA(std::size_t i) { x(i / D, i % D) += P(std::size_t(pv(i / D)), i % D); });
+  }
+
+  // Rotary positions of this rank's query and key heads at each token's own
+  // position (the formula of ops::rotary_apply, evaluated identically).
+  template <class QV>
+  void rotate(const QV& qkv, std::size_t N) const {
+    const std::size_t hd = cfg_.head_dim(), half = hd / 2, Hq = l_.heads, Hk = l_.kv(), Dl = l_.d_model;
+    const double base = cfg_.rope_base;
+    const auto pv = posv_;
+    Kokkos::parallel_for(
+        "weft::serve::rotary", Kokkos::RangePolicy<typename Space::execution_space>(0, N), KOKKOS_LAMBDA(std::size_t r) {
+          const double pos = double(pv(r));
+          for (std::size_t i = 0; i < half; ++i) {
+            const double ang = pos * ops::math::pow(base, -2.0 * double(i) / double(hd));
+            const T c = T(ops::math::cos(ang)), sn = T(ops::math::sin(ang));
+            for (std::size_t h = 0; h < Hq + Hk; ++h) {
+              const std::size_t a = (h < Hq ? h * hd : Dl + (h - Hq) * hd) + i, bb = a + half;
+              const T xa = qkv(r, a), xb = qkv(r, bb);
+              qkv(r, a) = xa * c - xb * sn;
+              qkv(r, bb) = xa * sn + xb * c;
+            }
+          }
+        });
+  }
+
+  // Writes each token's keys and values (this rank's key/value heads) into its block slot.
+  template <class QV>
+  void store_kv(const QV& qkv, std::size_t layer, std::size_t N) const {
+    const std::size_t W = l_.kv() * cfg_.head_dim(), Dl = l_.d_model, bs = cache_.block_size;
+    const auto K = cache_.k, V = cache_.v;
+    const auto pv = posv_, sv = seqv_;
+    const auto bt = tables_;
+    Kokkos::parallel_for(
+        "weft::serve::store_kv", Kokkos::RangePolicy<typename Space::execution_space>(0, N * W),
+        KOKKOS_LAMBDA(std::size_t i) {
+          const std::size_t r = i / W, c = i % W, p = std::size_t(pv(r));
+          const std::size_t blk = std::size_t(bt(std::size_t(sv(r)), p / bs));
+          K(layer, blk, p % bs, c) = qkv(r, Dl + c);
+          V(layer, blk, p % bs, c) = qkv(r, Dl + W + c);
+        });
+  }
+
+  // Causal attention of each token's query heads over its sequence's cached
+  // keys and values, positions 0..its own, in one pass with a running
+  // maximum (no [tokens, context] scores are stored); grouped-query heads
+  // share a key/value head.
+  template <class QV, class HV>
+  void attend(const QV& qkv, std::size_t layer, const HV& heads, std::size_t N) const {
+    const std::size_t hd = cfg_.head_dim(), Hq = l_.heads, group = l_.heads / l_.kv(), bs = cache_.block_size;
+    const T scale = T(1) / std::sqrt(T(hd));
+    const auto K = cache_.k, V = cache_.v;
+    const auto pv = posv_, sv = seqv_;
+    const auto bt = tables_;
+    Kokkos::parallel_for(
+        "weft::serve::attention", Kokkos::RangePolicy<typename Space::execution_space>(0, N * Hq),
+        KOKKOS_LAMBDA(std::size_t i) {
+          const std::size_t r = i / Hq, h = i % Hq, kvc = (h / group) * hd, p = std::size_t(pv(r)), s = std::size_t(sv(r));
+          const std::size_t q0 = h * hd;
+          T mx = 0, sum = 0;
+          for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) = 0;
+          for (std::size_t j = 0; j <= p; ++j) {
+            const std::size_t blk = std::size_t(bt(s, j / bs)), slot = j % bs;
+            T dot = 0;
+            for (std::size_t d = 0; d < hd; ++d) dot += qkv(r, q0 + d) * K(layer, blk, slot, kvc + d);
+            dot *= scale;
+            if (j == 0 || dot > mx) {  // a new maximum: rescale what is summed so far
+              const T c = j == 0 ? T(0) : ops::math::fast_exp(mx - dot);
+              sum *= c;
+              for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) *= c;
+              mx = dot;
+            }
+            const T e = ops::math::fast_exp(dot - mx);
+            sum += e;
+            for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) += e * V(layer, blk, slot, kvc + d);
+          }
+          const T inv = T(1) / sum;
+          for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) *= inv;
+        });
+  }
+
+  nn::GPTConfig cfg_;
+  nn::TensorParallel tp_;
+  nn::GPTConfig l_;  // this rank's heads and MLP width
+  std::size_t max_tokens_, max_seqs_, max_logit_rows_, max_blocks_per_seq_;
+  KVCache<T, Space> cache_;
+  nn::Parameter<T, Space>*tok_ = nullptr, *pos_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr, *head_ = nullptr;
+  std::vector<BlockWeights> blocks_;
+  std::size_t weight_bytes_ = 0;
+  Mat x_, h_, out_, qkv_, up_, act_, hl_, hn_, logits_local_, logits_full_;
+  ops::Vector<T, Space> mean_, rstd_;
+  ops::Tokens<Space> ids_, posv_, seqv_, rows_;
+  Kokkos::View<int**, Kokkos::LayoutRight, Space> tables_;
+};
+
+}  // namespace weft::serve

@@ -1,0 +1,300 @@
+// The serving runtime on the reference GPT, with the world as the TP axis
+// (so at 2 and 4 ranks the model, its heads and its KV cache are split):
+// decoding over the block KV cache gives the logits of the training model's
+// full forward; greedy generation split over TP gives the single-process
+// tokens; a request's tokens do not depend on what shares its batch, nor on
+// being preempted when the KV blocks run out; bad requests are rejected with
+// a message while the others are served. Double precision where tokens are
+// compared (float ties could break differently across TP sizes).
+#include <cmath>
+#include <filesystem>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "weft_test.hpp"
+
+namespace {
+
+using weft::nn::GPTConfig;
+using namespace weft::serve;
+using TPOnly = weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>;
+
+GPTConfig tiny(bool gpt2) {
+  GPTConfig c;
+  c.layers = 2;
+  c.d_model = 32;
+  c.heads = 4;
+  c.kv_heads = gpt2 ? 0 : 4;
+  c.seq = 40;
+  c.batch = 1;
+  c.vocab = 256;
+  c.seed = 77;
+  if (!gpt2) {
+    c.mlp = weft::nn::MlpKind::swiglu;
+    c.norm = weft::nn::NormKind::rmsnorm;
+    c.position = weft::nn::PositionKind::rotary;
+  }
+  return c;
+}
+
+std::vector<int> tokens(std::size_t n, std::uint64_t seed, int vocab = 256) {
+  std::vector<int> t(n);
+  for (auto& v : t) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    v = int((seed >> 33) % std::uint64_t(vocab));
+  }
+  return t;
+}
+
+// Decode in three ways -- a prefill chunk, chunks of 5, then one token at a
+// time -- over a cache whose blocks are not in order, and compare each
+// position's logits with the training model's forward over the whole sequence.
+template <class T>
+double kv_decode_error(const GPTConfig& c) {
+  using Model = weft::nn::GPT<T, TPOnly>;
+  Model model(c, weft::test::world());
+  const auto ids = tokens(c.seq, 5);
+  weft::ops::Tokens<> idv("ids", c.seq), tgt("targets", c.seq);
+  auto hi = Kokkos::create_mirror_view(idv);
+  for (std::size_t i = 0; i < c.seq; ++i) hi(i) = ids[i];
+  Kokkos::deep_copy(idv, hi);
+  Kokkos::deep_copy(tgt, 0);
+  model.loss(idv, tgt);
+  auto ref = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.logits());  // [seq, V / tp]
+  const std::size_t Vl = ref.extent(1), first = std::size_t(weft::test::world().rank()) * Vl;
+
+  ModelRunner<T, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> runner(model, 16, 4, 16, 2, 16);
+  std::vector<int> table{9, 2, 14, 0, 5, 11, 3, 7, 1, 12};  // 10 blocks of 4: the 40 positions
+  std::vector<int> pos(c.seq);
+  std::iota(pos.begin(), pos.end(), 0);
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < c.seq; ++i)
+    for (std::size_t v = 0; v < Vl; ++v) scale = std::max(scale, std::abs(double(ref(i, v))));
+  auto run = [&](std::size_t from, std::size_t n) {
+    StepBatch b;
+    b.add(ids, from, n, table, false);
+    for (std::size_t i = 0; i < n; ++i) b.logit_rows.push_back(int(i));
+    const auto got = runner.forward(b);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t v = 0; v < Vl; ++v)
+        worst = std::max(worst, std::abs(double(got(i, first + v)) - double(ref(from + i, v))));
+  };
+  run(0, 7);
+  for (std::size_t p = 7; p < 22; p += 5) run(p, 5);
+  for (std::size_t p = 22; p < c.seq; ++p) run(p, 1);
+  return worst / scale;
+}
+
+struct Served {
+  std::vector<std::vector<int>> tokens;
+  std::size_t preemptions = 0, rejected = 0, steps = 0;
+};
+
+std::vector<Request> requests(std::size_t n, std::size_t max_new = 6) {
+  std::vector<Request> r;
+  for (std::size_t i = 0; i < n; ++i) {
+    Request q;
+    q.prompt = tokens(3 + (i * 7) % 17, 100 + i);
+    q.max_new_tokens = max_new + i % 3;
+    r.push_back(q);
+  }
+  return r;
+}
+
+template <class T, class Space, class LP>
+Served serve(weft::nn::GPTModel<T, Space, LP>& model, const EngineConfig& ec, const std::vector<Request>& rs) {
+  Engine<T, Space, LP> e(model, ec);
+  std::vector<std::uint64_t> ids;
+  for (const auto& r : rs) {
+    const Submission s = e.submit(r);
+    REQUIRE(s.accepted);
+    ids.push_back(s.id);
+  }
+  Served out;
+  out.steps = e.run_until_idle();
+  out.tokens.resize(rs.size());
+  for (auto& c : e.take_finished()) out.tokens[c.id] = c.tokens;
+  out.preemptions = e.preemptions();
+  CHECK(e.pool().used() == 0);  // every block came back
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("serve: decoding over the KV cache gives the full forward's logits") {
+  for (bool gpt2 : {true, false}) {
+    CAPTURE(gpt2);
+    const double ed = kv_decode_error<double>(tiny(gpt2));
+    const double ef = kv_decode_error<float>(tiny(gpt2));
+    MESSAGE("max |decode - forward| / max |logit|: double " << ed << ", float " << ef);
+    CHECK(ed < 1e-12);
+    CHECK(ef < 1e-5);
+  }
+}
+
+TEST_CASE("serve: greedy tokens split over TP equal the single-process tokens") {
+  const GPTConfig c = tiny(false);
+  weft::nn::GPT<double> single(c);
+  weft::nn::GPT<double, TPOnly> split(c, weft::test::world());
+  EngineConfig ec;
+  ec.block_size = 4;
+  ec.blocks = 64;
+  ec.token_budget = 32;
+  ec.max_seqs = 4;
+  const auto rs = requests(5);
+  const Served a = serve(single, ec, rs), b = serve(split, ec, rs);
+  CHECK(a.tokens == b.tokens);
+  for (const auto& t : a.tokens) CHECK(t.size() >= 6);
+}
+
+TEST_CASE("serve: a request's greedy tokens do not depend on its batch, nor on preemption") {
+  const GPTConfig c = tiny(true);
+  weft::nn::GPT<double, TPOnly> model(c, weft::test::world());
+  const auto rs = requests(6, 8);
+  EngineConfig alone;
+  alone.block_size = 4;
+  alone.blocks = 16;
+  alone.token_budget = 64;
+  alone.max_seqs = 1;
+  std::vector<std::vector<int>> ref;
+  for (const auto& r : rs) ref.push_back(serve(model, alone, {r}).tokens[0]);
+  EngineConfig batched = alone;  // continuous batching, prompts chunked beside decodes
+  batched.max_seqs = 6;
+  batched.token_budget = 8;
+  batched.blocks = 64;
+  const Served b = serve(model, batched, rs);
+  CHECK(b.tokens == ref);
+  CHECK(b.preemptions == 0);
+  EngineConfig scarce = batched;  // 10 blocks of 4 for 6 requests of up to 29 tokens: they must wait or be preempted
+  scarce.blocks = 10;
+  const Served s = serve(model, scarce, rs);
+  CHECK(s.tokens == ref);
+  CHECK(s.preemptions > 0);
+  MESSAGE("scarce KV pool: " << s.preemptions << " preemptions in " << s.steps << " steps");
+}
+
+TEST_CASE("serve: bad requests are rejected with a message and the others are served") {
+  const GPTConfig c = tiny(true);
+  weft::nn::GPT<double, TPOnly> model(c, weft::test::world());
+  EngineConfig ec;
+  ec.block_size = 4;
+  ec.blocks = 8;  // 32 tokens
+  ec.token_budget = 16;
+  ec.max_seqs = 4;
+  Engine<double, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> e(model, ec);
+  auto good = requests(2);
+  CHECK(e.submit(good[0]).accepted);
+  auto expect = [&](Request r, const char* text) {
+    const Submission s = e.submit(std::move(r));
+    CHECK(!s.accepted);
+    CHECK_MESSAGE(weft::test::contains(s.error, text), s.error);
+  };
+  Request r;
+  expect(r, "the prompt has no tokens");
+  r.prompt = {1, 2, 3};
+  r.max_new_tokens = 0;
+  expect(r, "max_new_tokens is 0");
+  r.max_new_tokens = 4;
+  r.prompt = {1, 256, 3};
+  expect(r, "prompt token 1 is 256, outside the vocabulary [0, 256)");
+  r.prompt = {1, -1};
+  expect(r, "prompt token 1 is -1");
+  r.prompt = tokens(38, 3);
+  expect(r, "the prompt's 38 tokens + 4 new tokens exceed the context of 40 tokens");
+  r.prompt = tokens(30, 3);
+  r.max_new_tokens = 6;
+  expect(r, "needs 9 KV blocks but the pool has 8");
+  r.prompt = {1};
+  r.sampling.temperature = -1;
+  expect(r, "temperature must be 0");
+  CHECK(e.submit(good[1]).accepted);
+  e.run_until_idle();
+  const auto done = e.take_finished();
+  CHECK(done.size() == 2);
+  CHECK(e.rejected() == 7);
+  // The ModelRunner itself refuses a batch beyond the context rather than reading outside it.
+  StepBatch b;
+  b.add(tokens(3, 1), 0, 3, {0}, true);
+  b.positions[2] = 40;
+  CHECK(weft::test::contains(weft::test::error_text([&] {
+    ModelRunner<double, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> runner(model, 4, 4, 8, 2);
+    runner.forward(b);
+  }), "outside the context of 40 tokens"));
+}
+
+TEST_CASE("serve: seeded sampling is reproducible and independent of the batch") {
+  const GPTConfig c = tiny(false);
+  weft::nn::GPT<double, TPOnly> model(c, weft::test::world());
+  auto rs = requests(4, 10);
+  for (std::size_t i = 0; i < rs.size(); ++i) rs[i].sampling = {0.8, 20, 1000 + i};
+  EngineConfig ec;
+  ec.block_size = 4;
+  ec.blocks = 64;
+  ec.token_budget = 16;
+  ec.max_seqs = 4;
+  const Served together = serve(model, ec, rs);
+  ec.max_seqs = 1;
+  for (std::size_t i = 0; i < rs.size(); ++i) CHECK(serve(model, ec, {rs[i]}).tokens[0] == together.tokens[i]);
+  // Sampling does not simply reproduce greedy decoding.
+  auto greedy = rs;
+  for (auto& r : greedy) r.sampling = {};
+  CHECK(serve(model, ec, greedy).tokens != together.tokens);
+}
+
+TEST_CASE("serve: the planner's inference budget is within 15 % of the runner's memory") {
+  GPTConfig c;
+  c.layers = 4;
+  c.d_model = 128;
+  c.heads = 4;
+  c.seq = 128;
+  c.batch = 1;
+  c.vocab = 256;
+  weft::nn::GPT<float, TPOnly> model(c, weft::test::world());
+  EngineConfig ec;
+  ec.block_size = 16;
+  ec.max_seqs = 8;
+  ec.blocks = 8 * 128 / 16;  // the planner's batch x context
+  ec.token_budget = 128;
+  Engine<float, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> e(model, ec);
+  const ServeMemory m = e.runner().memory();
+  const auto plan = planned_memory(c, std::size_t(weft::test::world().size()), ec);
+  MESSAGE("measured weights " << m.weights << " kv " << m.kv_cache << " workspace " << m.workspace << " buffers "
+                              << m.buffers << "; planned " << plan.weights << " " << plan.kv_cache << " "
+                              << plan.workspace << " " << plan.buffers);
+  CHECK(double(m.kv_cache) == doctest::Approx(plan.kv_cache));  // the pool is exactly the planner's batch x context
+  CHECK(std::abs(double(m.weights) - plan.weights) / plan.weights < 0.01);
+  CHECK(std::abs(double(m.total()) - plan.total()) / plan.total() < 0.15);
+}
+
+TEST_CASE("serve: weights from a checkpoint are the saved model's") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("weft_test_serve_checkpoint_np" + std::to_string(weft::test::world().size()));
+  if (weft::test::world().rank() == 0) fs::remove_all(dir);
+  weft::test::world().barrier();
+  GPTConfig c = tiny(true);
+  using Model = weft::nn::GPT<float, TPOnly>;
+  Model saved(c, weft::test::world());
+  auto state_of = [](Model& m) {
+    weft::checkpoint::State<float, Kokkos::DefaultExecutionSpace> st;
+    for (auto* p : m.parameters()) st.add(p->name(), weft::checkpoint::layout_of(*p), 0, p->value);
+    return st;
+  };
+  weft::checkpoint::save(dir.string(), 3, state_of(saved), weft::metrics::Json::object(), weft::test::world().native());
+  c.seed = 12345;  // another initialisation, replaced by the checkpoint's weights
+  Model loaded(c, weft::test::world());
+  EngineConfig ec;
+  ec.block_size = 4;
+  ec.blocks = 64;
+  ec.token_budget = 32;
+  ec.max_seqs = 4;
+  const auto rs = requests(4);
+  const Served before = serve(loaded, ec, rs);
+  auto st = state_of(loaded);
+  weft::checkpoint::load(weft::checkpoint::resolve(dir.string()), st, weft::test::world().native());
+  const Served a = serve(saved, ec, rs), b = serve(loaded, ec, rs);
+  CHECK(a.tokens == b.tokens);
+  CHECK(before.tokens != a.tokens);
+  weft::test::world().barrier();
+  if (weft::test::world().rank() == 0) fs::remove_all(dir);
+}
