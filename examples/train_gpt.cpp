@@ -514,6 +514,8 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
                     .set("strategy", job.strategy).set("dp_mode", weft::parallel::to_string(job.dp_mode))
                     .set("sequence_parallel", job.sequence_parallel);
     if (pipelined) mesh.set("schedule", job.schedule).set("stages", job.stages);
+    // With context parallelism, its exchange and the chunking of each sequence (weights are replicated over cp).
+    if (cpc) mesh.set("context", job.context).set("context_chunk_tokens", Json(c.seq / std::size_t(2 * ncp)));
     return Json::object()
         .set("program", "train_gpt").set("mesh", mesh)
         .set("model", Json::object().set("layers", Json(c.layers)).set("d_model", Json(c.d_model)).set("heads", Json(c.heads))
