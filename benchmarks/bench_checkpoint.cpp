@@ -7,7 +7,10 @@
 // a buffer touched beforehand, as the loaded pieces are. Both sides read from
 // the page cache, or with --cold 1 both from the disk (their files flushed
 // and dropped from the cache before each read); the two go first in turn.
-// A load verifies every chunk's crc32 before it writes into any piece, so it
+// Each repetition times load() twice: with the default
+// Verify::before_writing, then with Verify::while_reading (one pass: a chunk
+// its verifier reads whole is checked as it is read into its piece). The
+// first verifies every chunk's crc32 before it writes into any piece, so it
 // reads every byte twice: a verifying pass from where the bytes are, then a
 // copy into the pieces from the page cache. What that costs is measured on
 // the baseline's file in the same run: the verifying pass alone (256 KiB
@@ -122,9 +125,9 @@ int main(int argc, char** argv) {
   std::vector<float> plain_back(plain.size());
   for (std::size_t i = 0; i < plain_back.size(); ++i) plain_back[i] = -float(i + std::size_t(rank) * plain_back.size());
   const std::string plain_file = dir + "/plain." + std::to_string(rank);
-  double best[4] = {1e30, 1e30, 1e30, 1e30};
+  double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
   // Per repetition: save ratio, load ratio, and the two bounds of a verifying load.
-  std::vector<double> save_ratio, load_ratio, bound_pass, bound_crc;
+  std::vector<double> save_ratio, load_ratio, fused_ratio, bound_pass, bound_crc;
   auto plain_write = [&] {
     const int fd = ::open(plain_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     weft::checkpoint::detail::write_all(fd, reinterpret_cast<const char*>(plain.data()), my_bytes, plain_file);
@@ -154,7 +157,7 @@ int main(int argc, char** argv) {
   auto crc_in_memory = [&] { sink ^= weft::checkpoint::crc32(plain_back.data(), my_bytes); };
   std::string ckpt_dir;  // the latest save's directory
   for (std::size_t r = 0; r < reps; ++r) {
-    double t[7];
+    double t[8];
     // Even repetitions run the baseline first, odd ones the checkpoint.
     auto save = [&] {
       t[1] = timed([&] {
@@ -166,6 +169,11 @@ int main(int argc, char** argv) {
     auto load = [&] {
       if (cold && rank == 0) drop_dir_from_cache(ckpt_dir);
       t[3] = timed([&] { weft::checkpoint::load(dir + "/ckpt", target, MPI_COMM_WORLD); });
+      // The same load verifying each chunk as it is read into its piece (one pass).
+      if (cold && rank == 0) drop_dir_from_cache(ckpt_dir);
+      t[7] = timed([&] {
+        weft::checkpoint::load(dir + "/ckpt", target, MPI_COMM_WORLD, {.verify = weft::checkpoint::Verify::while_reading});
+      });
     };
     auto read = [&] {
       if (cold) drop_from_cache(plain_file);
@@ -189,15 +197,18 @@ int main(int argc, char** argv) {
     t[6] = timed(plain_read);  // cached now
     const double least = cold ? t[6] : t[5];
     for (int i = 0; i < 4; ++i) best[i] = std::min(best[i], t[i]);
+    best[4] = std::min(best[4], t[7]);
     save_ratio.push_back(t[0] / t[1]);
     load_ratio.push_back(t[2] / t[3]);
+    fused_ratio.push_back(t[2] / t[7]);
     bound_pass.push_back(t[2] / (t[4] + t[6]));
     bound_crc.push_back(t[2] / (t[2] + least));
     if (rank == 0)
-      std::printf("rep %zu (%s first): write plain %.3f s, save %.3f s (ratio %.2f); read plain %.3f s, load %.3f s (ratio %.2f); "
+      std::printf("rep %zu (%s first): write plain %.3f s, save %.3f s (ratio %.2f); read plain %.3f s, load %.3f s (ratio %.2f), "
+                  "load verifying while reading %.3f s (ratio %.2f); "
                   "verifying pass %.3f s, cached read %.3f s, crc32 in memory %.3f s (bounds %.2f, %.2f)\n",
-                  r, r % 2 ? "checkpoint" : "plain", t[0], t[1], t[0] / t[1], t[2], t[3], t[2] / t[3], t[4], t[6], t[5],
-                  bound_pass.back(), bound_crc.back());
+                  r, r % 2 ? "checkpoint" : "plain", t[0], t[1], t[0] / t[1], t[2], t[3], t[2] / t[3], t[7], t[2] / t[7], t[4],
+                  t[6], t[5], bound_pass.back(), bound_crc.back());
   }
   // The loaded values must be the saved ones.
   std::size_t wrong = 0;
@@ -214,6 +225,8 @@ int main(int argc, char** argv) {
                 best[1], gb / best[1], best[0] / best[1]);
     std::printf("read:  plain %.3f s (%.2f GB/s), checkpoint load %.3f s (%.2f GB/s): ratio %.2f\n", best[2], gb / best[2],
                 best[3], gb / best[3], best[2] / best[3]);
+    std::printf("read:  plain %.3f s (%.2f GB/s), load verifying while reading %.3f s (%.2f GB/s): ratio %.2f\n", best[2],
+                gb / best[2], best[4], gb / best[4], best[2] / best[4]);
     auto summary = [&](const char* what, std::vector<double> v) {
       const double first = v.front();
       v.erase(v.begin());
@@ -227,7 +240,8 @@ int main(int argc, char** argv) {
       std::printf("%s: repetitions 1-%zu %.2f-%.2f, median %.2f (repetition 0: %.2f)\n", what, m, v.front(), v.back(), median, first);
     };
     summary("ratio save", save_ratio);
-    summary("ratio load", load_ratio);
+    summary("ratio load (verify first)", load_ratio);
+    summary("ratio load (verify while reading)", fused_ratio);
     summary("bound of a load that verifies first, its pass as load() reads", bound_pass);
     summary(cold ? "bound of a load that verifies first, the crc32 hidden behind the disk"
                  : "bound of a load that verifies first, the crc32 from memory",

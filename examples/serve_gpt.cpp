@@ -302,7 +302,9 @@ int run(int argc, char** argv, weft::Environment& env) {
   if (!o.checkpoint.empty()) {
     weft::checkpoint::State<float, Kokkos::DefaultExecutionSpace> state;
     for (auto* p : model.parameters()) state.add(p->name(), weft::checkpoint::layout_of(*p), 0, p->value);
-    const auto st = weft::checkpoint::load(weft::checkpoint::resolve(o.checkpoint), state, env.world().native());
+    // A failed load ends the program, so the weights need not survive a bad checksum: one pass.
+    const auto st = weft::checkpoint::load(weft::checkpoint::resolve(o.checkpoint), state, env.world().native(),
+                                           {.verify = weft::checkpoint::Verify::while_reading});
     load_seconds = st.seconds;
     if (env.world().rank() == 0)
       std::printf("serve_gpt: weights from %s (step %zu, %.3f s)\n", st.path.c_str(), st.step, st.seconds);

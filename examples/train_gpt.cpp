@@ -916,7 +916,8 @@ Job job_of(const char* model_name, Model& model, DP& dp, AnyOptimizer& opt) {
     return weft::checkpoint::save(dir, step, *state, run, MPI_COMM_WORLD, {.keep = keep});
   };
   job.load = [state, &opt, &dp](const std::string& path) {
-    auto st = weft::checkpoint::load(path, *state, MPI_COMM_WORLD);
+    // A resume that fails ends the run, so the state need not survive a bad checksum: one pass.
+    auto st = weft::checkpoint::load(path, *state, MPI_COMM_WORLD, {.verify = weft::checkpoint::Verify::while_reading});
     dp.sync_parameters();  // the sharded modes rebuild full parameters from the loaded shards
     const weft::plan::JsonValue* count = st.manifest.find("run")->find("optimizer")->find("step_count");
     opt.set_steps(count ? long(count->number) : 0);

@@ -265,4 +265,41 @@ TEST_CASE("damaged checkpoints: a changed byte, a truncated file, a missing tens
       "other_model", [](const std::string&) {}, "manifest.json: tensor 'w' is ", 8);
 }
 
+TEST_CASE("Verify::while_reading: a same-mesh load reads each verified chunk once, into its piece") {
+  const std::size_t p = std::size_t(test::world().size()), R = 2 * p, C = 8;
+  const std::string root = scratch("while_reading");
+  TestState a = make_state(R, C, 'r', 1, true);
+  checkpoint::save(root, 4, a.state, metrics::Json::object(), MPI_COMM_WORLD);
+  const std::size_t w_bytes = (R / p) * C * 4, b_bytes = C * 4;  // this rank's row shard of w, and the whole b
+  const bool root_rank = test::world().rank() == 0;  // rank 0 verifies b (the lowest rank that reads it whole)
+  TestState b = make_state(R, C, 'r', 1, false);
+  const auto first = checkpoint::load(root, b.state, MPI_COMM_WORLD);
+  check_values(b);
+  // Verified first: w's chunk (and b's on rank 0) read twice.
+  CHECK(first.bytes == 2 * w_bytes + (root_rank ? 2 : 1) * b_bytes);
+  TestState c = make_state(R, C, 'r', 1, false);
+  const auto once = checkpoint::load(root, c.state, MPI_COMM_WORLD, {.verify = checkpoint::Verify::while_reading});
+  check_values(c);
+  CHECK(once.bytes == w_bytes + b_bytes);
+  CHECK(once.total_bytes == R * C * 4 + p * b_bytes);
+  // Onto another split no rank reads w's chunks whole: they are verified first as before, and the values still agree.
+  TestState d = make_state(R, C, 'c', 2, false);
+  checkpoint::load(root, d.state, MPI_COMM_WORLD, {.verify = checkpoint::Verify::while_reading});
+  check_values(d);
+}
+
+TEST_CASE("Verify::while_reading: a changed byte raises the same IoError on every rank, saying the state holds it") {
+  const std::size_t p = std::size_t(test::world().size()), R = 2 * p, C = 4;
+  const std::string root = scratch("while_reading_damaged");
+  TestState a = make_state(R, C, 'r', 1, true);
+  const auto st = checkpoint::save(root, 1, a.state, metrics::Json::object(), MPI_COMM_WORLD);
+  if (test::world().rank() == 0) edit_file(st.path + "/w.0.npy", [](std::string& s) { s[s.size() - 3] ^= 0x40; });
+  MPI_Barrier(MPI_COMM_WORLD);
+  TestState b = make_state(R, C, 'r', 1, false);
+  CHECK_THROWS_WITH_AS(checkpoint::load(root, b.state, MPI_COMM_WORLD, {.verify = checkpoint::Verify::while_reading}),
+                       doctest::Contains("w.0.npy (tensor 'w') is corrupted: its data's crc32 is"), IoError);
+  CHECK_THROWS_WITH_AS(checkpoint::load(root, b.state, MPI_COMM_WORLD, {.verify = checkpoint::Verify::while_reading}),
+                       doctest::Contains("(Verify::while_reading), which hold them now"), IoError);
+}
+
 }  // namespace

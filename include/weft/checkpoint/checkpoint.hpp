@@ -103,6 +103,28 @@ struct SaveStats {
   std::size_t total_bytes = 0;  ///< tensor bytes of the checkpoint (all ranks)
 };
 
+/// When load() checks a chunk's CRC-32 against the bytes it writes into the pieces.
+enum class Verify {
+  /// Every chunk is verified in a pass of its own before any piece is
+  /// written: a damaged checkpoint leaves the state as it was. Verified
+  /// chunks are read twice (once for the check, once into the pieces).
+  before_writing,
+  /// A chunk that its verifier reads whole into one piece is checked as it
+  /// is read into that piece, in one pass (the other chunks as with
+  /// before_writing). A damaged chunk still raises the same IoError on every
+  /// rank, but its bytes may already be in the pieces (a host piece, or the
+  /// host mirror of a device piece, which is then not copied to the device):
+  /// for callers that discard the state, or load another checkpoint into
+  /// it, when a load fails -- a resume at the start of a run.
+  while_reading
+};
+
+/// How load() works.
+struct LoadOptions {
+  /// When the CRC-32 of each chunk is checked (see Verify).
+  Verify verify = Verify::before_writing;
+};
+
 /// What load() did.
 struct LoadStats {
   std::string path;             ///< the checkpoint's directory
@@ -592,9 +614,11 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
 /// verified by one rank (one that reads it whole when there is one); any
 /// problem -- a missing or truncated file, a bad checksum, a missing tensor,
 /// another shape -- raises the same IoError on every rank, naming the file
-/// and the tensor, before any piece is written.
+/// and the tensor, before any piece is written (with the default
+/// options.verify; with Verify::while_reading a bad checksum is found as the
+/// chunk is read into its piece).
 template <class T, class Space>
-LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm) {
+LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm, const LoadOptions& options = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
@@ -752,13 +776,33 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm) {
     const auto& mt = tensors[state.pieces()[i].tensor];
     for (std::size_t j = 0; j < plans[i].reads.size(); ++j) reads_of[mt.ids[plans[i].reads[j].chunk]].emplace_back(i, j);
   }
+  // Verify::while_reading reads a chunk into its piece kFusedRead bytes at a
+  // time and runs the crc32 over each part as it lands.
+  constexpr std::size_t kFusedRead = std::size_t(4) << 20;
+  // With Verify::while_reading, the chunks this rank verifies and reads whole
+  // into one piece: (chunk -> index into reads_of[chunk]) checked in pass 2.
+  std::map<std::size_t, std::size_t> fused;
+  if (options.verify == Verify::while_reading)
+    for (const auto& [c, list] : reads_of) {
+      const int verifier = first_whole[c] < size ? first_whole[c] : int(c % std::size_t(size));
+      if (verifier != rank) continue;
+      const auto& [t, k] = chunk_of[c];
+      const auto& sc = tensors[t].chunks[k];
+      for (std::size_t x = 0; x < list.size(); ++x) {
+        const auto& r = plans[list[x].first].reads[list[x].second];
+        if (r.bytes == sc.bytes && r.file_offset == sc.byte_offset) {
+          fused[c] = x;
+          break;
+        }
+      }
+    }
   detail::agree(comm, detail::capture([&] {
     // A chunk is checked 256 KiB at a time through one buffer, so that the
     // crc32 reads what pread just wrote from the L2 cache.
     std::vector<char> buf(std::size_t(256) << 10);
     for (std::size_t c = 0; c < nchunks; ++c) {
       const int verifier = first_whole[c] < size ? first_whole[c] : int(c % std::size_t(size));
-      if (verifier != rank) {
+      if (verifier != rank || fused.count(c)) {
         if (reads_of.count(c)) open_chunk(c);
         continue;
       }
@@ -784,10 +828,28 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm) {
     for (const auto& [c, list] : reads_of) {
       const int fd = open_chunk(c);
       const auto& [t, k] = chunk_of[c];
-      for (const auto& [i, j] : list) {
+      const auto f = fused.find(c);
+      for (std::size_t x = 0; x < list.size(); ++x) {
+        const auto& [i, j] = list[x];
         const auto& r = plans[i].reads[j];
-        detail::pread_all(fd, reinterpret_cast<char*>(host[i].data() + r.element), r.bytes, r.file_offset,
-                          st.path + "/" + tensors[t].chunks[k].file);
+        char* dst = reinterpret_cast<char*>(host[i].data() + r.element);
+        const std::string file = st.path + "/" + tensors[t].chunks[k].file;
+        if (f != fused.end() && f->second == x) {
+          // The whole chunk into its piece, part by part, each part's crc32 right after its read.
+          std::uint32_t crc = 0;
+          for (std::size_t done = 0; done < r.bytes;) {
+            const std::size_t n = std::min(kFusedRead, r.bytes - done);
+            detail::pread_all(fd, dst + done, n, r.file_offset + done, file);
+            crc = crc32(dst + done, n, crc);
+            done += n;
+          }
+          WEFT_REQUIRE(crc == tensors[t].crcs[k], IoError, "checkpoint: ", file, " (tensor '", t,
+                       "') is corrupted: its data's crc32 is ", crc, ", the manifest says ", tensors[t].crcs[k],
+                       "; found as its bytes were read into this state's pieces (Verify::while_reading), which hold "
+                       "them now: load a good checkpoint into the state or discard it");
+        } else {
+          detail::pread_all(fd, dst, r.bytes, r.file_offset, file);
+        }
         bytes_read += r.bytes;
       }
     }
