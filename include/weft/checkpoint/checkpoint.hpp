@@ -184,12 +184,17 @@ inline void remove_tree(const std::string& p) {
   ::rmdir(p.c_str());
 }
 
+// fsync of a directory (or file), so that a rename into it survives a power
+// loss. Throws IoError when it cannot be opened or synchronised (EINVAL, a
+// file system that cannot synchronise a directory at all, is accepted).
 inline void fsync_path(const std::string& p) {
   const int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
+  WEFT_REQUIRE(fd >= 0, IoError, "checkpoint: cannot open ", p, " to flush it: ", std::strerror(errno));
+  const bool ok = ::fsync(fd) == 0 || errno == EINVAL;
+  const int e = errno;
+  ::close(fd);
+  WEFT_REQUIRE(ok, IoError, "checkpoint: flushing ", p, " failed: ", std::strerror(e),
+               "; the checkpoint is renamed into place but may not survive a power loss");
 }
 
 // Runs `work` (which takes its items from a shared counter and must not
