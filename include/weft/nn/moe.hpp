@@ -50,6 +50,11 @@ struct MoEStats {
   double mean_aux_loss() const { return passes ? aux_loss / double(passes) : 0; }
   /// Mean z-loss per layer and pass.
   double mean_z_loss() const { return passes ? z_loss / double(passes) : 0; }
+  /// The load-balancing term of the objective: summed over the layers,
+  /// mean over the forward passes of each layer (the microbatches).
+  double aux_loss_term() const { return passes ? aux_loss * double(std::max<std::size_t>(layers, 1)) / double(passes) : 0; }
+  /// The z-loss term of the objective, as aux_loss_term.
+  double z_loss_term() const { return passes ? z_loss * double(std::max<std::size_t>(layers, 1)) / double(passes) : 0; }
   /// Appends another layer's statistics (its experts are appended to `selected`).
   void merge(const MoEStats& o) {
     selected.insert(selected.end(), o.selected.begin(), o.selected.end());
