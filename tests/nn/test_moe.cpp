@@ -378,6 +378,32 @@ TEST_CASE("GPT with MoE: recompute gives bit-identical gradients; FLOPs count th
   CHECK(c.matmul_params() == doctest::Approx(2 * (attn + k * 2 * d * fe + d * N) + d * V));
 }
 
+// Gradient accumulation passes grad_scale = 1 / (tokens x microbatches):
+// the auxiliary losses must scale with it as the token loss does.
+TEST_CASE("GPT with MoE: the auxiliary losses' gradients scale with grad_scale") {
+  auto c = tiny_moe();
+  c.aux_loss = 0.5;
+  c.z_loss = 0.5;
+  nn::GPT<double, SingleProcess, Space> gpt(c);
+  ops::Tokens<Space> ids("ids", c.tokens());
+  auto hi = Kokkos::create_mirror_view(ids);
+  for (std::size_t i = 0; i < c.tokens(); ++i) hi(i) = int((i * 3 + 1) % c.vocab);
+  Kokkos::deep_copy(ids, hi);
+  gpt.zero_grad();
+  gpt.forward_backward(ids, ids);
+  std::vector<std::vector<double>> full;
+  for (auto* p : gpt.parameters()) full.push_back(to_vector(p->grad));
+  gpt.zero_grad();
+  gpt.forward_backward(ids, ids, 0.25 / double(c.tokens()));
+  std::size_t i = 0;
+  for (auto* p : gpt.parameters()) {
+    CAPTURE(p->name());
+    auto g = to_vector(p->grad);
+    for (auto& v : g) v *= 4;
+    CHECK(relative_error(g, full[i++]) < 1e-12);
+  }
+}
+
 TEST_CASE("MoE config errors name the flag") {
   auto c = tiny_moe();
   c.top_k = 5;
