@@ -69,8 +69,9 @@ struct MoEStats {
   }
 };
 
-/// The mixture-of-experts feed-forward part of a block. Single process, or
-/// one rank of a data-parallel group; it refuses tensor parallelism.
+/// The mixture-of-experts feed-forward part of a block, for one process: it
+/// refuses tensor and context parallelism, and on a data-parallel rank its
+/// capacity and bias counts would cover that rank's tokens only (docs/moe.md).
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class MoE {
   using Mat = ops::Matrix<T, Space>;
