@@ -115,6 +115,10 @@ const char* kUsage =
     "  --norm layernorm|rmsnorm, --mlp gelu|swiglu, --pos learned|rotary, --recompute\n"
     "  --attention K     attention over whole sequences: auto (BLAS products, or the blockwise kernel when the\n"
     "                    [T, T] probabilities would not fit in the memory limit), blas or blockwise (auto)\n"
+    "  --experts N       mixture of experts: N routed experts in every --moe-every-th block (0: dense; one rank only)\n"
+    "  --top-k K (2), --capacity-factor C | --dropless (dropless), --router softmax|sigmoid (softmax),\n"
+    "  --aux-loss A (0), --z-loss Z (0), --bias-balance G (0), --moe-every K (1), --shared-experts N (0),\n"
+    "  --expert-hidden N (the MLP's width)   see docs/moe.md\n"
     "  --seed N          initialisation and data order (1234)\n"
     "  --data FILE       train on the bytes of FILE (default: synthetic language)\n"
     "  --threads N       BLAS threads per rank (default: cores / ranks on the node)\n"
@@ -284,6 +288,21 @@ Options parse(int argc, char** argv) {
          o.model.mlp = parse_choice<weft::nn::MlpKind>("--mlp", v,
                                                        {{"gelu", weft::nn::MlpKind::gelu}, {"swiglu", weft::nn::MlpKind::swiglu}});
        }},
+      {"--experts", [&](const std::string& v) { o.model.experts = parse_count("--experts", v); }},
+      {"--top-k", [&](const std::string& v) { o.model.top_k = parse_count("--top-k", v); }},
+      {"--capacity-factor",
+       [&](const std::string& v) { o.model.capacity_factor = parse_real("--capacity-factor", v, true); }},
+      {"--router",
+       [&](const std::string& v) {
+         o.model.router = parse_choice<weft::nn::RouterKind>(
+             "--router", v, {{"softmax", weft::nn::RouterKind::softmax}, {"sigmoid", weft::nn::RouterKind::sigmoid}});
+       }},
+      {"--aux-loss", [&](const std::string& v) { o.model.aux_loss = parse_real("--aux-loss", v, false); }},
+      {"--z-loss", [&](const std::string& v) { o.model.z_loss = parse_real("--z-loss", v, false); }},
+      {"--bias-balance", [&](const std::string& v) { o.model.bias_balance = parse_real("--bias-balance", v, false); }},
+      {"--moe-every", [&](const std::string& v) { o.model.moe_every = parse_count("--moe-every", v); }},
+      {"--shared-experts", [&](const std::string& v) { o.model.shared_experts = parse_count("--shared-experts", v, true); }},
+      {"--expert-hidden", [&](const std::string& v) { o.model.expert_hidden = parse_count("--expert-hidden", v); }},
       {"--pos",
        [&](const std::string& v) {
          o.model.position = parse_choice<weft::nn::PositionKind>(
@@ -313,6 +332,10 @@ Options parse(int argc, char** argv) {
       o.check_only = true;
       continue;
     }
+    if (a == "--dropless") {
+      o.model.capacity_factor = 0;
+      continue;
+    }
     if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
       v = a.substr(eq + 1);
       a = a.substr(0, eq);
@@ -325,6 +348,12 @@ Options parse(int argc, char** argv) {
     }
     it->second(v);
   }
+  WEFT_REQUIRE(!(seen.count("--dropless") && seen.count("--capacity-factor")), ConfigError,
+               "--dropless and --capacity-factor exclude each other; give one (dropless: no token is dropped)");
+  if (o.model.experts == 0)
+    for (const char* f : {"--top-k", "--capacity-factor", "--dropless", "--router", "--aux-loss", "--z-loss",
+                          "--bias-balance", "--moe-every", "--shared-experts", "--expert-hidden"})
+      WEFT_REQUIRE(!seen.count(f), ConfigError, f, " configures mixture-of-experts blocks, but --experts is not given; add --experts N");
   WEFT_REQUIRE(o.model.vocab >= 256, ConfigError, "--vocab ", o.model.vocab,
                " is smaller than the 256 byte values of the data; use --vocab 256 or more");
   o.model.validate();
@@ -368,6 +397,8 @@ struct Job {
   // Checkpoints of the model, the optimizer and the run (`run`: the manifest's "run" object).
   std::function<weft::checkpoint::SaveStats(const std::string& dir, std::size_t keep, std::size_t step, weft::metrics::Json run)> save;
   std::function<weft::checkpoint::LoadStats(const std::string& path)> load;
+  // MoE models: the routing statistics of the step that just ran (null: a dense model).
+  std::function<weft::nn::MoEStats()> moe_stats;
 };
 
 // The optimizer --optimizer names, behind one type: the optimizer is not part
@@ -426,6 +457,44 @@ class AnyOptimizer {
 // pipeline stage) and writes the run record; one code path for every mesh,
 // so a pipeline run's record has the same fields (memory per rank by
 // category included) as a data-parallel one's.
+// The record's "moe" object: the MoE configuration and per step, over the
+// MoE blocks and the step's microbatches, the routing statistics (null for
+// a dense model). Definitions in docs/moe.md.
+weft::metrics::Json moe_record(const weft::nn::GPTConfig& c, const std::vector<weft::nn::MoEStats>& steps) {
+  using weft::metrics::Json;
+  if (c.experts == 0) return Json(nullptr);
+  std::vector<double> tmin, tmean, tmax, imb, ent, drop, dfrac, aux, z;
+  for (const auto& s : steps) {
+    tmin.push_back(s.min_tokens());
+    tmean.push_back(s.mean_tokens());
+    tmax.push_back(s.max_tokens());
+    imb.push_back(s.imbalance());
+    ent.push_back(s.entropy());
+    drop.push_back(s.dropped);
+    dfrac.push_back(s.slots > 0 ? s.dropped / s.slots : 0.0);
+    aux.push_back(s.aux_loss_term());
+    z.push_back(s.z_loss_term());
+  }
+  return Json::object()
+      .set("experts", Json(c.experts)).set("top_k", Json(c.top_k)).set("dropless", c.dropless())
+      .set("capacity_factor", c.dropless() ? Json(nullptr) : Json(c.capacity_factor))
+      .set("router", c.router == weft::nn::RouterKind::softmax ? "softmax" : "sigmoid")
+      .set("normalize_gates", c.normalize_gates).set("aux_loss_coefficient", c.aux_loss)
+      .set("z_loss_coefficient", c.z_loss).set("bias_balance", c.bias_balance).set("moe_every", Json(c.moe_every))
+      .set("moe_layers", Json(c.moe_blocks())).set("shared_experts", Json(c.shared_experts))
+      .set("expert_hidden", Json(c.expert_width()))
+      .set("tokens_per_expert_min", Json(tmin)).set("tokens_per_expert_mean", Json(tmean))
+      .set("tokens_per_expert_max", Json(tmax)).set("imbalance", Json(imb)).set("routing_entropy", Json(ent))
+      .set("dropped_slots", Json(drop)).set("dropped_fraction", Json(dfrac)).set("aux_loss", Json(aux))
+      .set("z_loss", Json(z))
+      .set("note", "per step, summed over the step's microbatches; tokens_per_expert: token-expert slots the router "
+                   "chose per (MoE layer, expert) before capacity, min/mean/max over all of them; imbalance: max over "
+                   "mean; routing_entropy: mean per token and layer of the entropy (nats) of the normalised scores; "
+                   "dropped_slots: slots over capacity; aux_loss and z_loss: the terms the step's objective adds to "
+                   "the loss array's cross-entropy (with their coefficients, summed over the MoE layers, mean over the "
+                   "microbatches)");
+}
+
 int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram,
           const std::string& data_name) {
   const bool pipelined = job.pp != nullptr;
@@ -485,6 +554,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   if (ppc) ppc->reset_stats();
   if (cpc) cpc->reset_stats();
   std::vector<double> losses, norms, walls, cpus;
+  std::vector<weft::nn::MoEStats> moe;  // per step, MoE models only
   weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
   weft::CommStats warm_stats;    // communication during the warm-up steps (excluded from the steady figures)
   weft::CommStats warm_tp_stats;  // the same on the tensor-parallel axis
@@ -569,10 +639,15 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
     }
     losses.push_back(r.loss);
     norms.push_back(r.grad_norm);
+    if (job.moe_stats) moe.push_back(job.moe_stats());
     if (!root) continue;
     if (tty) std::printf("\r\033[K");
-    std::printf("step %zu loss %.4f tok/s %.0f grad_norm %.4f lr %.3g ms %.1f\n", s, r.loss,
+    std::printf("step %zu loss %.4f tok/s %.0f grad_norm %.4f lr %.3g ms %.1f", s, r.loss,
                 double(tokens_per_step) / wall, r.grad_norm, lr, wall * 1e3);
+    if (!moe.empty())
+      std::printf(" moe imbalance %.2f dropped %.0f entropy %.3f aux %.4g z %.4g", moe.back().imbalance(),
+                  moe.back().dropped, moe.back().entropy(), moe.back().aux_loss_term(), moe.back().z_loss_term());
+    std::printf("\n");
     if (tty) {
       const int width = 30, done = int(double(width) * double(s + 1) / double(o.steps));
       std::printf("[%s%s] %zu/%zu loss %.3f", std::string(std::size_t(done), '#').c_str(),
@@ -815,7 +890,8 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
     rec.set("matmul_parameters", c.matmul_params());
     rec.set("model_flops_per_token", flops_per_token);
     rec.set("model_flops_formula",
-            "6*N + 12*L*T*D per token (forward + backward); N = matmul weights = 12*L*D^2 + D*V for the GPT-2 shape; see docs/model.md");
+            "6*N + 12*L*T*D per token (forward + backward); N = matmul weights = 12*L*D^2 + D*V for the GPT-2 shape "
+            "(MoE blocks: the weights one token meets, k routed + shared experts + router); see docs/model.md, docs/moe.md");
     rec.set("peak_flops", peak.wall);
     rec.set("peak_flops_cpu_time", peak.cpu);
     rec.set("peak_method", "best float gemm through Kokkos Kernels at start-up: [tokens x D] x [D x 4D] and 512^3, 3 runs each, same BLAS threads");
@@ -863,6 +939,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
     if (ppc) rec.set("collectives_pp", collectives_of(pp_stats));
     if (cpc) rec.set("collectives_cp", collectives_of(cp_stats));
     rec.set("unigram_entropy", unigram);
+    rec.set("moe", moe_record(c, moe));
     std::ofstream f(o.record);
     WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot open the file for writing (", std::strerror(errno), ")");
     f << rec.dump() << "\n";
@@ -1032,8 +1109,12 @@ int run_data_tensor_on(const Options& o, MeshT& mesh, weft::nn::ContextParallel<
   job.strategy = strategy;
   if (o.cp > 1) job.cp = &mesh.template axis<weft::CP>(), job.context = context;
   job.step = [&](std::size_t step, double lr, weft::metrics::Profiler* prof) {
-    return weft::parallel::train_step(gpt, dp, opt, stream, step, o.batch, o.microbatches, ids, tg, lr, o.clip, prof);
+    gpt.reset_moe_statistics();
+    const auto r = weft::parallel::train_step(gpt, dp, opt, stream, step, o.batch, o.microbatches, ids, tg, lr, o.clip, prof);
+    gpt.update_expert_bias();  // the aux-loss-free balancing step, after the optimizer's (nothing for a dense model)
+    return r;
   };
+  if (o.model.experts > 0) job.moe_stats = [&] { return gpt.moe_statistics(); };
   return train(o, job, mesh.template axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
 }
 
@@ -1171,6 +1252,9 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
                  " ranks, but train_gpt was started on ", world, "; launch it with mpirun -n ", c.ndp * model_ranks,
                  " or change --mesh");
   }
+  WEFT_REQUIRE(o.model.experts == 0 || c.ndp * model_ranks == 1, ConfigError, "--experts ", o.model.experts,
+               ": mixture-of-experts models run on one rank only so far (expert, data, tensor, pipeline and context "
+               "parallelism of MoE blocks are not implemented; docs/moe.md); launch one rank with no --mesh");
   WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
                "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
   WEFT_REQUIRE(o.cp > 1 || o.context == "ring", ConfigError, "--context ", o.context,

@@ -149,6 +149,28 @@ TEST_CASE("schema: the record with a wrong type or value fails, naming the path"
   CHECK(has(e, "$.checkpoint_seconds: expected number or null, got boolean"));
 }
 
+// The moe object of a mixture-of-experts run (two steps of train_gpt
+// --experts 4 --top-k 2 --capacity-factor 1.0), null for a dense one.
+TEST_CASE("schema: the moe object of a MoE record is checked, null passes") {
+  const auto schema = shipped_schema();
+  const std::string moe = R"({"experts": 4, "top_k": 2, "dropless": false, "capacity_factor": 1, "router": "softmax", "normalize_gates": true, "aux_loss_coefficient": 0.01, "z_loss_coefficient": 0.001, "bias_balance": 0.001, "moe_every": 1, "moe_layers": 2, "shared_experts": 0, "expert_hidden": 128, "tokens_per_expert_min": [41, 9], "tokens_per_expert_mean": [64, 64], "tokens_per_expert_max": [83, 120], "imbalance": [1.2969, 1.875], "routing_entropy": [1.382, 1.3817], "dropped_slots": [44, 104], "dropped_fraction": [0.0859, 0.2031], "aux_loss": [0.0201, 0.0206], "z_loss": [0.004, 0.0039], "note": "per step"})";
+  auto rec = sample_record();
+  rec.keys.push_back("moe");
+  rec.members.push_back(parse_json(moe));
+  CHECK(schema_errors(schema, rec).empty());
+  member(member(rec, "moe"), "imbalance").array[1] = parse_json(R"("high")");
+  member(member(rec, "moe"), "router") = parse_json(R"("argmax")");
+  erase(member(rec, "moe"), "dropped_slots");
+  auto e = schema_errors(schema, rec);
+  for (const auto& x : e) INFO(x);
+  CHECK(e.size() == 3);
+  CHECK(has(e, "$.moe.imbalance[1]: expected number, got string"));
+  CHECK(has(e, "$.moe.router: \"argmax\" is not one of"));
+  CHECK(has(e, "$.moe: required field \"dropped_slots\" is missing"));
+  member(rec, "moe") = parse_json("null");
+  CHECK(schema_errors(schema, rec).empty());
+}
+
 // A run stops at its first non-finite loss, so a record with a null loss
 // (what JSON writes for NaN) did not come from a run that checked.
 TEST_CASE("schema: a null loss or gradient norm and an unknown stop reason fail") {

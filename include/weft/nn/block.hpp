@@ -5,12 +5,16 @@
 // sequence parallelism the norms and residual adds work on this rank's token
 // shard (rows = tokens / tp), and the norms' parameter gradients, partial over
 // the shards, are summed over the TP axis before the block's hooks see them.
+// With GPTConfig::experts > 0, the MLP of every moe_every-th block is a
+// mixture of experts (nn::MoE).
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include <weft/nn/attention.hpp>
 #include <weft/nn/mlp.hpp>
+#include <weft/nn/moe.hpp>
 #include <weft/nn/norm.hpp>
 #include <weft/nn/tp_comm.hpp>
 #include <weft/ops/elementwise.hpp>
@@ -28,21 +32,37 @@ class Block {
     typename Norm<T, Space>::Saved n1, n2;
     ops::Matrix<T, Space> h1, mid, h2;
     typename Attention<T, Space>::Saved attn;
-    typename MLP<T, Space>::Saved mlp;
+    typename MLP<T, Space>::Saved mlp;           ///< a dense block's MLP (empty in a MoE block)
+    std::optional<typename MoE<T, Space>::Saved> moe;  ///< a MoE block's routing and experts
     long holder = -1;  ///< index of the block whose activations these are now (-1: none)
-    /// For the global config c split over tp.
-    Saved(const std::string& n, const GPTConfig& c, const TensorParallel& tp = {})
+    /// No block index: tensors for any block of the model.
+    static constexpr std::size_t npos = std::size_t(-1);
+    /// Whether the Saved of block `index` (npos: any block, e.g. the set all
+    /// blocks share under recompute) needs the dense MLP's tensors.
+    static bool needs_dense(const GPTConfig& c, std::size_t index) {
+      if (index != npos) return !c.moe_block(index);
+      return c.moe_blocks() < c.layers;
+    }
+    /// Whether it needs a mixture of experts' tensors.
+    static bool needs_moe(const GPTConfig& c, std::size_t index) {
+      return index != npos ? c.moe_block(index) : c.moe_blocks() > 0;
+    }
+    /// For the global config c split over tp; `index`: the block that keeps
+    /// them (npos: any block).
+    Saved(const std::string& n, const GPTConfig& c, const TensorParallel& tp = {}, std::size_t index = npos)
         : n1(n + ".ln1", rows(c, tp)),
           n2(n + ".ln2", rows(c, tp)),
           h1(n + ".ln1.out", rows(c, tp), c.d_model),
           mid(n + ".mid", rows(c, tp), c.d_model),
           h2(n + ".ln2.out", rows(c, tp), c.d_model),
           attn(n + ".attn", c, tp),
-          mlp(n + ".mlp", c, tp) {}
+          mlp(needs_dense(c, index) ? typename MLP<T, Space>::Saved(n + ".mlp", c, tp) : typename MLP<T, Space>::Saved()) {
+      if (needs_moe(c, index)) moe.emplace(n + ".mlp", c);
+    }
     /// Bytes held.
     std::size_t bytes() const {
       return n1.bytes() + n2.bytes() + detail::bytes_of(h1) + detail::bytes_of(mid) + detail::bytes_of(h2) +
-             attn.bytes() + mlp.bytes();
+             attn.bytes() + mlp.bytes() + (moe ? moe->bytes() : 0);
     }
   };
 
@@ -50,6 +70,7 @@ class Block {
   struct Workspace {
     typename Attention<T, Space>::Workspace attn;
     typename MLP<T, Space>::Workspace mlp;
+    std::optional<typename MoE<T, Space>::Workspace> moe;  ///< when the model has MoE blocks
     ops::Matrix<T, Space> dh, dmid, scratch;
     /// For the global config c split over tp.
     explicit Workspace(const GPTConfig& c, const TensorParallel& tp = {})
@@ -58,10 +79,12 @@ class Block {
           dh("block.dh", rows(c, tp), c.d_model),
           dmid("block.dmid", rows(c, tp), c.d_model),
           scratch(c.recompute ? ops::Matrix<T, Space>("block.recompute_out", rows(c, tp), c.d_model)
-                              : ops::Matrix<T, Space>()) {}
+                              : ops::Matrix<T, Space>()) {
+      if (c.moe_blocks() > 0) moe.emplace(c);
+    }
     /// Bytes held.
     std::size_t bytes() const {
-      return attn.bytes() + mlp.bytes() + detail::bytes_of(dh) + detail::bytes_of(dmid) + detail::bytes_of(scratch);
+      return attn.bytes() + mlp.bytes() + (moe ? moe->bytes() : 0) + detail::bytes_of(dh) + detail::bytes_of(dmid) + detail::bytes_of(scratch);
     }
   };
 
@@ -75,9 +98,16 @@ class Block {
         ln1_(ctx, prefix(index) + "ln1", c.norm, c.d_model, c.norm_eps),
         ln2_(ctx, prefix(index) + "ln2", c.norm, c.d_model, c.norm_eps),
         attn_(ctx, prefix(index) + "attn", c, cp),
-        mlp_(ctx, prefix(index) + "mlp", c),
         s_(std::move(saved)),
-        w_(std::move(ws)) {}
+        w_(std::move(ws)) {
+    if (c.moe_block(index)) {
+      moe_.emplace(ctx, prefix(index) + "mlp", c);
+      WEFT_REQUIRE(s_->moe.has_value() && w_->moe.has_value(), Error, "nn::Block ", index,
+                   " is a mixture-of-experts block, but its Saved or Workspace was built without MoE tensors");
+    } else {
+      mlp_.emplace(ctx, prefix(index) + "mlp", c);
+    }
+  }
 
   /// Token rows a rank's residual stream holds: all tokens, or tokens / tp
   /// under sequence parallelism.
@@ -95,7 +125,10 @@ class Block {
       ops::add(s_->mid, s_->mid, x);
     }
     ln2_.forward(s_->mid, s_->h2, s_->n2);
-    mlp_.forward(s_->h2, s_->mlp, y, &w_->mlp);
+    if (moe_)
+      moe_->forward(s_->h2, *s_->moe, y);
+    else
+      mlp_->forward(s_->h2, s_->mlp, y, &w_->mlp);
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "residual");
       ops::add(y, y, s_->mid);
@@ -111,7 +144,9 @@ class Block {
     if (s_->holder != index_) {
       WEFT_REQUIRE(recompute_, Error, "nn::Block ", index_, ": backward without a preceding forward");
       metrics::Profiler::Scope sc(ctx_->profiler, "recompute");
+      if (moe_) moe_->set_recording(false);  // the routing was counted by the first forward
       forward(x, w_->scratch);
+      if (moe_) moe_->set_recording(true);
     }
     const bool sp = ctx_->tp.sp();
     if (sp) {
@@ -123,7 +158,10 @@ class Block {
       }
       partial_->begin();
     }
-    mlp_.backward(s_->h2, s_->mlp, dy, w_->dh, w_->mlp);
+    if (moe_)
+      moe_->backward(s_->h2, *s_->moe, dy, w_->dh, *w_->moe);
+    else
+      mlp_->backward(s_->h2, s_->mlp, dy, w_->dh, w_->mlp);
     ln2_.backward(w_->dh, s_->mid, s_->n2, w_->dmid, false);
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "residual");
@@ -143,8 +181,13 @@ class Block {
     ln1_.collect(out);
     attn_.collect(out);
     ln2_.collect(out);
-    mlp_.collect(out);
+    if (moe_)
+      moe_->collect(out);
+    else
+      mlp_->collect(out);
   }
+  /// The mixture of experts of a MoE block (null in a dense block).
+  MoE<T, Space>* moe() { return moe_ ? &*moe_ : nullptr; }
   /// Bytes the block's context-parallel attention keeps of its own (0 without CP).
   std::size_t context_bytes() const { return attn_.context_bytes(); }
   /// The context-parallel attention's peak of exchange buffers (Attention::context_buffer_bytes).
@@ -159,7 +202,8 @@ class Block {
   bool recompute_;
   Norm<T, Space> ln1_, ln2_;
   Attention<T, Space> attn_;
-  MLP<T, Space> mlp_;
+  std::optional<MLP<T, Space>> mlp_;  // a dense block
+  std::optional<MoE<T, Space>> moe_;  // a MoE block
   std::shared_ptr<Saved> s_;
   std::shared_ptr<Workspace> w_;
   std::unique_ptr<detail::PartialGrads<T, Space>> partial_;  // sequence parallelism: the norms' gradients

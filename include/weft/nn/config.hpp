@@ -22,6 +22,9 @@ enum class PositionKind { learned, rotary };
 /// length measured (docs/model.md) -- unless one block's probabilities would
 /// take more than GPTConfig::attention_budget bytes.
 enum class AttentionKernel { automatic, blas, blockwise };
+/// How a mixture-of-experts router turns its logits into scores: softmax
+/// over the experts, or an independent sigmoid per expert (DeepSeek-V3).
+enum class RouterKind { softmax, sigmoid };
 
 /// A GPT's hyper-parameters. The defaults are GPT-2 shaped: learned positions,
 /// LayerNorm with affine parameters, Linear with bias, a 4*D GELU MLP, no
@@ -51,6 +54,32 @@ struct GPTConfig {
   /// sequence (the balanced layout of parallel/context_policy.hpp). Set by
   /// the model through local_sequence, never by a user: 1 is whole sequences.
   std::size_t seq_shards = 1;
+
+  // Mixture of experts (nn/moe.hpp, docs/moe.md). experts == 0: every block is dense.
+  std::size_t experts = 0;         ///< --experts: routed experts N of a MoE block (0: no MoE)
+  std::size_t top_k = 2;           ///< --top-k: experts each token is sent to
+  double capacity_factor = 0;      ///< --capacity-factor: C = ceil(factor * tokens * k / N) slots per expert; 0: dropless
+  RouterKind router = RouterKind::softmax;  ///< --router: softmax or sigmoid scores
+  bool normalize_gates = true;     ///< gates are the top-k scores divided by their sum (false: the raw scores)
+  double aux_loss = 0;             ///< --aux-loss: alpha of the Switch load-balancing loss alpha N sum_e f_e P_e
+  double z_loss = 0;               ///< --z-loss: beta of the router z-loss beta mean_t (logsumexp_e u_te)^2
+  double bias_balance = 0;         ///< --bias-balance: gamma of the aux-loss-free selection-bias update (0: off)
+  std::size_t moe_every = 1;       ///< --moe-every: block l is a MoE block when (l + 1) % moe_every == 0
+  std::size_t shared_experts = 0;  ///< dense experts every token passes through besides the routed ones
+  std::size_t expert_hidden = 0;   ///< hidden width of each expert (0: hidden())
+
+  /// Whether block l replaces its MLP by a mixture of experts.
+  bool moe_block(std::size_t l) const { return experts > 0 && (l + 1) % moe_every == 0; }
+  /// Number of MoE blocks.
+  std::size_t moe_blocks() const {
+    std::size_t n = 0;
+    for (std::size_t l = 0; l < layers; ++l) n += moe_block(l) ? 1 : 0;
+    return n;
+  }
+  /// Whether no token is ever dropped (capacity_factor == 0).
+  bool dropless() const { return capacity_factor == 0; }
+  /// Hidden width of one expert.
+  std::size_t expert_width() const { return expert_hidden ? expert_hidden : hidden(); }
 
   /// Features per head.
   std::size_t head_dim() const { return d_model / heads; }
@@ -87,6 +116,15 @@ struct GPTConfig {
                  head_dim());
     WEFT_REQUIRE(attention_budget >= 0, ConfigError, "attention_budget is ", attention_budget,
                  "; expected the bytes of probabilities above which the blockwise kernel runs (>= 0)");
+    if (experts > 0) {
+      WEFT_REQUIRE(top_k >= 1 && top_k <= experts, ConfigError, "--top-k ", top_k, " must be between 1 and --experts ",
+                   experts);
+      WEFT_REQUIRE(capacity_factor >= 0, ConfigError, "--capacity-factor is ", capacity_factor,
+                   "; expected a positive factor, or --dropless");
+      WEFT_REQUIRE(moe_every >= 1, ConfigError, "--moe-every is 0; expected a positive integer (1: every block)");
+      WEFT_REQUIRE(aux_loss >= 0 && z_loss >= 0 && bias_balance >= 0, ConfigError, "--aux-loss (", aux_loss,
+                   "), --z-loss (", z_loss, ") and --bias-balance (", bias_balance, ") must be >= 0");
+    }
     WEFT_REQUIRE(norm_eps > 0 && init_std > 0, ConfigError, "norm_eps (", norm_eps, ") and init_std (", init_std,
                  ") must be positive");
   }
@@ -153,11 +191,19 @@ struct GPTConfig {
 
   /// N, the parameters that take part in matrix products (QKV, attention
   /// output, MLP and LM head; not embeddings, biases or norms). For the
-  /// default GPT-2 shape N = 12 L D^2 + D V.
+  /// default GPT-2 shape N = 12 L D^2 + D V. A MoE block counts the weights
+  /// one token meets (k routed experts, the shared experts, the router), so
+  /// 6 N stays the FLOPs per token.
   double matmul_params() const {
     const double d = double(d_model), f = double(hidden());
     const double mlp_w = mlp == MlpKind::gelu ? 2 * d * f : 3 * d * f;
-    return double(layers) * (d * double(qkv_cols()) + d * d + mlp_w) + d * double(vocab);
+    // A MoE block's active weights per token: its k routed experts, the shared experts and the router.
+    const double fe = double(expert_width());
+    const double expert_w = mlp == MlpKind::gelu ? 2 * d * fe : 3 * d * fe;
+    const double moe_w = double(top_k + shared_experts) * expert_w + d * double(experts);
+    const double nm = double(moe_blocks());
+    return double(layers) * (d * double(qkv_cols()) + d * d) + (double(layers) - nm) * mlp_w + nm * moe_w +
+           d * double(vocab);
   }
   /// Model FLOPs per token of one training step (forward + backward):
   /// 6 N for the weight products plus 12 L T D for attention scores and

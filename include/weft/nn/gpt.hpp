@@ -141,7 +141,7 @@ class GPTModel {
     for (std::size_t l = 0; l < cfg_.layers; ++l)
       blocks_.emplace_back(ctx_, l, cfg_,
                            shared ? shared
-                                  : std::make_shared<typename Block<T, Space>::Saved>("blocks." + std::to_string(l), cfg_, tp),
+                                  : std::make_shared<typename Block<T, Space>::Saved>("blocks." + std::to_string(l), cfg_, tp, l),
                            ws_, ctx_->cp.active() ? &cp_ : nullptr);
     if (ctx_->cp.active()) {
       ids_ = ops::Tokens<Space>("context.ids", cfg_.tokens());
@@ -191,6 +191,9 @@ class GPTModel {
         sum = ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
     }
     const std::size_t L = cfg_.layers;
+    // The MoE blocks' auxiliary losses enter the gradient with the weight of the mean token loss.
+    for (auto& b : blocks_)
+      if (auto* m = b.moe()) m->set_loss_weight(grad_scale * double(global_.tokens()));
     if (hooks_) hooks_->before_backward(L);
     if (root_partial_) root_partial_->begin();
     detail::head_backward(*ctx_, head_, hf_, hf_full_, logits_, dhf_, dhf_full_);
@@ -247,6 +250,44 @@ class GPTModel {
     head_.collect(g[cfg_.layers]);
     return g;
   }
+
+  /// The MoE blocks' auxiliary losses of the last forward pass (load
+  /// balancing plus z-loss, with their coefficients, summed over the MoE
+  /// blocks); 0 for a dense model. forward_backward's gradients are those
+  /// of its returned loss plus this sum (with the default grad_scale).
+  double moe_loss() {
+    double a = 0;
+    for (auto& b : blocks_)
+      if (auto* m = b.moe()) a += m->last_aux_loss() + m->last_z_loss();
+    return a;
+  }
+
+  /// The MoE blocks' routing statistics since the last reset, merged over
+  /// the blocks (empty for a dense model).
+  MoEStats moe_statistics() {
+    MoEStats s;
+    for (auto& b : blocks_)
+      if (auto* m = b.moe()) s.merge(m->statistics());
+    return s;
+  }
+  /// Clears every MoE block's statistics (at the start of a step).
+  void reset_moe_statistics() {
+    for (auto& b : blocks_)
+      if (auto* m = b.moe()) m->reset_statistics();
+  }
+  /// The aux-loss-free balancing step: every MoE block moves its selection
+  /// bias by config().bias_balance from the slots counted since the last
+  /// call (MoE::update_bias). Call it after each optimizer step.
+  void update_expert_bias() {
+    for (auto& b : blocks_)
+      if (auto* m = b.moe()) m->update_bias(global_.bias_balance);
+  }
+  /// The MoE layer of block l (null when block l is dense).
+  MoE<T, Space>* moe_layer(std::size_t l) { return blocks_.at(l).moe(); }
+  /// The routing saved by block l's last forward (block l must be a MoE
+  /// block; under recompute the blocks share one set, which holds the last
+  /// block that ran).
+  const typename MoE<T, Space>::Saved& moe_saved(std::size_t l) { return last_moe_saved(blocks_.at(l)); }
 
   /// Installs hooks called around each group's forward and backward (null removes them).
   void set_hooks(GroupHooks* h) { hooks_ = h; }
@@ -312,6 +353,8 @@ class GPTModel {
     sum = ops::cross_entropy_forward(logits_, targets);
     return sequence_sum(sum) / double(global_.tokens());
   }
+
+  static const typename MoE<T, Space>::Saved& last_moe_saved(Block<T, Space>& b) { return *b.saved()->moe; }
 
   // The loss sum of whole sequences: this rank's tokens' sum, summed over CP.
   double sequence_sum(double local) const {

@@ -10,6 +10,7 @@
 #include <weft/nn/layer.hpp>
 #include <weft/nn/linear.hpp>
 #include <weft/nn/mlp.hpp>
+#include <weft/nn/moe.hpp>
 #include <weft/nn/norm.hpp>
 #include <weft/nn/parameter.hpp>
 #include <weft/nn/sequence_attention.hpp>
