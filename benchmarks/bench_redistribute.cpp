@@ -38,7 +38,13 @@
 namespace {
 
 using T = float;
+// Host memory whatever Kokkos' default memory space is: the node-shared and
+// cross-memory transports measured here move host memory, and the "shm" rows'
+// input lives in a host window. (With a device default space, DistView would
+// put y on the device and the rows would compare different paths.)
 using Space = Kokkos::HostSpace;
+template <class... Ons>
+using HostDist = weft::BasicDistView<T, weft::dextents<2>, Space, Ons...>;
 constexpr std::size_t cols = 1024;
 
 struct Options {
@@ -146,20 +152,20 @@ int main(int argc, char** argv) {
     };
 
     {  // Shard<0> -> Replicate: all-gather straight into the result.
-      DistView<T, 2, On<TP, Shard<0>>> x(mesh, rows, cols);
-      DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
+      HostDist<On<TP, Shard<0>>> x(mesh, rows, cols);
+      HostDist<On<TP, Replicate>> y(mesh, rows, cols);
       row("Shard<0> -> Replicate", "all_gather", true, [&] { redistribute<Replicate>(x, TP{}, y); },
           [&] { (void)redistribute<Replicate>(x, TP{}); }, [&] { tp.all_gather(x.local(), y.local()); });
     }
     {  // Partial<Sum> -> Replicate: all-reduce.
-      DistView<T, 2, On<TP, Partial<Sum>>> x(mesh, rows, cols);
-      DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
+      HostDist<On<TP, Partial<Sum>>> x(mesh, rows, cols);
+      HostDist<On<TP, Replicate>> y(mesh, rows, cols);
       row("Partial<Sum> -> Replicate", "all_reduce", true, [&] { redistribute<Replicate>(x, TP{}, y); },
           [&] { (void)redistribute<Replicate>(x, TP{}); }, [&] { tp.all_reduce(x.local(), y.local()); });
     }
     {  // Partial<Sum> -> Shard<0>: reduce-scatter.
-      DistView<T, 2, On<TP, Partial<Sum>>> x(mesh, rows, cols);
-      DistView<T, 2, On<TP, Shard<0>>> y(mesh, rows, cols);
+      HostDist<On<TP, Partial<Sum>>> x(mesh, rows, cols);
+      HostDist<On<TP, Shard<0>>> y(mesh, rows, cols);
       row("Partial<Sum> -> Shard<0>", "reduce_scatter", true, [&] { redistribute<Shard<0>>(x, TP{}, y); },
           [&] { (void)redistribute<Shard<0>>(x, TP{}); }, [&] { tp.reduce_scatter(x.local(), y.local()); });
     }
@@ -172,15 +178,15 @@ int main(int argc, char** argv) {
       tp.set_cross_memory_attach(staged);
       tp.set_node_shared_staging(staged);
       {  // Shard<1> -> Shard<0>: all-to-all, chunks along dim 0 are contiguous, received ones concatenate along dim 1.
-        DistView<T, 2, On<TP, Shard<1>>> x(mesh, rows, cols);
-        DistView<T, 2, On<TP, Shard<0>>> y(mesh, rows, cols);
+        HostDist<On<TP, Shard<1>>> x(mesh, rows, cols);
+        HostDist<On<TP, Shard<0>>> y(mesh, rows, cols);
         row(staged ? "Shard<1> -> Shard<0>" : "Shard<1> -> Shard<0> mpi", "all_to_all", staged,
             [&] { redistribute<Shard<0>>(x, TP{}, y); }, [&] { (void)redistribute<Shard<0>>(x, TP{}); },
             [&] { tp.all_to_all(x.local(), y.local()); });
       }
       {  // Shard<1> -> Replicate: all-gather of column blocks.
-        DistView<T, 2, On<TP, Shard<1>>> x(mesh, rows, cols);
-        DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
+        HostDist<On<TP, Shard<1>>> x(mesh, rows, cols);
+        HostDist<On<TP, Replicate>> y(mesh, rows, cols);
         row(staged ? "Shard<1> -> Replicate" : "Shard<1> -> Replicate mpi", "all_gather", staged,
             [&] { redistribute<Replicate>(x, TP{}, y); }, [&] { (void)redistribute<Replicate>(x, TP{}); },
             [&] { tp.all_gather(x.local(), y.local()); });
@@ -191,16 +197,16 @@ int main(int argc, char** argv) {
       using Flat = Kokkos::View<T*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
       auto flat = [](auto v) { return Flat(v.data(), v.size()); };
       {
-        DistView<T, 2, On<TP, Shard<1>>> x(mesh, rows, cols);
-        DistView<T, 2, On<TP, Shard<0>>> y(mesh, rows, cols);
+        HostDist<On<TP, Shard<1>>> x(mesh, rows, cols);
+        HostDist<On<TP, Shard<0>>> y(mesh, rows, cols);
         const BlockLayout recv{rows / p, cols / p, cols};
         row("Shard<1> -> Shard<0> lay", "all_to_all", false, [&] { redistribute<Shard<0>>(x, TP{}, y); },
             [&] { (void)redistribute<Shard<0>>(x, TP{}); },
             [&] { tp.all_to_all(flat(x.local()), BlockLayout{}, flat(y.local()), recv); });
       }
       {
-        DistView<T, 2, On<TP, Shard<1>>> x(mesh, rows, cols);
-        DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
+        HostDist<On<TP, Shard<1>>> x(mesh, rows, cols);
+        HostDist<On<TP, Replicate>> y(mesh, rows, cols);
         const BlockLayout recv{rows, cols / p, cols};
         row("Shard<1> -> Replicate lay", "all_gather", false, [&] { redistribute<Replicate>(x, TP{}, y); },
             [&] { (void)redistribute<Replicate>(x, TP{}); },
@@ -212,15 +218,15 @@ int main(int argc, char** argv) {
     using Host2 = BasicDistView<T, dextents<2>, Space, On<TP, Shard<1>>>;
     {  // The same pairs from node-shared memory: one copy per peer block, no MPI transfer.
       auto x = shm.dist_view<Host2>(mesh, rows, cols);
-      DistView<T, 2, On<TP, Shard<0>>> y(mesh, rows, cols);
-      DistView<T, 2, On<TP, Shard<1>>> bare_x(mesh, rows, cols);
+      HostDist<On<TP, Shard<0>>> y(mesh, rows, cols);
+      HostDist<On<TP, Shard<1>>> bare_x(mesh, rows, cols);
       row("Shard<1> -> Shard<0> shm", "all_to_all", true, [&] { redistribute<Shard<0>>(x, TP{}, y); },
           [&] { (void)redistribute<Shard<0>>(x, TP{}); }, [&] { tp.all_to_all(bare_x.local(), y.local()); });
     }
     {
       auto x = shm.dist_view<Host2>(mesh, rows, cols);
-      DistView<T, 2, On<TP, Replicate>> y(mesh, rows, cols);
-      DistView<T, 2, On<TP, Shard<1>>> bare_x(mesh, rows, cols);
+      HostDist<On<TP, Replicate>> y(mesh, rows, cols);
+      HostDist<On<TP, Shard<1>>> bare_x(mesh, rows, cols);
       row("Shard<1> -> Replicate shm", "all_gather", true, [&] { redistribute<Replicate>(x, TP{}, y); },
           [&] { (void)redistribute<Replicate>(x, TP{}); }, [&] { tp.all_gather(bare_x.local(), y.local()); });
     }

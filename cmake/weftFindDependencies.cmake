@@ -72,6 +72,45 @@ if(NOT TARGET Kokkos::kokkoskernels)
   endif()
 endif()
 
+# Kokkos Kernels must come from the same release as Kokkos: built against
+# another Kokkos, its explicit instantiations (KokkosBlas::Impl::Scal<...> and
+# kin) name execution spaces that the Kokkos in use does not have, and a
+# program then links two Kokkos core libraries or fails to link. Major and
+# minor must match; the patch level may differ (Kokkos ships patch releases
+# that Kokkos Kernels does not follow one for one).
+# A standard install reports its version through KokkosKernelsConfigVersion.cmake.
+# Debian's TriBITS-packaged Kokkos Kernels reports none: it is part of one
+# Trilinos release, whose Kokkos version is in the KokkosCore_config.h beside
+# its headers.
+set(WEFT_KOKKOSKERNELS_VERSION "${KokkosKernels_VERSION}")
+if(NOT WEFT_KOKKOSKERNELS_VERSION AND DEFINED KokkosKernels_PACKAGE_LIST)
+  foreach(_dir IN LISTS KokkosKernels_INCLUDE_DIRS)
+    get_filename_component(_dir "${_dir}" REALPATH)
+    if(EXISTS "${_dir}/KokkosCore_config.h")
+      file(STRINGS "${_dir}/KokkosCore_config.h" _weft_kkv REGEX "define KOKKOS_VERSION ")
+      string(REGEX REPLACE ".*KOKKOS_VERSION ([0-9]+).*" "\\1" _weft_kkv "${_weft_kkv}")
+      math(EXPR _maj "${_weft_kkv} / 10000")
+      math(EXPR _min "(${_weft_kkv} / 100) % 100")
+      math(EXPR _pat "${_weft_kkv} % 100")
+      set(WEFT_KOKKOSKERNELS_VERSION "${_maj}.${_min}.${_pat}")
+      break()
+    endif()
+  endforeach()
+endif()
+if(NOT WEFT_KOKKOSKERNELS_VERSION)
+  message(FATAL_ERROR "weft: Kokkos Kernels found at ${KokkosKernels_DIR} reports no version, so weft cannot check that it "
+          "matches Kokkos ${Kokkos_VERSION} (at ${Kokkos_DIR}).\n" ${_weft_install_hint})
+endif()
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" _weft_k_mm "${Kokkos_VERSION}")
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" _weft_kk_mm "${WEFT_KOKKOSKERNELS_VERSION}")
+if(NOT _weft_k_mm VERSION_EQUAL _weft_kk_mm)
+  message(FATAL_ERROR "weft: Kokkos Kernels ${WEFT_KOKKOSKERNELS_VERSION} (at ${KokkosKernels_DIR}) does not match "
+          "Kokkos ${Kokkos_VERSION} (at ${Kokkos_DIR}); their major and minor versions must be equal.\n"
+          "Point CMake at the Kokkos Kernels built with this Kokkos: -DKokkosKernels_ROOT=<the prefix of Kokkos Kernels ${Kokkos_VERSION}> "
+          "(or -DKokkosKernels_DIR=<its lib/cmake/KokkosKernels>), or at the Kokkos that this Kokkos Kernels was built with.")
+endif()
+
 if(NOT weft_FIND_QUIETLY)
-  message(STATUS "weft: Kokkos ${Kokkos_VERSION} (${WEFT_KOKKOS_FLAVOR}) at ${Kokkos_DIR}; MPI ${MPI_CXX_VERSION}")
+  message(STATUS "weft: Kokkos ${Kokkos_VERSION} (${WEFT_KOKKOS_FLAVOR}) at ${Kokkos_DIR}; "
+                 "Kokkos Kernels ${WEFT_KOKKOSKERNELS_VERSION} at ${KokkosKernels_DIR}; MPI ${MPI_CXX_VERSION}")
 endif()

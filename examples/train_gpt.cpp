@@ -121,7 +121,7 @@ const char* kUsage =
     "  --expert-hidden N (the MLP's width)   see docs/moe.md\n"
     "  --seed N          initialisation and data order (1234)\n"
     "  --data FILE       train on the bytes of FILE (default: synthetic language)\n"
-    "  --threads N       BLAS threads per rank (default: cores / ranks on the node)\n"
+    "  --threads N       BLAS threads per rank (default: cores / (ranks on the node x Kokkos host threads))\n"
     "  --record FILE     write a JSON run record\n"
     "  --mesh dp=A,tp=B,pp=C,cp=D  the mesh; axes left out have size 1 (default dp = ranks / (tp x pp x cp));\n"
     "                    with pp and tp both, each stage's layers are split over tp; cp splits every sequence\n"

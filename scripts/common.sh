@@ -21,6 +21,11 @@ weft_build_dir() { echo "${WEFT_ROOT}/build-ci-$1"; }
 #   gcc    g++, RelWithDebInfo
 #   clang  clang++, Release
 #   asan   ${WEFT_CI_ASAN_CXX}, RelWithDebInfo, AddressSanitizer + UndefinedBehaviorSanitizer
+#   kokkos-openmp  g++, RelWithDebInfo, the Kokkos + Kokkos Kernels installed in
+#                  ${WEFT_CI_KOKKOS_OPENMP} (scripts/build_kokkos.sh ... openmp)
+#   kokkos-cuda    that prefix's nvcc_wrapper, RelWithDebInfo, the Kokkos + Kokkos
+#                  Kernels installed in ${WEFT_CI_KOKKOS_CUDA} (... cuda), for
+#                  ${NVCC_WRAPPER_DEFAULT_ARCH:-sm_90}
 # RelWithDebInfo here is -O2 with line tables only (-g1): backtraces and the
 # sanitizers' reports keep file and line, and the builds take about a fifth
 # less time than with full debug information (-g: 25.8 s against 20.9 s for
@@ -34,7 +39,20 @@ weft_configure() {
     gcc)   cxx=g++;                 type=RelWithDebInfo ;;
     clang) cxx=clang++;             type=Release; extra=(-DWEFT_BUILD_BENCHMARKS=OFF) ;;
     asan)  cxx="$WEFT_CI_ASAN_CXX"; type=RelWithDebInfo; extra=(-DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_BENCHMARKS=OFF) ;;
-    *) echo "unknown variant '$variant' (expected gcc, clang or asan)" >&2; return 2 ;;
+    kokkos-openmp)
+      [[ -n "${WEFT_CI_KOKKOS_OPENMP:-}" ]] || { echo "variant kokkos-openmp needs WEFT_CI_KOKKOS_OPENMP=<prefix>" >&2; return 2; }
+      cxx=g++; type=RelWithDebInfo
+      extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_OPENMP" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_OPENMP") ;;
+    kokkos-cuda)
+      [[ -n "${WEFT_CI_KOKKOS_CUDA:-}" ]] || { echo "variant kokkos-cuda needs WEFT_CI_KOKKOS_CUDA=<prefix>" >&2; return 2; }
+      [[ -x "$WEFT_CI_KOKKOS_CUDA/bin/nvcc_wrapper" ]] ||
+        { echo "variant kokkos-cuda: $WEFT_CI_KOKKOS_CUDA/bin/nvcc_wrapper is missing (not a CUDA Kokkos install?)" >&2; return 2; }
+      # nvcc_wrapper's own default, sm_70, is rejected by CUDA 13; CMake's
+      # compiler checks run before any Kokkos flag is known.
+      export NVCC_WRAPPER_DEFAULT_ARCH="${NVCC_WRAPPER_DEFAULT_ARCH:-sm_90}"
+      cxx="$WEFT_CI_KOKKOS_CUDA/bin/nvcc_wrapper"; type=RelWithDebInfo
+      extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_CUDA" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_CUDA") ;;
+    *) echo "unknown variant '$variant' (expected gcc, clang, asan, kokkos-openmp or kokkos-cuda)" >&2; return 2 ;;
   esac
   local generator=()
   command -v ninja > /dev/null && generator=(-G Ninja)

@@ -1,5 +1,7 @@
 // Built against the installed weft package by tests/downstream/run_downstream.cmake:
-// an Environment, a one-axis Mesh and an all_reduce whose result is checked.
+// an Environment, a one-axis Mesh and an all_reduce whose result is checked. It
+// prints the KOKKOS_VERSION its Kokkos headers define, which the test compares
+// with the Kokkos weft was configured with.
 #include <weft/weft.hpp>
 
 #include <cstdint>
@@ -23,7 +25,7 @@ int main(int argc, char** argv) {
   total(0) = bad;
   env.world().all_reduce(total);
   if (r == 0)
-    std::printf("downstream: weft %s on %d ranks: all_reduce %s\n", weft::version_string, n,
-                total(0) == 0 ? "correct" : "WRONG");
+    std::printf("downstream: weft %s, KOKKOS_VERSION %d, on %d ranks: all_reduce %s\n", weft::version_string,
+                KOKKOS_VERSION, n, total(0) == 0 ? "correct" : "WRONG");
   return total(0) == 0 ? 0 : 1;
 }

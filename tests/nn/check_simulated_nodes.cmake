@@ -9,7 +9,7 @@ execute_process(COMMAND ${cmd} --record "${RECORD}" RESULT_VARIABLE rc OUTPUT_VA
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "train_gpt failed (${rc}):\n${out}\n${err}")
 endif()
-foreach(re "the loss curve follows" "BLAS threads [0-9]+ \\([0-9]+ cores / ${RANKS_PER_NODE} ranks on this node\\)")
+foreach(re "the loss curve follows" "BLAS threads [0-9]+ \\([0-9]+ cores / \\(${RANKS_PER_NODE} ranks on this node x [0-9]+ Kokkos host threads per rank\\)\\)")
   if(NOT out MATCHES "${re}")
     message(FATAL_ERROR "the output does not match /${re}/:\n${out}\n${err}")
   endif()

@@ -582,6 +582,40 @@ TEST_CASE("BLAS thread choice follows the flag, then the environment, then cores
   CHECK_THROWS_AS(ops::set_blas_threads(0, 0), ConfigError);
 }
 
+TEST_CASE("BLAS threads: Kokkos threads x BLAS threads x ranks never exceed the cores") {
+  using ops::BlasThreadInputs;
+  using ops::choose_blas_threads;
+  // The issue's machine: 2 cores, 1 rank, 2 OpenMP threads: one BLAS thread.
+  CHECK(choose_blas_threads({.ranks_per_node = 1, .cores = 2, .kokkos_threads = 2}).threads == 1);
+  CHECK(choose_blas_threads({.ranks_per_node = 1, .cores = 2, .kokkos_threads = 1}).threads == 2);
+  CHECK(choose_blas_threads({.ranks_per_node = 2, .cores = 2, .kokkos_threads = 1}).threads == 1);
+  CHECK(choose_blas_threads({.ranks_per_node = 4, .cores = 2, .kokkos_threads = 2}).threads == 1);  // at least 1
+  CHECK(choose_blas_threads({.ranks_per_node = 1, .cores = 0, .kokkos_threads = 1}).threads == 1);  // unknown cores
+  for (int cores = 1; cores <= 64; ++cores)
+    for (int ranks = 1; ranks <= 8; ++ranks)
+      for (int k = 1; k <= 8; ++k) {
+        const int b = choose_blas_threads({.ranks_per_node = ranks, .cores = cores, .kokkos_threads = k}).threads;
+        CHECK(b >= 1);
+        if (ranks * k <= cores) {
+          CHECK(ranks * k * b <= cores);
+          CHECK(ranks * k * (b + 1) > cores);  // and no more idle cores than needed
+        } else {
+          CHECK(b == 1);
+        }
+      }
+  const auto r = choose_blas_threads({.ranks_per_node = 2, .cores = 16, .kokkos_threads = 4});
+  CHECK(r.threads == 2);
+  CHECK(r.reason == "16 cores / (2 ranks on this node x 4 Kokkos host threads per rank)");
+  // The user's flag, then OPENBLAS_NUM_THREADS, win over the rule.
+  CHECK(choose_blas_threads({.requested = 3, .ranks_per_node = 1, .cores = 2, .kokkos_threads = 2, .openblas_env = 5})
+            .threads == 3);
+  const auto e = choose_blas_threads({.ranks_per_node = 1, .cores = 2, .kokkos_threads = 2, .openblas_env = 5});
+  CHECK(e.threads == 5);
+  CHECK(e.reason == "kept from OPENBLAS_NUM_THREADS=5");
+  CHECK_THROWS_AS(choose_blas_threads({.ranks_per_node = 0}), ConfigError);
+  CHECK_THROWS_AS(choose_blas_threads({.ranks_per_node = 1, .kokkos_threads = 0}), ConfigError);
+}
+
 }  // namespace
 
 namespace {

@@ -8,7 +8,9 @@
 
 #include <Kokkos_Core.hpp>
 #include <climits>
+#include <complex>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -72,6 +74,50 @@ using flat_view_t = Kokkos::View<typename std::remove_cvref_t<V>::value_type*,
 template <class V>
 flat_view_t<V> flatten(const V& v) {
   return flat_view_t<V>(v.data(), v.size());
+}
+
+// The real type of an element: U for std::complex<U>, else the type itself.
+template <class T>
+struct real_of {
+  using type = T;
+};
+template <class U>
+struct real_of<std::complex<U>> {
+  using type = U;
+};
+
+// Multiplies every element by a real scale. A named functor rather than a
+// KOKKOS_LAMBDA in a member function (nvcc refuses extended lambdas in
+// private members); complex elements are scaled part by part, since
+// std::complex's operator*= is a host-only function.
+template <class Flat>
+struct ScaleElements {
+  using T = typename Flat::non_const_value_type;
+  using Real = typename real_of<T>::type;
+  Flat flat;
+  Real scale;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i) const {
+    if constexpr (std::is_same_v<Real, T>) {
+      flat(i) *= scale;
+    } else {
+      const T v = flat(i);
+      flat(i) = T(v.real() * scale, v.imag() * scale);
+    }
+  }
+};
+
+// The completion step of ReduceOp::avg: scales recv by 1/size on its own
+// execution space.
+template <class R>
+std::function<void()> averaging(const R& recv, int size) {
+  auto flat = flatten(recv);
+  using Exec = typename R::execution_space;
+  using K = ScaleElements<decltype(flat)>;
+  const typename K::Real scale = typename K::Real(1) / typename K::Real(static_cast<double>(size));
+  return [flat, scale] {
+    Kokkos::parallel_for("weft::average", Kokkos::RangePolicy<Exec>(0, flat.size()), K{flat, scale});
+    Exec().fence();
+  };
 }
 
 // A buffer MPI may touch: the view itself where MPI can use its memory,
@@ -547,20 +593,6 @@ class Comm {
       core_->fail(where, "ReduceOp::max and ReduceOp::min are not defined for complex elements");
   }
 
-  // Scales recv by 1/size() on its own execution space (average).
-  template <class R>
-  std::function<void()> averaging(const R& recv) const {
-    using T = element_t<R>;
-    auto flat = detail::flatten(recv);
-    using Exec = typename R::execution_space;
-    const T scale = T(1) / T(static_cast<double>(core_->size));
-    return [flat, scale] {
-      Kokkos::parallel_for("weft::average", Kokkos::RangePolicy<Exec>(0, flat.size()),
-                           KOKKOS_LAMBDA(std::size_t i) { flat(i) *= scale; });
-      Exec().fence();
-    };
-  }
-
   // Checked mode: all ranks agree on (kind, type, count, extra) before a
   // collective; a disagreement becomes a CommError on every rank listing what
   // each rank called.
@@ -668,7 +700,7 @@ class Comm {
     } else {
       keep = r;
     }
-    auto avg = op == ReduceOp::avg ? averaging(recv) : std::function<void()>{};
+    auto avg = op == ReduceOp::avg ? detail::averaging(recv, core_->size) : std::function<void()>{};
     done = [r, avg] {
       r->unstage();
       if (avg) avg();
@@ -752,7 +784,7 @@ class Comm {
     agree(CommKind::reduce_scatter, mpi_datatype<T>::id, n, static_cast<int>(op), name);
     auto s = std::make_shared<detail::Staged<S>>(send, true);
     auto r = std::make_shared<detail::Staged<R>>(recv, false);
-    auto avg = op == ReduceOp::avg ? averaging(recv) : std::function<void()>{};
+    auto avg = op == ReduceOp::avg ? detail::averaging(recv, core_->size) : std::function<void()>{};
     auto st = begin(CommKind::reduce_scatter, "reduce_scatter", send.size() * sizeof(T),
                     std::make_shared<std::pair<decltype(s), decltype(r)>>(s, r), [r, avg] {
                       r->unstage();

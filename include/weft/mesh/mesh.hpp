@@ -39,8 +39,12 @@ struct MeshSizes {
 };
 
 namespace detail {
+// The member of MeshSizes that holds an axis' extent. The pointer-to-member
+// type has a name of its own: nvcc writes `int MeshSizes::* f()` back out as
+// `int (MeshSizes::*f())`, which g++ -Wparentheses warns about.
+using MeshSizesMember = int MeshSizes::*;
 template <class Tag>
-constexpr int MeshSizes::* mesh_sizes_member() {
+constexpr MeshSizesMember mesh_sizes_member() {
   if constexpr (std::is_same_v<Tag, DP>) return &MeshSizes::dp;
   else if constexpr (std::is_same_v<Tag, TP>) return &MeshSizes::tp;
   else if constexpr (std::is_same_v<Tag, PP>) return &MeshSizes::pp;

@@ -367,11 +367,8 @@ class GPTModel {
   // This rank's tokens of every sequence of a [batch * seq] token array (the balanced layout).
   template <class FV>
   void select_local(const FV& full, const ops::Tokens<Space>& local) const {
-    const ops::BalancedPositions at{0, cfg_.seq, global_.seq, ctx_->cp.size(), ctx_->cp.rank()};
-    const std::size_t tl = cfg_.seq, seq = global_.seq;
-    Kokkos::parallel_for(
-        "weft::context_tokens", Kokkos::RangePolicy<typename Space::execution_space>(0, local.extent(0)),
-        KOKKOS_LAMBDA(std::size_t i) { local(i) = full((i / tl) * seq + at(i)); });
+    // A free function's kernel: nvcc refuses extended lambdas in private members.
+    ops::select_balanced(full, ops::BalancedPositions{0, cfg_.seq, global_.seq, ctx_->cp.size(), ctx_->cp.rank()}, local);
   }
 
   template <class IV>

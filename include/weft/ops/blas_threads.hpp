@@ -1,9 +1,11 @@
-// The BLAS thread count of this process. OpenBLAS starts its own thread pool;
-// when several ranks share a node, ranks x BLAS threads must not exceed the
-// cores or every gemm slows down, so weft chooses the count and says why.
+// The BLAS thread count of this process. OpenBLAS starts its own thread pool
+// beside Kokkos' host threads; when ranks x Kokkos threads x BLAS threads
+// exceed the cores, every gemm slows down, so weft chooses the count and says why.
 #pragma once
 
 #include <dlfcn.h>
+
+#include <Kokkos_Core.hpp>
 
 #include <cstdlib>
 #include <string>
@@ -20,10 +22,61 @@ struct BlasThreads {
   std::string reason;    ///< a sentence for humans
 };
 
+/// Everything choose_blas_threads decides from, so that the rule is a pure
+/// function that tests can call with any machine in mind.
+struct BlasThreadInputs {
+  int requested = 0;       ///< the user's explicit count (a flag); 0: none
+  int ranks_per_node = 1;  ///< ranks of this job sharing this node, >= 1
+  int cores = 0;           ///< cores of the node; 0 or less: unknown (taken as 1)
+  int kokkos_threads = 1;  ///< threads of Kokkos' default host execution space per rank, >= 1
+  int openblas_env = 0;    ///< OPENBLAS_NUM_THREADS when set to a positive count; else 0
+};
+
+/// The rule: an explicit `requested` count wins; else a positive
+/// OPENBLAS_NUM_THREADS is kept (the user's choice for BLAS); else
+/// cores / (ranks_per_node x kokkos_threads), at least 1, so that Kokkos'
+/// threads and BLAS' threads of all ranks on the node together never
+/// outnumber its cores. OMP_NUM_THREADS is not read: it sets Kokkos' OpenMP
+/// threads, which `kokkos_threads` already counts. Returns the count and the
+/// reason; `controlled` is left false (whether it can be applied is
+/// set_blas_threads' business). Throws ConfigError on ranks_per_node < 1 or
+/// kokkos_threads < 1.
+inline BlasThreads choose_blas_threads(const BlasThreadInputs& in) {
+  WEFT_REQUIRE(in.ranks_per_node >= 1, ConfigError, "weft::ops::choose_blas_threads: ranks_per_node is ",
+               in.ranks_per_node, ", expected >= 1");
+  WEFT_REQUIRE(in.kokkos_threads >= 1, ConfigError, "weft::ops::choose_blas_threads: kokkos_threads is ",
+               in.kokkos_threads, ", expected >= 1");
+  BlasThreads out;
+  if (in.requested > 0) {
+    out.threads = in.requested;
+    out.reason = "set by the user";
+    return out;
+  }
+  if (in.openblas_env > 0) {
+    out.threads = in.openblas_env;
+    out.reason = "kept from OPENBLAS_NUM_THREADS=" + std::to_string(in.openblas_env);
+    return out;
+  }
+  const int cores = in.cores > 0 ? in.cores : 1;
+  const int per_rank = in.ranks_per_node * in.kokkos_threads;
+  out.threads = cores / per_rank > 0 ? cores / per_rank : 1;
+  out.reason = std::to_string(cores) + " cores / (" + std::to_string(in.ranks_per_node) + " ranks on this node x " +
+               std::to_string(in.kokkos_threads) + " Kokkos host threads per rank)";
+  return out;
+}
+
 namespace detail {
 // Looked up at run time: the BLAS library behind Kokkos Kernels is chosen by
 // the system (OpenBLAS, reference BLAS, MKL), and only OpenBLAS has these.
 inline void* blas_symbol(const char* name) { return dlsym(RTLD_DEFAULT, name); }
+
+// Threads of Kokkos' default host execution space (1 for Serial, and before
+// Kokkos is initialised).
+inline int kokkos_host_threads() {
+  if (!Kokkos::is_initialized()) return 1;
+  const int n = Kokkos::DefaultHostExecutionSpace().concurrency();
+  return n > 0 ? n : 1;
+}
 }  // namespace detail
 
 /// Current BLAS thread count, or 1 when the library does not say.
@@ -33,36 +86,26 @@ inline int blas_thread_count() {
   return 1;
 }
 
-/// Sets the BLAS thread count: `requested` when positive (a user flag); else
-/// the environment's OPENBLAS_NUM_THREADS / OMP_NUM_THREADS when set (the
-/// user's choice, kept); else cores / ranks_per_node, at least 1.
+/// Chooses the BLAS thread count by choose_blas_threads' rule, from
+/// `requested` (a user flag; 0: none), `ranks_per_node`, the node's cores,
+/// the threads of Kokkos' default host execution space and
+/// OPENBLAS_NUM_THREADS, and applies it when the BLAS library has a thread
+/// setter (OpenBLAS). OMP_NUM_THREADS is deliberately not handed to BLAS.
 inline BlasThreads set_blas_threads(int requested, int ranks_per_node) {
   WEFT_REQUIRE(ranks_per_node >= 1, ConfigError, "weft::ops::set_blas_threads: ranks_per_node is ", ranks_per_node,
                ", expected >= 1");
+  BlasThreadInputs in;
+  in.requested = requested;
+  in.ranks_per_node = ranks_per_node;
+  in.cores = static_cast<int>(std::thread::hardware_concurrency());
+  in.kokkos_threads = detail::kokkos_host_threads();
+  if (const char* e = std::getenv("OPENBLAS_NUM_THREADS"); e && std::atoi(e) > 0) in.openblas_env = std::atoi(e);
+  BlasThreads out = choose_blas_threads(in);
   using set_fn = void (*)(int);
   auto setter = reinterpret_cast<set_fn>(detail::blas_symbol("openblas_set_num_threads"));
-  BlasThreads out;
   out.controlled = setter != nullptr;
-  int want = 0;
-  if (requested > 0) {
-    want = requested;
-    out.reason = "set by the user";
-  } else if (const char* e = std::getenv("OPENBLAS_NUM_THREADS"); e && std::atoi(e) > 0) {
-    out.threads = std::atoi(e);
-    out.reason = std::string("kept from OPENBLAS_NUM_THREADS=") + e;
-    return out;
-  } else if (const char* o = std::getenv("OMP_NUM_THREADS"); o && std::atoi(o) > 0) {
-    out.threads = std::atoi(o);
-    out.reason = std::string("kept from OMP_NUM_THREADS=") + o;
-    return out;
-  } else {
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    want = cores / ranks_per_node > 0 ? cores / ranks_per_node : 1;
-    out.reason = std::to_string(cores > 0 ? cores : 1) + " cores / " + std::to_string(ranks_per_node) +
-                 " ranks on this node";
-  }
   if (setter) {
-    setter(want);
+    setter(out.threads);
     out.threads = blas_thread_count();
   } else {
     out.threads = 1;

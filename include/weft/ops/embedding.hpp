@@ -179,6 +179,17 @@ struct BalancedPositions {
   }
 };
 
+/// out(i) = full((i / local_seq) * seq + at(i)): a context-parallel rank's
+/// tokens of every sequence of a [batch * seq] token array (the balanced
+/// layout of `at`; out holds batch * at.local_seq tokens).
+template <class FV, class OV>
+void select_balanced(const FV& full, const BalancedPositions& at, const OV& out) {
+  const std::size_t tl = at.local_seq, seq = at.seq;
+  Kokkos::parallel_for(
+      "weft::select_balanced", Kokkos::RangePolicy<typename OV::execution_space>(0, out.extent(0)),
+      KOKKOS_LAMBDA(std::size_t i) { out(i) = full((i / tl) * seq + at(i)); });
+}
+
 /// y(i, :) += P(at(i), :): learned positions of a context-parallel rank's rows.
 template <class PV, class YV>
 void position_forward_balanced(const PV& P, const BalancedPositions& at, const YV& y) {

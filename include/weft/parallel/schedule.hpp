@@ -312,6 +312,15 @@ struct ZeroBubble {
   }
 };
 
+namespace detail {
+/// Discards the actions a schedule generates: the action sink of the
+/// PipelineSchedule concept. A named type, not a lambda: nvcc evaluates a
+/// requires-expression that contains a lambda as false.
+struct DiscardPipeActions {
+  constexpr void operator()(const PipeAction&) const noexcept {}
+};
+}  // namespace detail
+
 /// What Pipeline<Schedule> needs from a schedule type.
 template <class S>
 concept PipelineSchedule = requires(int p, int m, int r, const PipeCosts& c) {
@@ -321,7 +330,7 @@ concept PipelineSchedule = requires(int p, int m, int r, const PipeCosts& c) {
   S::check(p, m);
   { S::peak_in_flight(p, m, r) } -> std::convertible_to<int>;
   { S::bubble_fraction(p, m, c) } -> std::convertible_to<double>;
-  S::generate(p, m, r, [](const PipeAction&) {});
+  S::generate(p, m, r, detail::DiscardPipeActions{});
 };
 
 namespace detail {

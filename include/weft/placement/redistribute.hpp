@@ -208,7 +208,7 @@ void pack_blocks(const Src& src, const Dst& dst, Split3 s, std::size_t p) {
     auto* dp = dst.data();
     Kokkos::parallel_for(
         "weft::redistribute::pack", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, P * O),
-        KOKKOS_LAMBDA(const std::int64_t b) {
+        [=](const std::int64_t b) {  // a host lambda: std::copy_n is a host function
           const std::int64_t r = b / O, o = b % O;
           std::copy_n(sp + (o * P + r) * run, run, dp + b * run);
         });
@@ -233,7 +233,7 @@ void unpack_blocks(const Src& src, const Dst& dst, Split3 block, std::size_t p) 
     auto* dp = dst.data();
     Kokkos::parallel_for(
         "weft::redistribute::unpack", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, P * O),
-        KOKKOS_LAMBDA(const std::int64_t b) {
+        [=](const std::int64_t b) {  // a host lambda: std::copy_n is a host function
           const std::int64_t r = b / O, o = b % O;
           std::copy_n(sp + b * run, run, dp + (o * P + r) * run);
         });

@@ -295,6 +295,12 @@ class ModelRunner {
     if (b) ops::bias_add(out, b->value);
   }
 
+ public:
+  // Internal, not part of the API: the kernels of a step. They are public
+  // only because nvcc refuses extended (KOKKOS_LAMBDA) lambdas inside private
+  // or protected member functions; call forward() instead.
+
+  /// Internal: x(i, :) += P(position of token i, :) for the N tokens of the step.
   template <class XV>
   void add_positions(const XV& x, std::size_t N) const {
     const auto P = pos_->matrix();
@@ -305,8 +311,8 @@ class ModelRunner {
         KOKKOS_LAMBDA(std::size_t i) { x(i / D, i % D) += P(std::size_t(pv(i / D)), i % D); });
   }
 
-  // Rotary positions of this rank's query and key heads at each token's own
-  // position (the formula of ops::rotary_apply, evaluated identically).
+  /// Internal: rotary positions of this rank's query and key heads at each
+  /// token's own position (the formula of ops::rotary_apply, evaluated identically).
   template <class QV>
   void rotate(const QV& qkv, std::size_t N) const {
     const std::size_t hd = cfg_.head_dim(), half = hd / 2, Hq = l_.heads, Hk = l_.kv(), Dl = l_.d_model;
@@ -328,7 +334,7 @@ class ModelRunner {
         });
   }
 
-  // Writes each token's keys and values (this rank's key/value heads) into its block slot.
+  /// Internal: writes each token's keys and values (this rank's key/value heads) into its block slot.
   template <class QV>
   void store_kv(const QV& qkv, std::size_t layer, std::size_t N) const {
     const std::size_t W = l_.kv() * cfg_.head_dim(), Dl = l_.d_model, bs = cache_.block_size;
@@ -345,10 +351,10 @@ class ModelRunner {
         });
   }
 
-  // Causal attention of each token's query heads over its sequence's cached
-  // keys and values, positions 0..its own, in one pass with a running
-  // maximum (no [tokens, context] scores are stored); grouped-query heads
-  // share a key/value head.
+  /// Internal: causal attention of each token's query heads over its
+  /// sequence's cached keys and values, positions 0..its own, in one pass with
+  /// a running maximum (no [tokens, context] scores are stored);
+  /// grouped-query heads share a key/value head.
   template <class QV, class HV>
   void attend(const QV& qkv, std::size_t layer, const HV& heads, std::size_t N) const {
     const std::size_t hd = cfg_.head_dim(), Hq = l_.heads, group = l_.heads / l_.kv(), bs = cache_.block_size;
@@ -383,6 +389,7 @@ class ModelRunner {
         });
   }
 
+ private:
   nn::GPTConfig cfg_;
   nn::TensorParallel tp_;
   nn::GPTConfig l_;  // this rank's heads and MLP width

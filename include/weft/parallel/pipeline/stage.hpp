@@ -544,11 +544,8 @@ class GPTStage {
   // This rank's tokens of every sequence of a [batch * seq] token array.
   template <class FV, class LV>
   void select_local(const FV& full, const LV& out) const {
-    const ops::BalancedPositions at{0, cfg_.seq, global_.seq, ctx_->cp.size(), ctx_->cp.rank()};
-    const std::size_t tl = cfg_.seq, seq = global_.seq;
-    Kokkos::parallel_for(
-        "weft::pipeline_context_tokens", Kokkos::RangePolicy<typename Space::execution_space>(0, out.extent(0)),
-        KOKKOS_LAMBDA(std::size_t i) { out(i) = full((i / tl) * seq + at(i)); });
+    // A free function's kernel: nvcc refuses extended lambdas in private members.
+    ops::select_balanced(full, ops::BalancedPositions{0, cfg_.seq, global_.seq, ctx_->cp.size(), ctx_->cp.rank()}, out);
   }
 
   bool has_root(const Chunk& k) const { return root_group_ != no_group && (k.emb || k.head); }
