@@ -446,11 +446,15 @@ class MoE {
     const std::size_t cap = capacity(n);
     std::vector<std::vector<std::size_t>> cand(N);
     for (std::size_t q = 0; q < n * K; ++q) cand[std::size_t(s.slot_expert[q])].push_back(q);
-    std::vector<long> slot_row(n * K, -1);
+    // The grouped-row maps are built in host mirrors of the device views.
+    auto row_token = Kokkos::create_mirror_view(s.row_token);
+    auto row_gate = Kokkos::create_mirror_view(s.row_gate);
+    auto slot_row = Kokkos::create_mirror_view(s.slot_row);
+    Kokkos::deep_copy(row_token, 0);
+    Kokkos::deep_copy(row_gate, T(0));
+    Kokkos::deep_copy(slot_row, -1);
     s.offsets.assign(N + 1, 0);
     s.dropped.clear();
-    std::vector<int> row_token(n * K, 0);
-    std::vector<T> row_gate(n * K, T(0));
     std::size_t r = 0;
     for (std::size_t e = 0; e < N; ++e) {
       auto& c = cand[e];  // ascending slot index = ascending token index
@@ -464,9 +468,9 @@ class MoE {
       }
       s.offsets[e] = r;
       for (std::size_t q : c) {
-        slot_row[q] = long(r);
-        row_token[r] = int(q / K);
-        row_gate[r] = T(s.slot_gate[q]);
+        slot_row(q) = int(r);
+        row_token(r) = int(q / K);
+        row_gate(r) = T(s.slot_gate[q]);
         ++r;
       }
     }
@@ -493,17 +497,9 @@ class MoE {
       stats_.z_loss += z;
       stats_.passes += 1;
     }
-    auto rt = Kokkos::create_mirror_view(s.row_token);
-    auto rg = Kokkos::create_mirror_view(s.row_gate);
-    auto sr = Kokkos::create_mirror_view(s.slot_row);
-    for (std::size_t i = 0; i < n * K; ++i) {
-      rt(i) = row_token[i];
-      rg(i) = row_gate[i];
-      sr(i) = int(slot_row[i]);
-    }
-    Kokkos::deep_copy(s.row_token, rt);
-    Kokkos::deep_copy(s.row_gate, rg);
-    Kokkos::deep_copy(s.slot_row, sr);
+    Kokkos::deep_copy(s.row_token, row_token);
+    Kokkos::deep_copy(s.row_gate, row_gate);
+    Kokkos::deep_copy(s.slot_row, slot_row);
   }
 
   // w.du = d/du of sum(dout * out) (through the gates) + loss_weight * (aux + z).

@@ -91,9 +91,8 @@ inline int blas_thread_count() {
 /// the threads of Kokkos' default host execution space and
 /// OPENBLAS_NUM_THREADS, and applies it when the BLAS library has a thread
 /// setter (OpenBLAS). OMP_NUM_THREADS is deliberately not handed to BLAS.
+/// Throws ConfigError on ranks_per_node < 1 (choose_blas_threads' check).
 inline BlasThreads set_blas_threads(int requested, int ranks_per_node) {
-  WEFT_REQUIRE(ranks_per_node >= 1, ConfigError, "weft::ops::set_blas_threads: ranks_per_node is ", ranks_per_node,
-               ", expected >= 1");
   BlasThreadInputs in;
   in.requested = requested;
   in.ranks_per_node = ranks_per_node;
