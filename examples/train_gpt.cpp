@@ -50,6 +50,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <string>
@@ -85,6 +86,7 @@ struct Options {
   int tp = 1;
   int pp = 1;
   int cp = 1;
+  int ep = 1;  // expert parallelism: the MoE blocks' experts over ep ranks (folded over DP)
   std::string context = "ring";  // --context: the CP variant (ring, allgather, alltoall), a compiled type each
   bool sequence_parallel = false;
   std::string schedule = "1f1b", stages = "equal";
@@ -115,7 +117,8 @@ const char* kUsage =
     "  --norm layernorm|rmsnorm, --mlp gelu|swiglu, --pos learned|rotary, --recompute\n"
     "  --attention K     attention over whole sequences: auto (BLAS products, or the blockwise kernel when the\n"
     "                    [T, T] probabilities would not fit in the memory limit), blas or blockwise (auto)\n"
-    "  --experts N       mixture of experts: N routed experts in every --moe-every-th block (0: dense; one rank only)\n"
+    "  --experts N       mixture of experts: N routed experts in every --moe-every-th block (0: dense); with\n"
+    "                    --mesh ep=E > 1 (N = 4 or 8) each EP rank holds N / E of them (docs/moe.md)\n"
     "  --top-k K (2), --capacity-factor C | --dropless (dropless), --router softmax|sigmoid (softmax),\n"
     "  --aux-loss A (0), --z-loss Z (0), --bias-balance G (0), --moe-every K (1), --shared-experts N (0),\n"
     "  --expert-hidden N (the MLP's width)   see docs/moe.md\n"
@@ -123,8 +126,9 @@ const char* kUsage =
     "  --data FILE       train on the bytes of FILE (default: synthetic language)\n"
     "  --threads N       BLAS threads per rank (default: cores / (ranks on the node x Kokkos host threads))\n"
     "  --record FILE     write a JSON run record\n"
-    "  --mesh dp=A,tp=B,pp=C,cp=D  the mesh; axes left out have size 1 (default dp = ranks / (tp x pp x cp));\n"
-    "                    with pp and tp both, each stage's layers are split over tp; cp splits every sequence\n"
+    "  --mesh dp=A,tp=B,pp=C,cp=D,ep=E  the mesh; axes left out have size 1 (default dp = ranks / (tp x pp x cp x ep));\n"
+    "                    with pp and tp both, each stage's layers are split over tp; cp splits every sequence;\n"
+    "                    ep splits the MoE experts and takes its own share of the batch (EP folded over DP)\n"
     "  --context V       context parallelism with cp > 1: ring, allgather or alltoall (ring)\n"
     "  --sequence-parallel  with tp > 1: norms and residuals on token shards (all-gather/reduce-scatter)\n"
     "  --schedule S      pipeline schedule with pp > 1: gpipe, 1f1b, interleaved:V or zb (1f1b)\n"
@@ -180,10 +184,10 @@ E parse_choice(const std::string& flag, const std::string& v, const std::map<std
   return it->second;
 }
 
-// --mesh dp=A[,tp=B,pp=C,cp=D,ep=E]: the axes this build of train_gpt runs
-// are named; the others must be 1 until their strategies arrive.
+// --mesh dp=A[,tp=B,pp=C,cp=D,ep=E]: the mesh's axes (ep: expert
+// parallelism, whose ranks are data ranks too: world = dp x ep x tp x pp x cp).
 struct MeshFlags {
-  int dp = 0, tp = 1, pp = 1, cp = 1;
+  int dp = 0, tp = 1, pp = 1, cp = 1, ep = 1;
 };
 MeshFlags parse_mesh(const std::string& v) {
   MeshFlags m;
@@ -209,9 +213,7 @@ MeshFlags parse_mesh(const std::string& v) {
     } else {
       WEFT_REQUIRE(axis == "ep", ConfigError, "--mesh ", v,
                    ": unknown axis '", axis, "'; the axes are dp, tp, pp, cp, ep");
-      WEFT_REQUIRE(n == 1, ConfigError, "--mesh ", v, ": ", axis, "=", n,
-                   " is not available in train_gpt yet (data, tensor, pipeline and context parallelism only); use ",
-                   axis, "=1 or leave it out");
+      m.ep = n;
     }
     start = end + 1;
   }
@@ -248,6 +250,7 @@ Options parse(int argc, char** argv) {
          o.tp = m.tp;
          o.pp = m.pp;
          o.cp = m.cp;
+         o.ep = m.ep;
        }},
       {"--context",
        [&](const std::string& v) {
@@ -386,6 +389,7 @@ struct Job {
   bool sequence_parallel = false;
   weft::Comm* dp = nullptr;    // the ranks gradients are reduced over: the DP axis, or DP x CP with context parallelism
   weft::Comm* cp = nullptr;    // the CP axis (null without context parallelism)
+  weft::Comm* ep = nullptr;    // the EP axis (null without expert parallelism; dp is then DP x EP)
   std::string context;         // the CP policy ("Context<Ring>", ...; empty without)
   weft::Comm* pp = nullptr;    // the PP axis (null without a pipeline)
   std::string schedule, stages;  // pipeline: the schedule's name, blocks per virtual stage
@@ -505,8 +509,8 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   const bool root = world_rank == 0;
-  const int ncp = cpc ? cpc->size() : 1, ndp = comm.size() / ncp, ntp = tpc.size(), npp = ppc ? ppc->size() : 1,
-            world = ndp * ntp * npp * ncp;
+  const int ncp = cpc ? cpc->size() : 1, nep = job.ep ? job.ep->size() : 1, ndp = comm.size() / ncp / nep,
+            ntp = tpc.size(), npp = ppc ? ppc->size() : 1, world = ndp * nep * ntp * npp * ncp;
   const std::size_t tokens_per_step = o.batch * c.seq;
   // The MFU yardstick: the best float gemm of the model's own MLP shape and a square one, measured now.
   const auto peak = weft::metrics::measure_sgemm_peak<Space>({{c.tokens(), 4 * c.d_model, c.d_model}, {512, 512, 512}}, 3);
@@ -848,7 +852,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
                                                 ? "blockwise"
                                                 : "blas")
                           .set("dtype", "float32"));
-    Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", ncp).set("ep", 1).set("world_size", world)
+    Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", ncp).set("ep", nep).set("world_size", world)
                     .set("sequence_parallel", job.sequence_parallel).set("strategy", job.strategy)
                     .set("dp_mode", weft::parallel::to_string(job.dp_mode)).set("bucket_mb", o.dp_options.bucket_mb)
                     .set("overlap", o.dp_options.overlap);
@@ -866,10 +870,10 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
                             .set("world_size", world).set("hosts", Json(host_list)).set("host_count", Json(distinct.size()))
                             .set("ranks_per_node", ranks_per_node).set("rank_hosts", Json(rank_host_list)));
     rec.set("batch", Json::object()
-                         .set("global_sequences", Json(o.batch)).set("local_sequences", Json(o.batch / std::size_t(ndp)))
+                         .set("global_sequences", Json(o.batch)).set("local_sequences", Json(o.batch / std::size_t(ndp * nep)))
                          .set("microbatches", Json(o.microbatches)).set("microbatch_sequences", Json(c.batch))
                          .set("seq", Json(c.seq)).set("global_tokens", Json(tokens_per_step))
-                         .set("local_tokens", Json(tokens_per_step / std::size_t(ndp * ncp)))
+                         .set("local_tokens", Json(tokens_per_step / std::size_t(ndp * nep * ncp)))
                          .set("steps", Json(done)).set("total_tokens", Json(tokens_per_step * done)));
     rec.set("tokens_per_step", Json(tokens_per_step));
     rec.set("loss", Json(losses));
@@ -985,6 +989,8 @@ Job job_of(const char* model_name, Model& model, DP& dp, AnyOptimizer& opt) {
   job.model_memory = [&model] { return model.memory(); };
   job.dp_memory = [&dp] { return dp.memory(); };
   job.opt_memory = [&opt] { return opt.memory(); };
+  // Expert parallelism: no checkpoints (refused before step 0 with --checkpoint or --resume).
+  if constexpr (requires { dp.dense(); }) return job;
   // Checkpoints: this rank's optimizer pieces (by global names and indices) and the moments beside them.
   auto state = std::make_shared<weft::checkpoint::State<float, Space>>();
   weft::checkpoint::add_data_parallel(*state, dp, model.parameters(), opt.state(dp.optimizer_parameters().size()));
@@ -1100,7 +1106,10 @@ int run_data_tensor_on(const Options& o, MeshT& mesh, weft::nn::ContextParallel<
   using DPPolicy = typename S::data_parallel;
   const std::string context = cp.policy;
   weft::Comm& grads = o.cp > 1 ? mesh.template axes<weft::DP, weft::CP>() : mesh.template axis<weft::DP>();
-  weft::nn::GPT<float, S> gpt(mesh, o.model, std::move(cp));
+  // Without CP the MoE blocks' routing (capacity, drops, losses) covers the whole microbatch over DP.
+  auto owned = o.cp > 1 ? std::make_unique<weft::nn::GPT<float, S>>(mesh, o.model, std::move(cp))
+                        : std::make_unique<weft::nn::GPT<float, S>>(mesh, o.model, weft::nn::expert_split_of<S>(mesh, o.model));
+  auto& gpt = *owned;
   weft::parallel::DataParallel<float, DPPolicy> dp(grads, gpt.parameter_groups(), o.dp_options);
   gpt.set_hooks(&dp);
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
@@ -1115,6 +1124,33 @@ int run_data_tensor_on(const Options& o, MeshT& mesh, weft::nn::ContextParallel<
     return r;
   };
   if (o.model.experts > 0) job.moe_stats = [&] { return gpt.moe_statistics(); };
+  return train(o, job, mesh.template axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
+}
+
+// Expert parallelism: nn::GPT on DP x EP x TP with its experts over EP,
+// ExpertDataParallel of S's DP policy (dense parameters over DP x EP, the
+// experts over DP).
+template <class S>
+int run_expert(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
+               const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
+  using DPPolicy = typename S::data_parallel;
+  weft::Mesh<weft::DP, weft::EP, weft::TP> mesh(env.world(), ndp, o.ep, o.tp);
+  weft::validate_strategy<S>(mesh, o.model.heads);
+  weft::nn::GPT<float, S> gpt(mesh, o.model, weft::nn::expert_split_of<S>(mesh, o.model));
+  weft::parallel::ExpertDataParallel<float, DPPolicy> dp(mesh.template axes<weft::DP, weft::EP>(), mesh.template axis<weft::DP>(),
+                                                         mesh.template axis<weft::EP>(), gpt.parameter_groups(), o.dp_options);
+  gpt.set_hooks(&dp);
+  AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
+  weft::ops::Tokens<Space> ids("ids", o.model.tokens()), tg("targets", o.model.tokens());
+  Job job = job_of<S>("weft GPT (nn::GPT)", gpt, dp, opt);
+  job.ep = &mesh.template axis<weft::EP>();
+  job.step = [&](std::size_t step, double lr, weft::metrics::Profiler* prof) {
+    gpt.reset_moe_statistics();
+    const auto r = weft::parallel::train_step(gpt, dp, opt, stream, step, o.batch, o.microbatches, ids, tg, lr, o.clip, prof);
+    gpt.update_expert_bias();
+    return r;
+  };
+  job.moe_stats = [&] { return gpt.moe_statistics(); };
   return train(o, job, mesh.template axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
 }
 
@@ -1144,6 +1180,8 @@ int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const w
 
 // The schedules compiled into train_gpt.
 constexpr const char* kCompiledSchedules = "gpipe, 1f1b, interleaved:2, interleaved:4 and zb";
+// The routed-expert counts compiled as Experts<N> for --mesh ep=E > 1.
+constexpr const char* kCompiledExperts = "4 and 8";
 
 template <class D, class TPPolicy, class Sched>
 struct StrategyOf {
@@ -1205,6 +1243,19 @@ int pick_strategy(const Options& o, F&& f) {
     if (o.context == "alltoall") return g(std::type_identity<weft::Context<weft::AllToAll>>{});
     return g(std::type_identity<weft::Context<weft::Ring>>{});
   };
+  if (o.ep > 1) {  // expert parallelism: DP x EP x TP, no pipeline or CP (checked before)
+    auto with_experts = [&](auto g) -> int {
+      if (o.model.experts == 8) return g(std::type_identity<weft::Experts<8>>{});
+      return g(std::type_identity<weft::Experts<4>>{});
+    };
+    return with_dp([&]<class D>(std::type_identity<D>) {
+      return with_experts([&]<class X>(std::type_identity<X>) {
+        if (o.tp == 1) return f(std::type_identity<weft::Strategy<weft::On<weft::DP, D>, weft::On<weft::EP, X>>>{});
+        return f(std::type_identity<
+                 weft::Strategy<weft::On<weft::DP, D>, weft::On<weft::EP, X>, weft::On<weft::TP, weft::TensorParallel<>>>>{});
+      });
+    });
+  }
   return with_dp([&]<class D>(std::type_identity<D>) {
     return with_tp([&]<class TPPolicy>(std::type_identity<TPPolicy>) {
       return with_schedule([&]<class Sched>(std::type_identity<Sched>) {
@@ -1232,7 +1283,9 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
   c.options = parse(argc, argv);
   Options& o = c.options;
   const int ntp = o.tp;
-  const int model_ranks = ntp * o.pp * o.cp;  // ranks that hold one copy of the model (CP ranks share its weights)
+  // Ranks per DP index: one copy of the model (CP ranks share its weights),
+  // times the EP ranks that hold one copy of every expert between them.
+  const int model_ranks = ntp * o.pp * o.cp * o.ep;
   if (o.check_only) {
     // What weft-plan --run-top asks before launching a candidate: does this
     // build accept the mesh, the modes and the batch split (on any world size)?
@@ -1241,25 +1294,45 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
     WEFT_REQUIRE(o.dp != 0 || world % model_ranks == 0, ConfigError, "--mesh ",
                  (ntp > 1 ? "tp=" + std::to_string(ntp) + "," : std::string()),
                  (o.pp > 1 ? "pp=" + std::to_string(o.pp) + "," : std::string()),
-                 (o.cp > 1 ? "cp=" + std::to_string(o.cp) + "," : std::string()), " (", model_ranks,
+                 (o.cp > 1 ? "cp=" + std::to_string(o.cp) + "," : std::string()),
+                 (o.ep > 1 ? "ep=" + std::to_string(o.ep) + "," : std::string()), " (", model_ranks,
                  " ranks per data-parallel replica) does not divide the ", world,
                  " ranks train_gpt was started on; launch it with a multiple of ", model_ranks, " ranks");
     c.ndp = o.dp == 0 ? world / model_ranks : o.dp;
     WEFT_REQUIRE(c.ndp * model_ranks == world, ConfigError, "--mesh dp=", c.ndp,
                  (ntp > 1 ? ",tp=" + std::to_string(ntp) : std::string()),
                  (o.pp > 1 ? ",pp=" + std::to_string(o.pp) : std::string()),
-                 (o.cp > 1 ? ",cp=" + std::to_string(o.cp) : std::string()), " needs ", c.ndp * model_ranks,
+                 (o.cp > 1 ? ",cp=" + std::to_string(o.cp) : std::string()),
+                 (o.ep > 1 ? ",ep=" + std::to_string(o.ep) : std::string()), " needs ", c.ndp * model_ranks,
                  " ranks, but train_gpt was started on ", world, "; launch it with mpirun -n ", c.ndp * model_ranks,
                  " or change --mesh");
   }
-  WEFT_REQUIRE(o.model.experts == 0 || c.ndp * model_ranks == 1, ConfigError, "--experts ", o.model.experts,
-               ": mixture-of-experts models run on one rank only so far (expert, data, tensor, pipeline and context "
-               "parallelism of MoE blocks are not implemented; docs/moe.md); launch one rank with no --mesh");
+  WEFT_REQUIRE(o.model.experts == 0 || (o.pp == 1 && o.cp == 1 && !o.sequence_parallel), ConfigError, "--experts ",
+               o.model.experts, ": mixture-of-experts blocks run under data, expert and tensor parallelism (--mesh "
+               "dp=A,ep=E,tp=T); pipeline and context parallelism and --sequence-parallel are not implemented for them "
+               "(docs/moe.md)");
+  WEFT_REQUIRE(o.ep == 1 || o.model.experts > 0, ConfigError, "--mesh ep=", o.ep,
+               ": expert parallelism splits the experts of mixture-of-experts blocks; add --experts N");
+  if (o.ep > 1) {
+    WEFT_REQUIRE(o.model.experts % std::size_t(o.ep) == 0, ConfigError, "--experts ", o.model.experts,
+                 " do not divide by ep=", o.ep, " (each EP rank holds N / ep whole experts); ep sizes that work: ",
+                 weft::detail::divisors_text(o.model.experts));
+    WEFT_REQUIRE(o.model.experts == 4 || o.model.experts == 8, ConfigError, "--experts ", o.model.experts,
+                 " with ep=", o.ep, ": Experts<N> is a compiled type and train_gpt compiles N = ", kCompiledExperts,
+                 "; use one of those or ep=1");
+    WEFT_REQUIRE(o.ckpt.dir.empty() && o.ckpt.resume.empty(), ConfigError,
+                 "--checkpoint and --resume are not implemented with expert parallelism (ep=", o.ep,
+                 "): each EP rank holds different experts; use ep=1 to save or resume");
+  }
+  WEFT_REQUIRE(o.model.experts == 0 || o.model.bias_balance == 0 || c.ndp * o.ep == 1 ||
+                   o.dp_mode != weft::parallel::DPMode::fsdp,
+               ConfigError, "--bias-balance with --dp fsdp: the selection bias is a shard between steps, so the "
+               "aux-loss-free update cannot move it; use --dp zero2 (or replicate, zero1) or no --bias-balance");
   WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
                "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
   WEFT_REQUIRE(o.cp > 1 || o.context == "ring", ConfigError, "--context ", o.context,
                " needs a context-parallel axis: add cp=N (N > 1) to --mesh");
-  o.model.batch = weft::parallel::local_microbatch(o.batch, std::size_t(c.ndp), o.microbatches);
+  o.model.batch = weft::parallel::local_microbatch(o.batch, std::size_t(c.ndp * o.ep), o.microbatches);
   o.model.validate();
   if (o.cp > 1) {
     // The balanced layout's chunks, and AllToAll's heads (each TP rank's) over cp, with the sizes that work.
@@ -1286,7 +1359,7 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
   train_gpt_checks::RunShape shape;
   shape.model = o.model;
   shape.batch = o.batch;
-  shape.dp = std::size_t(c.ndp), shape.tp = std::size_t(ntp), shape.pp = std::size_t(o.pp), shape.cp = std::size_t(o.cp);
+  shape.dp = std::size_t(c.ndp * o.ep), shape.tp = std::size_t(ntp), shape.pp = std::size_t(o.pp), shape.cp = std::size_t(o.cp);
   shape.context = o.context;
   shape.sequence_parallel = o.sequence_parallel;
   shape.dp_mode = o.dp_mode;
@@ -1344,8 +1417,8 @@ int run(int argc, char** argv, weft::Environment& env) {
                                                      : std::string(" (limit unknown: no MemAvailable, no --memory-limit)"));
   if (o.check_only) {
     if (env.world().rank() == 0)
-      std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d,cp=%d (%s), %zu sequences per rank per microbatch; needs %d ranks; %s\n",
-                  ndp, ntp, o.pp, o.cp, weft::parallel::to_string(o.dp_mode), o.model.batch, ndp * ntp * o.pp * o.cp,
+      std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d,cp=%d,ep=%d (%s), %zu sequences per rank per microbatch; needs %d ranks; %s\n",
+                  ndp, ntp, o.pp, o.cp, o.ep, weft::parallel::to_string(o.dp_mode), o.model.batch, ndp * ntp * o.pp * o.cp * o.ep,
                   memory_line.c_str());
     return 0;
   }
@@ -1360,6 +1433,7 @@ int run(int argc, char** argv, weft::Environment& env) {
   weft::data::TokenStream stream(bytes, opts.model.seq, opts.model.seed);
   return pick_strategy(opts, [&]<class S>(std::type_identity<S>) {
     if constexpr (S::pipelined) return run_pipeline_with<S>(opts, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
+    else if constexpr (S::expert_parallel_v) return run_expert<S>(opts, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
     else return run_data_tensor<S>(opts, env, ndp, stream, bt, ranks_per_node, unigram, data_name);
   });
 }

@@ -30,6 +30,7 @@
 #include <weft/parallel/strategy.hpp>
 #include <weft/parallel/context.hpp>
 #include <weft/parallel/data_parallel.hpp>
+#include <weft/parallel/expert_parallel.hpp>
 #include <weft/parallel/train_step.hpp>
 #include <weft/parallel/pipeline/simulator.hpp>
 #include <weft/parallel/pipeline/partition.hpp>

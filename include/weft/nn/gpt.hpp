@@ -110,11 +110,27 @@ class GPTModel {
   GPTModel(MeshT& mesh, const GPTConfig& c, ContextParallel<T, Space> cp)
       : GPTModel(c, tensor_parallel_of(mesh), std::move(cp), 0) {}
 
+  /// The model on `mesh` with the mixture-of-experts blocks' routing over
+  /// the ranks of `ep` (from nn::expert_split_of<Strategy>(mesh, c)): under
+  /// Experts<N> each EP rank holds N / ep experts of every MoE block and
+  /// tokens travel to them by all_to_allv; capacity, drops, the balancing
+  /// losses and the statistics are those of the whole microbatch over
+  /// ep.data (DP x EP). forward_backward takes this rank's microbatch (rank d
+  /// of ep.data holds its sequences d of the whole). The gradients of this
+  /// rank's experts are summed over DP, all others over DP x EP
+  /// (parallel::ExpertDataParallel). Throws ConfigError for a dense config
+  /// under ep > 1 and for experts that do not divide by ep.
+  template <class MeshT>
+    requires requires { MeshT::template has_axis<TP>; }
+  GPTModel(MeshT& mesh, const GPTConfig& c, ExpertSplit ep)
+      : GPTModel(c, tensor_parallel_of(mesh), {}, 0, ep) {}
+
  private:
   // Every public constructor ends here, with the run-time descriptors the layers share.
-  GPTModel(const GPTConfig& c, TensorParallel tp, ContextParallel<T, Space> cp, int)
-      : global_(c), cp_(std::move(cp)), cfg_(checked(c, tp, cp_)),
-        ctx_(std::make_shared<Context>(Context{nullptr, tp, ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}})),
+  GPTModel(const GPTConfig& c, TensorParallel tp, ContextParallel<T, Space> cp, int, ExpertSplit ep = {})
+      : global_(c), cp_(std::move(cp)), cfg_(checked(c, tp, cp_, ep)),
+        ctx_(std::make_shared<Context>(
+            Context{nullptr, tp, ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, ep})),
         emb_(ctx_, cfg_),
         ln_f_(ctx_, "ln_f", cfg_.norm, cfg_.d_model, cfg_.norm_eps),
         head_(ctx_, "lm_head", cfg_.d_model, cfg_.vocab, false, cfg_.seed, cfg_.init_std,
@@ -193,7 +209,7 @@ class GPTModel {
     const std::size_t L = cfg_.layers;
     // The MoE blocks' auxiliary losses enter the gradient with the weight of the mean token loss.
     for (auto& b : blocks_)
-      if (auto* m = b.moe()) m->set_loss_weight(grad_scale * double(global_.tokens()));
+      if (auto* m = b.moe()) m->set_loss_weight(grad_scale * double(global_.tokens()) * double(ctx_->ep.data_size()));
     if (hooks_) hooks_->before_backward(L);
     if (root_partial_) root_partial_->begin();
     detail::head_backward(*ctx_, head_, hf_, hf_full_, logits_, dhf_, dhf_full_);
@@ -224,6 +240,8 @@ class GPTModel {
 
   /// The context-parallel axis (inactive: whole sequences on every rank).
   const ContextSplit& context_parallel() const { return ctx_->cp; }
+  /// The expert-parallel split of the MoE blocks (inactive: one process's routing).
+  const ExpertSplit& expert_split() const { return ctx_->ep; }
 
   /// Sets every gradient to zero (before a step's first microbatch).
   void zero_grad() {
@@ -408,8 +426,13 @@ class GPTModel {
     }
   }
 
-  static GPTConfig checked(const GPTConfig& c, const TensorParallel& tp, const ContextParallel<T, Space>& cp) {
+  static GPTConfig checked(const GPTConfig& c, const TensorParallel& tp, const ContextParallel<T, Space>& cp,
+                           const ExpertSplit& ep) {
     c.validate();
+    WEFT_REQUIRE(!ep.active() || c.moe_blocks() > 0, ConfigError, "nn::GPT: expert parallelism over ", ep.ep_size(),
+                 " EP ranks needs mixture-of-experts blocks; set GPTConfig::experts (--experts) or ep=1");
+    WEFT_REQUIRE(ep.data_size() == 1 || cp.size() == 1, ConfigError,
+                 "nn::GPT: mixture-of-experts routing over several data ranks with context parallelism is not implemented");
     if (cp.size() > 1) {
       WEFT_REQUIRE(cp.make && c.seq_shards == 1, ConfigError,
                    "nn::GPT: context parallelism needs a ContextParallel from weft::context::attention_of and a "

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -14,10 +15,27 @@
 #include <string>
 #include <vector>
 
+#include <weft/comm/comm.hpp>
 #include <weft/nn/linear.hpp>
 #include <weft/nn/mlp.hpp>
+#include <weft/parallel/strategy.hpp>
 
 namespace weft::nn {
+
+namespace detail {
+// dst(g) = src(perm(g)) (gather) or dst(perm(g)) = src(g) (scatter), g < rows.
+// A free function: nvcc refuses extended lambdas in private members.
+template <class M, class P>
+void moe_permute_rows(const M& src, const P& perm, const M& dst, std::size_t rows, bool gather) {
+  const std::size_t D = src.extent(1);
+  using exec = typename M::execution_space;
+  Kokkos::parallel_for(
+      "weft::moe_permute", Kokkos::RangePolicy<exec>(0, rows), KOKKOS_LAMBDA(std::size_t g) {
+        const std::size_t a = gather ? g : std::size_t(perm(g)), b = gather ? std::size_t(perm(g)) : g;
+        for (std::size_t j = 0; j < D; ++j) dst(a, j) = src(b, j);
+      });
+}
+}  // namespace detail
 
 /// Routing statistics of MoE layers, summed over the forward passes (and,
 /// when merged, the layers) since the last reset.
@@ -31,6 +49,8 @@ struct MoEStats {
   double z_loss = 0;             ///< sum over passes of the router z-loss (with its coefficient)
   std::size_t passes = 0;        ///< forward passes summed (layers x microbatches when merged)
   std::size_t layers = 0;        ///< layers merged (1 for one layer's own statistics)
+  double a2a_bytes = 0;          ///< bytes this rank sent in the expert-parallel all_to_allv calls (dispatch and combine, forward and backward)
+  double a2a_seconds = 0;        ///< seconds this rank spent in them (blocking calls: all of it is exposed)
 
   /// Whether anything was recorded.
   bool empty() const { return passes == 0; }
@@ -66,12 +86,20 @@ struct MoEStats {
     z_loss += o.z_loss;
     passes += o.passes;
     layers += std::max<std::size_t>(o.layers, 1);
+    a2a_bytes += o.a2a_bytes;
+    a2a_seconds += o.a2a_seconds;
   }
 };
 
-/// The mixture-of-experts feed-forward part of a block, for one process: it
-/// refuses tensor and context parallelism, and on a data-parallel rank its
-/// capacity and bias counts would cover that rank's tokens only (docs/moe.md).
+/// The mixture-of-experts feed-forward part of a block. Under expert
+/// parallelism (the model Context's ExpertSplit) this rank holds N / ep of
+/// the routed experts, sends each kept token-expert slot to its expert's rank
+/// with all_to_allv and receives the outputs back; routing decisions
+/// (capacity, drops, losses, statistics, the bias counts) are made over the
+/// whole microbatch of the ExpertSplit's data ranks, so that they are the
+/// single process's. Under tensor parallelism without sequence parallelism
+/// every TP rank runs the same MoE on the same tokens (the experts are
+/// TP-replicated); sequence and context parallelism are refused (docs/moe.md).
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class MoE {
   using Mat = ops::Matrix<T, Space>;
@@ -100,8 +128,17 @@ class MoE {
     std::vector<double> slot_gate;       ///< [tokens * k] gate of the slot
     std::vector<std::size_t> offsets;    ///< [N + 1] first grouped row of each expert
     std::vector<std::size_t> dropped;    ///< slots t k + j dropped by capacity, ascending
-    std::vector<double> selected;        ///< [N] slots each expert was chosen for
+    std::vector<double> selected;        ///< [N] slots each expert was chosen for, over the whole microbatch
     double aux = 0, z = 0;               ///< the losses of the pass (with their coefficients)
+    double tokens_global = 0;            ///< tokens of the whole microbatch (over the data ranks)
+    std::size_t first_slot = 0;          ///< global index of this rank's first slot (data rank x tokens x k)
+    // The expert side. Without expert parallelism gx and gy are xin and eout.
+    Mat gx;    ///< [R, D] the rows this rank's experts run on, grouped by local expert
+    Mat gy;    ///< [R, D] their outputs
+    Mat xrecv; ///< [R, D] rows in the order they arrive (by source rank), and outputs before they go back
+    Kokkos::View<int*, Space> perm;      ///< [R] grouped row g arrived as row perm(g)
+    std::vector<std::size_t> goffsets;   ///< [local experts + 1] first grouped row of each local expert
+    std::vector<int> send_rows, recv_rows;  ///< [ep] rows sent to / received from each EP rank
 
     Saved() = default;
     /// For config c (its tokens per forward pass).
@@ -123,6 +160,7 @@ class MoE {
       std::size_t b = detail::bytes_of(logits) + detail::bytes_of(xin) + detail::bytes_of(eout) +
                       detail::bytes_of(up) + detail::bytes_of(act) + detail::bytes_of(row_token) +
                       detail::bytes_of(row_gate) + detail::bytes_of(slot_row) + detail::bytes_of(shared_out);
+      if (xrecv.extent(0)) b += detail::bytes_of(gx) + detail::bytes_of(gy) + detail::bytes_of(xrecv) + detail::bytes_of(perm);
       for (const auto& s : shared) b += s.bytes();
       return b;
     }
@@ -137,6 +175,7 @@ class MoE {
     Kokkos::View<T*, Space> dgate;  ///< [tokens * k] d/d(gate) per slot
     Mat dtmp;   ///< [tokens, D] a shared expert's input gradient
     typename Expert::Workspace shared;  ///< the shared experts' scratch
+    Mat dgx, dgy, drecv;  ///< expert parallelism: [R, D] gradients on the expert side (grouped; as exchanged)
     Workspace() = default;
     /// For config c.
     explicit Workspace(const GPTConfig& c)
@@ -151,7 +190,8 @@ class MoE {
     /// Bytes held.
     std::size_t bytes() const {
       return detail::bytes_of(dslot) + detail::bytes_of(dxin) + detail::bytes_of(dup) + detail::bytes_of(dact) +
-             detail::bytes_of(du) + detail::bytes_of(dgate) + detail::bytes_of(dtmp) + shared.bytes();
+             detail::bytes_of(du) + detail::bytes_of(dgate) + detail::bytes_of(dtmp) + shared.bytes() +
+             detail::bytes_of(dgx) + detail::bytes_of(dgy) + detail::bytes_of(drecv);
     }
   };
 
@@ -168,20 +208,33 @@ class MoE {
   /// start). The selection bias is model state, not a trained weight: its
   /// gradient is always zero (so optimizers leave it alone) and
   /// update_bias() moves it; it is a Parameter so that it is saved and
-  /// loaded wherever the weights are.
+  /// loaded wherever the weights are. Under expert parallelism this rank
+  /// builds only its own experts (ep rank r: e = r N/ep .. (r+1) N/ep - 1,
+  /// marked ep_sharded), each initialised as in the single process.
   MoE(ContextPtr ctx, const std::string& name, const GPTConfig& c)
       : ctx_(checked(std::move(ctx), name, c)),
+        inner_(std::make_shared<Context>(Context{ctx_->profiler, TensorParallel{}, ContextSplit{},
+                                                 ctx_->deferred_weight_grads, ExpertSplit{}})),
         cfg_(c),
-        router_(ctx_, name + ".router", c.d_model, c.experts, false, c.seed, c.init_std),
+        local_(c.experts / ctx_->ep.ep_size()),
+        first_(ctx_->ep.ep_rank() * local_),
+        router_(inner_, name + ".router", c.d_model, c.experts, false, c.seed, c.init_std),
         bias_(name + ".router.expert_bias", 1, c.experts, false),
         step_counts_(c.experts, 0.0) {
     Kokkos::deep_copy(bias_.value, T(0));
     Kokkos::deep_copy(bias_.grad, T(0));
     const GPTConfig ec = expert_config(c);
-    experts_.reserve(c.experts);
-    for (std::size_t e = 0; e < c.experts; ++e) experts_.emplace_back(ctx_, name + ".experts." + std::to_string(e), ec);
+    experts_.reserve(local_);
+    for (std::size_t e = first_; e < first_ + local_; ++e) {
+      experts_.emplace_back(inner_, name + ".experts." + std::to_string(e), ec);
+      if (ctx_->ep.active()) {
+        std::vector<Parameter<T, Space>*> ps;
+        experts_.back().collect(ps);
+        for (auto* p : ps) p->set_ep_sharded(true);
+      }
+    }
     shared_.reserve(c.shared_experts);
-    for (std::size_t i = 0; i < c.shared_experts; ++i) shared_.emplace_back(ctx_, name + ".shared." + std::to_string(i), ec);
+    for (std::size_t i = 0; i < c.shared_experts; ++i) shared_.emplace_back(inner_, name + ".shared." + std::to_string(i), ec);
     stats_.selected.assign(c.experts, 0.0);
     stats_.layers = 1;
   }
@@ -202,6 +255,7 @@ class MoE {
     const std::size_t n = h.extent(0), N = cfg_.experts, K = cfg_.top_k, D = cfg_.d_model;
     WEFT_REQUIRE(s.logits.extent(0) == n && out.extent(0) == n, ShapeError, "nn::MoE: input has ", n,
                  " tokens but the saved activations hold ", s.logits.extent(0), " and the output ", out.extent(0));
+    sync_inner();
     router_.forward(h, s.logits);
     route(s, n);
     // Gather each kept slot's input into its expert's group.
@@ -216,12 +270,25 @@ class MoE {
             for (std::size_t j = 0; j < D; ++j) xin(r, j) = h(t, j);
           });
     }
-    for (std::size_t e = 0; e < N; ++e) {
-      const auto g = group(s, e);
-      experts_[e].forward(rows_of(s.xin, g), expert_saved(s, g), rows_of(s.eout, g));
+    if (ctx_->ep.active()) {
+      metrics::Profiler::Scope sc(ctx_->profiler, "moe_dispatch");
+      dispatch(s);
+    } else {
+      s.gx = s.xin;
+      s.gy = s.eout;
+      s.goffsets = s.offsets;
+    }
+    for (std::size_t l = 0; l < local_; ++l) {
+      const auto g = group(s, l);
+      experts_[l].forward(rows_of(s.gx, g), expert_saved(s, g), rows_of(s.gy, g));
     }
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "moe_combine");
+      if (ctx_->ep.active()) {
+        // Outputs back to the slots' ranks, in the order they were sent.
+        permute_rows(s.gy, s.perm, s.xrecv, s.goffsets[local_], false);
+        exchange(s.xrecv, s.recv_rows, s.eout, s.send_rows);
+      }
       auto eout = s.eout;
       auto slot_row = s.slot_row;
       auto row_gate = s.row_gate;
@@ -248,6 +315,7 @@ class MoE {
   void backward(const HV& h, const Saved& s, const DOV& dout, const DHV& dh, Workspace& w) {
     const std::size_t n = h.extent(0), N = cfg_.experts, K = cfg_.top_k, D = cfg_.d_model;
     const std::size_t rows = s.offsets[N];
+    sync_inner();
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "moe_combine");
       auto dslot = w.dslot;
@@ -271,15 +339,33 @@ class MoE {
             dgate(q) = acc;
           });
     }
-    for (std::size_t e = 0; e < N; ++e) {
-      const auto g = group(s, e);
+    Mat dgy = w.dslot, dgx = w.dxin;
+    const std::size_t grows = s.goffsets[local_];
+    if (ctx_->ep.active()) {
+      metrics::Profiler::Scope sc(ctx_->profiler, "moe_combine");
+      grow(w.drecv, "moe.drecv", grows, D);
+      grow(w.dgx, "moe.dgx", grows, D);
+      grow(w.dgy, "moe.dgy", grows, D);
+      exchange(w.dslot, s.send_rows, w.drecv, s.recv_rows);
+      permute_rows(w.drecv, s.perm, w.dgy, grows, true);
+      dgy = w.dgy;
+      dgx = w.dgx;
+    }
+    grow(w.dup, "moe.dup", grows, up_cols());
+    grow(w.dact, "moe.dact", grows, cfg_.expert_width());
+    for (std::size_t l = 0; l < local_; ++l) {
+      const auto g = group(s, l);
       typename Expert::Workspace ew;
       ew.dup = rows_of(w.dup, g);
       ew.dact = rows_of(w.dact, g);
-      experts_[e].backward(rows_of(s.xin, g), expert_saved(s, g), rows_of(w.dslot, g), rows_of(w.dxin, g), ew);
+      experts_[l].backward(rows_of(s.gx, g), expert_saved(s, g), rows_of(dgy, g), rows_of(dgx, g), ew);
     }
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "moe_dispatch");
+      if (ctx_->ep.active()) {
+        permute_rows(w.dgx, s.perm, w.drecv, grows, false);
+        exchange(w.drecv, s.recv_rows, w.dxin, s.send_rows);
+      }
       auto dxin = w.dxin;
       auto slot_row = s.slot_row;
       Kokkos::parallel_for(
@@ -317,6 +403,10 @@ class MoE {
   void update_bias(double gamma) {
     const double total = std::accumulate(step_counts_.begin(), step_counts_.end(), 0.0);
     if (gamma != 0 && total > 0) {
+      WEFT_REQUIRE(bias_.value.extent(0) == cfg_.experts, ConfigError, "nn::MoE '", bias_.name(),
+                   "': the selection bias is not held whole on this rank (fully sharded data parallelism keeps only "
+                   "a shard of it between steps), so the aux-loss-free update cannot move it; use ZeRO<2> or a "
+                   "replicated policy with --bias-balance, or bias_balance = 0 under FullyShard");
       const double mean = total / double(step_counts_.size());
       auto hv = Kokkos::create_mirror_view(bias_.value);
       Kokkos::deep_copy(hv, bias_.value);
@@ -347,10 +437,18 @@ class MoE {
   Parameter<T, Space>& expert_bias() { return bias_; }
   /// The router's linear gate.
   Linear<T, Space>& router() { return router_; }
-  /// Expert e.
-  Expert& expert(std::size_t e) { return experts_.at(e); }
-  /// Number of routed experts.
+  /// Expert e (a global index; under expert parallelism it must be one of this rank's).
+  Expert& expert(std::size_t e) {
+    WEFT_REQUIRE(e >= first_ && e < first_ + local_, ConfigError, "nn::MoE::expert(", e, "): this rank holds experts ",
+                 first_, "..", first_ + local_ - 1, " of ", cfg_.experts);
+    return experts_[e - first_];
+  }
+  /// Number of routed experts (of the whole layer).
   std::size_t experts() const { return cfg_.experts; }
+  /// Number of routed experts this rank holds (N / ep).
+  std::size_t local_experts() const { return local_; }
+  /// Global index of this rank's first expert.
+  std::size_t first_expert() const { return first_; }
 
   /// Appends pointers to this layer's parameters: router, selection bias,
   /// experts in order, shared experts.
@@ -367,17 +465,98 @@ class MoE {
   static ContextPtr checked(ContextPtr ctx, const std::string& name, const GPTConfig& c) {
     WEFT_REQUIRE(c.experts > 0 && c.top_k >= 1 && c.top_k <= c.experts, ConfigError, "nn::MoE '", name, "': ",
                  c.experts, " experts and top-k ", c.top_k, "; expected experts >= 1 and 1 <= top-k <= experts");
-    WEFT_REQUIRE(!ctx->tp.active() && !ctx->cp.active(), ConfigError, "nn::MoE '", name,
-                 "': tensor and context parallelism are not implemented for mixture-of-experts blocks (tp ",
-                 ctx->tp.size(), ", cp ", ctx->cp.size(), "); run MoE models with tp=1 and cp=1");
+    WEFT_REQUIRE(!ctx->tp.sp() && !ctx->cp.active(), ConfigError, "nn::MoE '", name,
+                 "': sequence and context parallelism are not implemented for mixture-of-experts blocks (tp ",
+                 ctx->tp.size(), ctx->tp.sp() ? " with SequenceParallel" : "", ", cp ", ctx->cp.size(),
+                 "); run MoE models with TensorParallel<> (no SequenceParallel) and cp=1");
+    const std::size_t ep = ctx->ep.ep_size();
+    WEFT_REQUIRE(c.experts % ep == 0, ConfigError, "nn::MoE '", name, "': ", c.experts,
+                 " routed experts do not divide by ep ", ep, " (each EP rank holds N / ep whole experts); ep sizes that work: ",
+                 weft::detail::divisors_text(c.experts));
+    WEFT_REQUIRE(!ctx->ep.active() || (ctx->ep.data && ctx->ep.data_size() % ep == 0), ConfigError, "nn::MoE '", name,
+                 "': expert parallelism needs the group of ranks that share the microbatch (DP x EP), a multiple of ep ",
+                 ep, " ranks");
     return ctx;
   }
 
   static auto rows_of(const Mat& m, std::pair<std::size_t, std::size_t> g) {
     return Mat(Kokkos::subview(m, g, Kokkos::ALL));
   }
-  static std::pair<std::size_t, std::size_t> group(const Saved& s, std::size_t e) {
-    return {s.offsets[e], s.offsets[e + 1]};
+  static std::pair<std::size_t, std::size_t> group(const Saved& s, std::size_t l) {
+    return {s.goffsets[l], s.goffsets[l + 1]};
+  }
+  // The experts' layers see the model's profiler and deferred-work queue.
+  void sync_inner() {
+    inner_->profiler = ctx_->profiler;
+    inner_->deferred_weight_grads = ctx_->deferred_weight_grads;
+  }
+  // m gets at least `rows` rows (grow only; contents not kept).
+  static void grow(Mat& m, const char* label, std::size_t rows, std::size_t cols) {
+    if (m.extent(0) >= rows && m.extent(1) == cols) return;
+    m = Mat(std::string(label), std::max<std::size_t>(rows, 1), cols);
+  }
+  std::size_t up_cols() const { return cfg_.expert_width() * (cfg_.mlp == MlpKind::swiglu ? 2 : 1); }
+  static void permute_rows(const Mat& src, const Kokkos::View<int*, Space>& perm, const Mat& dst, std::size_t rows,
+                           bool gather) {
+    detail::moe_permute_rows(src, perm, dst, rows, gather);
+  }
+  // all_to_allv over EP of whole rows (send_rows[d] rows to rank d), timed.
+  void exchange(const Mat& send, const std::vector<int>& send_rows, const Mat& recv, const std::vector<int>& recv_rows) {
+    const std::size_t D = cfg_.d_model, E = ctx_->ep.ep_size();
+    std::vector<int> sc(E), rc(E);
+    double bytes = 0;
+    for (std::size_t d = 0; d < E; ++d) {
+      sc[d] = int(std::size_t(send_rows[d]) * D);
+      rc[d] = int(std::size_t(recv_rows[d]) * D);
+      if (d != ctx_->ep.ep_rank()) bytes += double(sc[d]) * double(sizeof(T));
+    }
+    Kokkos::fence();
+    const auto t0 = std::chrono::steady_clock::now();
+    ctx_->ep.ep->all_to_allv(send, std::span<const int>(sc), recv, std::span<const int>(rc));
+    stats_.a2a_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.a2a_bytes += bytes;
+  }
+  // Expert parallelism, forward: the counts of kept slots per expert go to
+  // the experts' ranks, the gathered rows (s.xin, grouped by expert, i.e. by
+  // destination rank) follow with all_to_allv, and the rows that arrive are
+  // regrouped by local expert (source rank inner) into s.gx.
+  void dispatch(Saved& s) {
+    const std::size_t N = cfg_.experts, E = ctx_->ep.ep_size(), L = local_;
+    std::vector<int> mine(N), theirs(E * L);
+    for (std::size_t e = 0; e < N; ++e) mine[e] = int(s.offsets[e + 1] - s.offsets[e]);
+    using HostInts = Kokkos::View<int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    ctx_->ep.ep->all_to_all(HostInts(mine.data(), N), HostInts(theirs.data(), E * L));
+    s.send_rows.assign(E, 0);
+    s.recv_rows.assign(E, 0);
+    for (std::size_t d = 0; d < E; ++d)
+      for (std::size_t l = 0; l < L; ++l) {
+        s.send_rows[d] += mine[d * L + l];
+        s.recv_rows[d] += theirs[d * L + l];
+      }
+    std::vector<std::size_t> base(E + 1, 0);
+    for (std::size_t d = 0; d < E; ++d) base[d + 1] = base[d] + std::size_t(s.recv_rows[d]);
+    const std::size_t R = base[E];
+    const std::size_t D = cfg_.d_model;
+    grow(s.gx, "moe.gx", R, D);
+    grow(s.gy, "moe.gy", R, D);
+    grow(s.xrecv, "moe.xrecv", R, D);
+    grow(s.up, "moe.up", R, up_cols());
+    grow(s.act, "moe.act", R, cfg_.expert_width());
+    if (s.perm.extent(0) < R) s.perm = Kokkos::View<int*, Space>("moe.perm", R);
+    auto perm = Kokkos::create_mirror_view(s.perm);
+    s.goffsets.assign(L + 1, 0);
+    std::vector<std::size_t> run(E);  // next row of each source's block
+    for (std::size_t d = 0; d < E; ++d) run[d] = base[d];
+    std::size_t g = 0;
+    for (std::size_t l = 0; l < L; ++l) {
+      s.goffsets[l] = g;
+      for (std::size_t d = 0; d < E; ++d)
+        for (int i = 0; i < theirs[d * L + l]; ++i) perm(g++) = int(run[d]++);
+    }
+    s.goffsets[L] = g;
+    Kokkos::deep_copy(s.perm, perm);
+    exchange(s.xin, s.send_rows, s.xrecv, s.recv_rows);
+    permute_rows(s.xrecv, s.perm, s.gx, R, true);
   }
   static typename Expert::Saved expert_saved(const Saved& s, std::pair<std::size_t, std::size_t> g) {
     typename Expert::Saved es;
@@ -387,10 +566,15 @@ class MoE {
   }
 
   // Scores, top-k, gates, capacity and drops, the losses and the statistics;
-  // the grouped-row maps go to the device.
+  // the grouped-row maps go to the device. Over the data ranks of an
+  // ExpertSplit, the counts, score sums and losses are summed over them and
+  // an expert over capacity ranks the candidates of every rank, so that the
+  // decisions are those of one process holding the whole microbatch.
   void route(Saved& s, std::size_t n) {
     metrics::Profiler::Scope sc(ctx_->profiler, "moe_route");
     const std::size_t N = cfg_.experts, K = cfg_.top_k;
+    const ExpertSplit& x = ctx_->ep;
+    const std::size_t G = x.data_size();
     auto lh = Kokkos::create_mirror_view(s.logits);
     Kokkos::deep_copy(lh, s.logits);
     auto bh = Kokkos::create_mirror_view(bias_.value);
@@ -401,9 +585,8 @@ class MoE {
     s.lse.assign(n, 0.0);
     s.slot_expert.assign(n * K, 0);
     s.slot_gate.assign(n * K, 0.0);
-    s.selected.assign(N, 0.0);
-    double entropy = 0;
-    std::vector<double> mean_p(N, 0.0);
+    // sums[0..N): local slots per expert; [N..2N): sum of scores; 2N: sum lse^2; 2N+1: entropy.
+    std::vector<double> sums(2 * N + 2, 0.0);
     std::vector<int> order(N);
     std::vector<double> key(N);
     for (std::size_t t = 0; t < n; ++t) {
@@ -419,12 +602,13 @@ class MoE {
         s.u[t * N + e] = u;
         p[e] = softmax ? std::exp(u - s.lse[t]) : 1.0 / (1.0 + std::exp(-u));
         psum += p[e];
-        mean_p[e] += p[e] / double(n);
+        sums[N + e] += p[e];
       }
       for (std::size_t e = 0; e < N; ++e) {
         const double q = p[e] / psum;
-        if (q > 0) entropy -= q * std::log(q);
+        if (q > 0) sums[2 * N + 1] -= q * std::log(q);
       }
+      sums[2 * N] += s.lse[t] * s.lse[t];
       // Top k by score + selection bias; ties go to the lower expert index.
       for (std::size_t e = 0; e < N; ++e) key[e] = p[e] + double(bh(e));
       std::iota(order.begin(), order.end(), 0);
@@ -437,15 +621,72 @@ class MoE {
         const int e = order[q];
         s.slot_expert[t * K + q] = e;
         s.slot_gate[t * K + q] = cfg_.normalize_gates ? p[e] / gsum : p[e];
-        s.selected[e] += 1;
+        sums[std::size_t(e)] += 1;
       }
     }
-    // Capacity: an expert keeps its C slots of highest score, ties by token
-    // index -- a rule on global token indices alone, so the same slots are
-    // dropped whatever the layout.
-    const std::size_t cap = capacity(n);
+    // Per-rank counts (for ranking candidates) and the sums over the data ranks.
+    std::vector<double> counts(sums.begin(), sums.begin() + long(N));  // [G][N] once gathered
+    using HostD = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    if (x.global()) {
+      std::vector<double> all(G * N);
+      x.data->all_gather(HostD(counts.data(), N), HostD(all.data(), G * N));
+      counts.swap(all);
+      x.data->all_reduce(HostD(sums.data(), sums.size()));
+    }
+    const double ng = double(n * G);
+    s.tokens_global = ng;
+    s.first_slot = x.data_rank() * n * K;
+    s.selected.assign(sums.begin(), sums.begin() + long(N));
+    // Capacity: an expert keeps its C slots of highest score, ties by global
+    // slot index (token index) -- a rule on global indices and scores alone,
+    // so the same slots are dropped whatever the layout.
+    const std::size_t cap = capacity(n * G);
     std::vector<std::vector<std::size_t>> cand(N);
     for (std::size_t q = 0; q < n * K; ++q) cand[std::size_t(s.slot_expert[q])].push_back(q);
+    std::vector<std::size_t> over;
+    double dropped_total = 0;
+    for (std::size_t e = 0; e < N; ++e)
+      if (s.selected[e] > double(cap)) {
+        over.push_back(e);
+        dropped_total += s.selected[e] - double(cap);
+      }
+    // For each expert over capacity, the threshold (score, global slot) of its
+    // cap-th kept slot: a slot is kept when it ranks at or before it.
+    std::vector<std::pair<double, double>> last_kept(N, {0.0, -1.0});
+    if (!over.empty()) {
+      std::size_t M = 0;  // the most candidates any rank holds for those experts
+      for (std::size_t r = 0; r < (x.global() ? G : 1); ++r) {
+        std::size_t m = 0;
+        for (std::size_t e : over) m += std::size_t(counts[r * N + e]);
+        M = std::max(M, m);
+      }
+      std::vector<double> mine(2 * M, 0.0), all;
+      std::size_t i = 0;
+      for (std::size_t e : over)
+        for (std::size_t q : cand[e]) {
+          mine[i++] = s.scores[(q / K) * N + e];
+          mine[i++] = double(s.first_slot + q);
+        }
+      if (x.global()) {
+        all.resize(2 * M * G);
+        x.data->all_gather(HostD(mine.data(), mine.size()), HostD(all.data(), all.size()));
+      } else {
+        all = mine;
+      }
+      const std::size_t ranks = x.global() ? G : 1;
+      std::vector<std::size_t> at(ranks, 0);  // read position in each rank's block
+      std::vector<std::pair<double, double>> list;
+      for (std::size_t e : over) {
+        list.clear();
+        for (std::size_t r = 0; r < ranks; ++r) {
+          const std::size_t c = std::size_t(counts[r * N + e]);
+          for (std::size_t j = 0; j < c; ++j, ++at[r])
+            list.emplace_back(all[r * 2 * M + 2 * at[r]], all[r * 2 * M + 2 * at[r] + 1]);
+        }
+        std::nth_element(list.begin(), list.begin() + long(cap ? cap - 1 : 0), list.end(), ranks_before);
+        last_kept[e] = cap ? list[cap - 1] : std::pair<double, double>{std::numeric_limits<double>::infinity(), -1.0};
+      }
+    }
     // The grouped-row maps are built in host mirrors of the device views.
     auto row_token = Kokkos::create_mirror_view(s.row_token);
     auto row_gate = Kokkos::create_mirror_view(s.row_gate);
@@ -457,17 +698,13 @@ class MoE {
     s.dropped.clear();
     std::size_t r = 0;
     for (std::size_t e = 0; e < N; ++e) {
-      auto& c = cand[e];  // ascending slot index = ascending token index
-      if (c.size() > cap) {
-        std::stable_sort(c.begin(), c.end(), [&](std::size_t a, std::size_t b) {
-          return s.scores[(a / K) * N + e] > s.scores[(b / K) * N + e];
-        });
-        for (std::size_t i = cap; i < c.size(); ++i) s.dropped.push_back(c[i]);
-        c.resize(cap);
-        std::sort(c.begin(), c.end());
-      }
       s.offsets[e] = r;
-      for (std::size_t q : c) {
+      const bool capped = s.selected[e] > double(cap);
+      for (std::size_t q : cand[e]) {  // ascending slot index = ascending token index
+        if (capped && ranks_before(last_kept[e], {s.scores[(q / K) * N + e], double(s.first_slot + q)})) {
+          s.dropped.push_back(s.first_slot + q);
+          continue;
+        }
         slot_row(q) = int(r);
         row_token(r) = int(q / K);
         row_gate(r) = T(s.slot_gate[q]);
@@ -476,12 +713,11 @@ class MoE {
     }
     s.offsets[N] = r;
     std::sort(s.dropped.begin(), s.dropped.end());
-    // The losses: alpha N sum_e f_e P_e and beta mean_t lse_t^2.
-    double aux = 0, z = 0;
-    for (std::size_t e = 0; e < N; ++e) aux += s.selected[e] / double(n * K) * mean_p[e];
+    // The losses: alpha N sum_e f_e P_e and beta mean_t lse_t^2, over the microbatch.
+    double aux = 0;
+    for (std::size_t e = 0; e < N; ++e) aux += s.selected[e] / (ng * double(K)) * (sums[N + e] / ng);
     aux *= cfg_.aux_loss * double(N);
-    for (std::size_t t = 0; t < n; ++t) z += s.lse[t] * s.lse[t];
-    z *= cfg_.z_loss / double(n);
+    const double z = cfg_.z_loss * sums[2 * N] / ng;
     s.aux = last_aux_ = aux;
     s.z = last_z_ = z;
     if (recording_) {
@@ -489,10 +725,10 @@ class MoE {
         stats_.selected[e] += s.selected[e];
         step_counts_[e] += s.selected[e];
       }
-      stats_.tokens += double(n);
-      stats_.slots += double(n * K);
-      stats_.dropped += double(s.dropped.size());
-      stats_.entropy_sum += entropy;
+      stats_.tokens += ng;
+      stats_.slots += ng * double(K);
+      stats_.dropped += dropped_total;
+      stats_.entropy_sum += sums[2 * N + 1];
       stats_.aux_loss += aux;
       stats_.z_loss += z;
       stats_.passes += 1;
@@ -500,6 +736,12 @@ class MoE {
     Kokkos::deep_copy(s.row_token, row_token);
     Kokkos::deep_copy(s.row_gate, row_gate);
     Kokkos::deep_copy(s.slot_row, slot_row);
+  }
+
+  // The capacity order of candidate slots (score, global slot index): higher
+  // score first, then the lower slot.
+  static bool ranks_before(const std::pair<double, double>& a, const std::pair<double, double>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
   }
 
   // w.du = d/du of sum(dout * out) (through the gates) + loss_weight * (aux + z).
@@ -511,12 +753,14 @@ class MoE {
     auto du = Kokkos::create_mirror_view(w.du);
     const bool softmax = cfg_.router == RouterKind::softmax;
     const double lw = loss_weight_;
+    const double ng = s.tokens_global;
     std::vector<double> ds(N);
     for (std::size_t t = 0; t < n; ++t) {
       const double* p = &s.scores[t * N];
-      // Aux loss: alpha N f_e / n per score (f_e is a count: no gradient).
+      // Aux loss: alpha N f_e / n per score (f_e is a count: no gradient; n:
+      // the microbatch's tokens over every data rank).
       for (std::size_t e = 0; e < N; ++e)
-        ds[e] = lw * cfg_.aux_loss * double(N) * (s.selected[e] / double(n * K)) / double(n);
+        ds[e] = lw * cfg_.aux_loss * double(N) * (s.selected[e] / (ng * double(K))) / ng;
       // Gates: g_j = p_j / S over the chosen set (or g_j = p_j).
       if (cfg_.normalize_gates) {
         double S = 0, gdg = 0;
@@ -537,7 +781,7 @@ class MoE {
       }
       // z-loss: 2 beta lse_t softmax(u_t) / n.
       if (cfg_.z_loss != 0) {
-        const double c = lw * 2 * cfg_.z_loss * s.lse[t] / double(n);
+        const double c = lw * 2 * cfg_.z_loss * s.lse[t] / ng;
         for (std::size_t e = 0; e < N; ++e) du(t, e) += T(c * std::exp(s.u[t * N + e] - s.lse[t]));
       }
     }
@@ -545,7 +789,9 @@ class MoE {
   }
 
   ContextPtr ctx_;
+  ContextPtr inner_;  // the experts' and router's context: no TP, CP or EP split (they are whole)
   GPTConfig cfg_;
+  std::size_t local_, first_;  // this rank's experts: first_ .. first_ + local_ - 1
   Linear<T, Space> router_;
   Parameter<T, Space> bias_;
   std::vector<Expert> experts_, shared_;
@@ -555,5 +801,41 @@ class MoE {
   double last_aux_ = 0, last_z_ = 0;
   bool recording_ = true;
 };
+
+/// The ExpertSplit a strategy S gives a MoE model of config c on `mesh`:
+/// with On<EP, Experts<N>>, the experts are split over mesh.axis<EP>() and
+/// the microbatch is shared by mesh.axes<DP, EP>() (EP alone when the mesh
+/// has no DP axis); without an EP policy, by the mesh's DP axis (so that the
+/// capacity and the losses are the whole microbatch's under plain data
+/// parallelism too). Throws ConfigError when N is not c.experts, when N does
+/// not divide by ep (naming the ep sizes that work), and for an EP axis
+/// of more than one rank without an Experts policy.
+template <StrategyType S, class MeshT>
+ExpertSplit expert_split_of(MeshT& mesh, const GPTConfig& c) {
+  static_assert(check_strategy_mesh<S, MeshT>());
+  ExpertSplit x;
+  if constexpr (S::expert_parallel_v) {
+    constexpr std::size_t n = S::expert_parallel::experts;
+    const std::size_t ep = std::size_t(mesh.template extent<EP>());
+    WEFT_REQUIRE(c.experts == n, ConfigError, S::name(), ": the strategy's Experts<", n, "> does not match the model's ",
+                 c.experts, " routed experts (GPTConfig::experts, --experts); instantiate Experts<", c.experts, ">");
+    WEFT_REQUIRE(n % ep == 0, ConfigError,
+                 "weft::Experts<N>: the routed experts do not divide by the EP axis' extent (each EP rank holds N / ep "
+                 "whole experts); choose ep among the divisors of N (N ",
+                 n, ", ep ", ep, "; ep sizes that work: ", weft::detail::divisors_text(n), ")");
+    x.ep = &mesh.template axis<EP>();
+    if constexpr (MeshT::template has_axis<DP>) x.data = &mesh.template axes<DP, EP>();
+    else x.data = &mesh.template axis<EP>();
+  } else {
+    if constexpr (MeshT::template has_axis<EP>)
+      WEFT_REQUIRE(mesh.template extent<EP>() == 1, ConfigError, S::name(), ": the mesh's ep axis has extent ",
+                   mesh.template extent<EP>(), " but the strategy gives it no policy; add On<EP, Experts<", c.experts,
+                   ">> to the strategy or set ep=1");
+    if constexpr (MeshT::template has_axis<DP>) x.data = &mesh.template axis<DP>();
+  }
+  if (x.data && x.data->size() == 1) x.data = nullptr;
+  if (x.ep && x.ep->size() == 1) x.ep = nullptr;
+  return x;
+}
 
 }  // namespace weft::nn

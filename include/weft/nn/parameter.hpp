@@ -73,6 +73,13 @@ class Parameter {
   bool tp_sharded() const { return tp_sharded_; }
   /// Marks the parameter as sharded over the tensor-parallel axis (or not).
   void set_tp_sharded(bool on) { tp_sharded_ = on; }
+  /// Whether each rank of the expert-parallel axis holds different tensors
+  /// here (the routed experts of a MoE block split over EP): their gradients
+  /// are summed over the ranks that hold the same experts (DP), not over the
+  /// whole DP x EP group, and gradient-norm clipping sums their squares over EP.
+  bool ep_sharded() const { return ep_sharded_; }
+  /// Marks the parameter as one of this EP rank's own experts (or not).
+  void set_ep_sharded(bool on) { ep_sharded_ = on; }
   /// Rows of the whole (single-process) tensor this rank holds part of.
   std::size_t global_rows() const { return global_rows_; }
   /// Columns of the whole tensor.
@@ -110,6 +117,7 @@ class Parameter {
   std::size_t rows_, cols_;
   bool decay_;
   bool tp_sharded_ = false;
+  bool ep_sharded_ = false;
 
  public:
   /// Flat value storage.
@@ -155,6 +163,31 @@ struct ContextSplit {
   std::size_t rank() const { return comm ? static_cast<std::size_t>(comm->rank()) : 0; }
   /// Whether the sequences are split at all (size > 1).
   bool active() const { return size() > 1; }
+};
+
+/// The expert-parallel split of a model's mixture-of-experts blocks. The
+/// routed experts are split over `ep` (rank r holds experts r N/ep ..
+/// (r+1) N/ep - 1); `data` is the group of ranks whose tokens form one
+/// microbatch together (DP x EP, EP inner, so that rank d of it holds global
+/// tokens d n .. (d+1) n - 1 of the microbatch). Capacity, drops, the
+/// balancing losses and the statistics are computed over `data`, so that
+/// they are those of the single process that holds the whole microbatch.
+/// Both null: a single process (or a MoE model that is not split).
+struct ExpertSplit {
+  Comm* ep = nullptr;    ///< the EP axis
+  Comm* data = nullptr;  ///< the ranks that share the microbatch (contains the EP axis)
+  /// Number of EP ranks (1 without a communicator).
+  std::size_t ep_size() const { return ep ? static_cast<std::size_t>(ep->size()) : 1; }
+  /// This rank's EP index.
+  std::size_t ep_rank() const { return ep ? static_cast<std::size_t>(ep->rank()) : 0; }
+  /// Number of ranks sharing the microbatch.
+  std::size_t data_size() const { return data ? static_cast<std::size_t>(data->size()) : 1; }
+  /// This rank's index among them (its tokens' offset in the microbatch, in microbatches).
+  std::size_t data_rank() const { return data ? static_cast<std::size_t>(data->rank()) : 0; }
+  /// Whether the experts are split (ep > 1).
+  bool active() const { return ep_size() > 1; }
+  /// Whether routing decisions are made over more than this rank's tokens.
+  bool global() const { return data_size() > 1; }
 };
 
 /// Weight-gradient work that a backward pass postponed. Zero-bubble pipeline
@@ -219,6 +252,7 @@ struct Context {
   TensorParallel tp;  ///< the TP axis (inactive: the single-process model)
   ContextSplit cp;    ///< the CP axis (inactive: every rank holds whole sequences)
   DeferredWork* deferred_weight_grads = nullptr;
+  ExpertSplit ep;     ///< the EP axis and the microbatch's ranks (inactive: one process)
 };
 
 /// Called by a model around the forward and backward of each parameter group

@@ -184,6 +184,16 @@ class DataParallel final : public nn::GroupHooks {
   /// of TP-sharded parameters are summed over TP as well and those of
   /// TP-replicated ones counted once.
   double clip_grad_norm(double max_norm, Comm* tp = nullptr) {
+    const double norm = std::sqrt(gradient_squares(tp));
+    if (max_norm > 0 && norm > max_norm) scale_gradients(max_norm / (norm + 1e-6));
+    return norm;
+  }
+
+  /// The squared global gradient norm of the parameters this engine holds
+  /// (clip_grad_norm's sum before the square root): summed over the shards
+  /// and, with `tp`, over TP for TP-sharded parameters. Collective over the
+  /// DP communicator (sharded modes) and tp.
+  double gradient_squares(Comm* tp = nullptr) {
     auto params = optimizer_parameters();
     using HostSums = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     double total = 0;
@@ -197,12 +207,12 @@ class DataParallel final : public nn::GroupHooks {
       tp->all_reduce(HostSums(sums, 1));
       total = sums[0] + sums[1];
     }
-    const double norm = std::sqrt(total);
-    if (max_norm > 0 && norm > max_norm) {
-      const T f = T(max_norm / (norm + 1e-6));
-      for (auto* p : params) weft::detail::dp_scale(p->grad, f);
-    }
-    return norm;
+    return total;
+  }
+
+  /// Multiplies every gradient this rank holds by f (clipping).
+  void scale_gradients(double f) {
+    for (auto* p : optimizer_parameters()) weft::detail::dp_scale(p->grad, T(f));
   }
 
   /// After the optimizer step: zero1/zero2 all-gather the updated shards into
@@ -464,9 +474,12 @@ class DataParallel final : public nn::GroupHooks {
   }
 
   // fsdp: start the all-gather of group g's parameters (its buckets; one per group).
+  // A group without parameters (e.g. the dense blocks in ExpertDataParallel's
+  // experts engine) has no bucket: nothing to gather, reduce or free.
+  bool no_bucket(std::size_t g) const { return group_buckets_[g].empty(); }
   void start_gather(std::size_t g) {
     auto& s = group_state_[g];
-    if (s.gathered || s.gather_req.active()) return;
+    if (no_bucket(g) || s.gathered || s.gather_req.active()) return;
     const auto& b = buckets_[group_buckets_[g].front()];
     s.full_value = take(b.padded, false);
     track(std::ptrdiff_t(bytes(s.full_value)));
@@ -474,7 +487,7 @@ class DataParallel final : public nn::GroupHooks {
   }
   void gather(std::size_t g) {
     auto& s = group_state_[g];
-    if (s.gathered) return;
+    if (no_bucket(g) || s.gathered) return;
     start_gather(g);
     s.gather_req.wait();
     s.gathered = true;
@@ -495,6 +508,7 @@ class DataParallel final : public nn::GroupHooks {
 
   // zero2/fsdp: a zeroed full gradient for group g while its backward runs.
   void allocate_group_grad(std::size_t g) {
+    if (no_bucket(g)) return;
     auto& s = group_state_[g];
     // The previous microbatch's reduction of this group may still be in
     // flight on the old buffer: finish it (and what was posted before it).
@@ -509,6 +523,7 @@ class DataParallel final : public nn::GroupHooks {
       b.params[i]->grad = Flat(slice(s.full_grad, b.param_off[i], b.params[i]->size()));
   }
   void post_group_reduce_scatter(std::size_t g) {
+    if (no_bucket(g)) return;
     const std::size_t bi = group_buckets_[g].front();
     auto& b = buckets_[bi];
     pending_.push_back(Pending{dp_.ireduce_scatter(group_state_[g].full_grad, b.rs_tmp), bi, true, g});

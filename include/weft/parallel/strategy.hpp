@@ -147,6 +147,42 @@ struct TensorParallel {
 };
 
 // ---------------------------------------------------------------------------
+// Expert parallelism over EP.
+
+/// Expert parallelism over EP for mixture-of-experts blocks of N routed
+/// experts: each EP rank holds N / ep of them, tokens travel to their experts'
+/// ranks by all_to_allv and back. The EP ranks are data ranks as well (EP is
+/// folded over DP): everything outside the experts is data-parallel over
+/// DP x EP, the experts over DP alone. N must divide by ep -- checked at
+/// compile time when the mesh's EP extent is static (weft::check_strategy_mesh)
+/// and at construction otherwise (weft::validate_strategy, nn::expert_parallel_of).
+template <std::size_t N>
+struct Experts {
+  static_assert(N >= 1, "weft::Experts<N>: a mixture-of-experts layer needs at least one routed expert (N >= 1)");
+  using policy_axis = EP;  ///< the axis this policy belongs on
+  /// The number of routed experts of every MoE block.
+  static constexpr std::size_t experts = N;
+  /// "Experts<N>".
+  static std::string policy_name() { return "Experts<" + std::to_string(N) + ">"; }
+};
+
+/// True for Experts<N>.
+template <class X>
+inline constexpr bool is_experts_policy_v = false;
+template <std::size_t N>
+inline constexpr bool is_experts_policy_v<Experts<N>> = true;
+
+namespace detail {
+/// "1, 2, 4, 8": the EP sizes that divide n experts.
+inline std::string divisors_text(std::size_t n) {
+  std::string s;
+  for (std::size_t d = 1; d <= n; ++d)
+    if (n % d == 0) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------
 // The strategy.
 
 /// The policy of an axis a Strategy leaves out: the axis (if the mesh has it)
@@ -236,7 +272,7 @@ constexpr bool check_strategy_entry() {
       static_assert(!std::is_void_v<Home>,
                     "weft::Strategy: the policy of an On<Axis, Policy> is not a strategy policy; use weft::Replicated, "
                     "weft::ZeRO<1>, weft::ZeRO<2> or weft::FullyShard on DP, weft::TensorParallel<...> on TP, "
-                    "weft::Pipeline<Schedule> on PP");
+                    "weft::Pipeline<Schedule> on PP, weft::Context<Variant> on CP, weft::Experts<N> on EP");
       if constexpr (!std::is_void_v<Home>) {
         static_assert(!is_dp_policy<X>::value || std::is_same_v<Axis, DP>,
                       "weft::Strategy: a data-parallel policy (Replicated, ZeRO<N>, FullyShard, DPStates) belongs on "
@@ -250,6 +286,8 @@ constexpr bool check_strategy_entry() {
         static_assert(!is_context_policy<X>::value || std::is_same_v<Axis, CP>,
                       "weft::Strategy: weft::Context<Variant> belongs on the CP axis: weft::On<weft::CP, "
                       "weft::Context<weft::Ring>> (or AllGather, AllToAll)");
+        static_assert(!is_experts_policy_v<X> || std::is_same_v<Axis, EP>,
+                      "weft::Strategy: weft::Experts<N> belongs on the EP axis: weft::On<weft::EP, weft::Experts<N>>");
       }
     }
   }
@@ -313,6 +351,10 @@ struct Strategy {
   static constexpr bool pipelined = has<PP>;
   /// The CP policy (weft::Context<Ring | AllGather | AllToAll>), or NoPolicy.
   using context_parallel = policy<CP>;
+  /// The EP policy (weft::Experts<N>), or NoPolicy.
+  using expert_parallel = policy<EP>;
+  /// Whether MoE blocks' experts are split over EP.
+  static constexpr bool expert_parallel_v = has<EP>;
 
   /// The strategy's spelling: "Strategy<On<dp, FullyShard>, On<tp, TensorParallel<>>>"
   /// ("Strategy<>" for the single-process model). Run records name it.
@@ -405,6 +447,11 @@ constexpr bool check_strategy_mesh() {
     static_assert(detail::static_extent_of<TP, MeshT>() != 1,
                   "TensorParallel<SequenceParallel>: sequence parallelism shards the tokens over the TP ranks and "
                   "needs a TP axis of more than one rank; use TensorParallel<> or a larger tp");
+  if constexpr (S::expert_parallel_v && MeshT::template has_axis<EP>)
+    if constexpr (detail::static_extent_of<EP, MeshT>() != dynamic_extent)
+      static_assert(S::expert_parallel::experts % detail::static_extent_of<EP, MeshT>() == 0,
+                    "weft::Experts<N>: the routed experts do not divide by the EP axis' extent (each EP rank holds "
+                    "N / ep whole experts); choose ep among the divisors of N");
   if constexpr (S::pipelined && MeshT::template has_axis<PP>)
     if constexpr (strategy_schedule_t<S>::chunks > 1)
       static_assert(detail::static_extent_of<PP, MeshT>() != 1,
@@ -465,8 +512,16 @@ void validate_strategy(const MeshT& mesh, std::size_t heads = 0, std::size_t blo
   unused(TP{}, "TP, TensorParallel<...>");
   unused(PP{}, "PP, Pipeline<Schedule>");
   unused(CP{}, "CP, ...: context parallelism");
-  unused(EP{}, "EP, ...: expert parallelism");
+  unused(EP{}, "EP, Experts<N>");
   const std::size_t tp = extent(TP{}), pp = extent(PP{});
+  if constexpr (S::expert_parallel_v) {
+    constexpr std::size_t n = S::expert_parallel::experts;
+    const std::size_t ep = extent(EP{});
+    WEFT_REQUIRE(n % ep == 0, ConfigError,
+                 "weft::Experts<N>: the routed experts do not divide by the EP axis' extent (each EP rank holds N / "
+                 "ep whole experts); choose ep among the divisors of N (N ",
+                 n, ", ep ", ep, "; ep sizes that work: ", detail::divisors_text(n), ")");
+  }
   if constexpr (S::sequence_parallel)
     WEFT_REQUIRE(tp > 1, ConfigError, detail::sp_needs_tp_text, " (tp is ", tp, ")");
   if constexpr (S::pipelined) {

@@ -131,7 +131,7 @@ class GPTStage {
            nn::ContextParallel<T, Space> cp, int)
       : global_(cfg), cp_(std::move(cp)), cfg_(checked(cfg, tp, cp_)),
         ctx_(std::make_shared<nn::Context>(
-            nn::Context{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr})),
+            nn::Context{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, nn::ExpertSplit{}})),
         ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
     WEFT_REQUIRE(!cfg.recompute, ConfigError,
                  "pipeline::Stage: --recompute is not supported with pipeline parallelism yet; drop it or use pp=1");

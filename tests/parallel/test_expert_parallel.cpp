@@ -1,0 +1,350 @@
+// Expert parallelism (weft::Experts<N> on the EP axis, EP folded over DP):
+// the MoE GPT on every Mesh<DP, EP> of the world (and EP beside tensor
+// parallelism at 4 ranks) gives, in double, the single-process loss of the
+// whole microbatch, its gradients (dense ones summed over DP x EP, each
+// expert's over DP) and the same dropped token-expert slots at capacity 1.0
+// and none dropless; a router that sends every token to one expert leaves
+// whole ranks without tokens, and nothing changes; ExpertDataParallel with
+// train_step follows the single-process loss curve under each DP policy;
+// and the configuration errors name what works.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <weft/parallel/expert_parallel.hpp>
+#include <weft/parallel/train_step.hpp>
+
+#include "tiny_gpt.hpp"
+#include "weft_test.hpp"
+
+using namespace weft;
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using HostD = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+// Two blocks, both MoE: 4 experts, top 2, both balancing losses.
+nn::GPTConfig moe_config(std::size_t batch, double capacity, bool llama = false) {
+  nn::GPTConfig c = test::tiny_gpt(2, batch, llama);
+  c.experts = 4;
+  c.top_k = 2;
+  c.capacity_factor = capacity;
+  c.aux_loss = 0.01;
+  c.z_loss = 0.001;
+  return c;
+}
+
+// Token ids of `batch` sequences starting at sequence `first` of a fixed set.
+void fill(Kokkos::View<int*>& ids, Kokkos::View<int*>& tg, std::size_t first, std::size_t seq, std::size_t vocab) {
+  auto hi = Kokkos::create_mirror_view(ids);
+  auto ht = Kokkos::create_mirror_view(tg);
+  for (std::size_t i = 0; i < ids.extent(0); ++i) {
+    const std::size_t g = first * seq + i;
+    hi(i) = int((g * 7 + 3 + g / 5) % vocab);
+    ht(i) = int((g * 5 + 1 + g / 3) % vocab);
+  }
+  Kokkos::deep_copy(ids, hi);
+  Kokkos::deep_copy(tg, ht);
+}
+
+struct Pass {
+  double loss = 0;
+  std::map<std::string, std::vector<double>> grads;  // by parameter name
+  std::vector<std::vector<std::size_t>> dropped;       // per MoE block: dropped global slots
+  nn::MoEStats stats;
+};
+
+// One forward_backward of `m` on its microbatch (sequences first .. first + batch - 1
+// of the whole), with the gradient scale of the whole microbatch.
+template <class Model>
+Pass run(Model& m, const nn::GPTConfig& c, std::size_t first, std::size_t whole_tokens) {
+  Kokkos::View<int*> ids("ids", c.tokens()), tg("tg", c.tokens());
+  fill(ids, tg, first, c.seq, c.vocab);
+  m.zero_grad();
+  m.reset_moe_statistics();
+  Pass r;
+  r.loss = m.forward_backward(ids, tg, 1.0 / double(whole_tokens));
+  for (auto* p : m.parameters()) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), p->grad);
+    r.grads[p->name()] = std::vector<double>(h.data(), h.data() + h.size());
+  }
+  for (std::size_t l = 0; l < c.layers; ++l)
+    if (m.moe_layer(l)) r.dropped.push_back(m.moe_saved(l).dropped);
+  r.stats = m.moe_statistics();
+  return r;
+}
+
+// The union over `comm` of every rank's dropped slots, per block, sorted.
+std::vector<std::vector<std::size_t>> gather_dropped(const Pass& p, Comm& comm) {
+  std::vector<std::vector<std::size_t>> out;
+  for (const auto& d : p.dropped) {
+    const std::size_t P = std::size_t(comm.size());
+    double mine = double(d.size());
+    std::vector<double> sizes(P);
+    comm.all_gather(HostD(&mine, 1), HostD(sizes.data(), P));
+    std::size_t M = 0;
+    for (double s : sizes) M = std::max(M, std::size_t(s));
+    std::vector<double> buf(M + 1, -1.0), all((M + 1) * P);
+    for (std::size_t i = 0; i < d.size(); ++i) buf[i] = double(d[i]);
+    comm.all_gather(HostD(buf.data(), M + 1), HostD(all.data(), all.size()));
+    std::vector<std::size_t> u;
+    for (double v : all)
+      if (v >= 0) u.push_back(std::size_t(v));
+    std::sort(u.begin(), u.end());
+    out.push_back(u);
+  }
+  return out;
+}
+
+double max_rel(const std::vector<double>& a, const std::vector<double>& ref) {
+  double d = 0, s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d = std::max(d, std::abs(a[i] - ref[i]));
+    s = std::max(s, std::abs(ref[i]));
+  }
+  return d / std::max(s, 1e-300);
+}
+
+// The split model's gradients, summed over DP x EP (dense) or DP (this rank's
+// experts), against the single process's; the worst relative difference.
+// Every expert of the single process is compared on the EP rank that holds it.
+double grad_diff(Pass& p, const Pass& ref, Comm& data, Comm* replicas, Comm& ep, std::size_t experts_seen_min) {
+  double worst = 0;
+  std::size_t experts_seen = 0;
+  for (auto& [name, g] : p.grads) {
+    const bool expert = name.find(".mlp.experts.") != std::string::npos;
+    if (expert) {
+      if (replicas) replicas->all_reduce(HostD(g.data(), g.size()));
+      ++experts_seen;
+    } else {
+      data.all_reduce(HostD(g.data(), g.size()));
+    }
+    auto it = ref.grads.find(name);
+    REQUIRE(it != ref.grads.end());
+    REQUIRE(it->second.size() == g.size());
+    worst = std::max(worst, max_rel(g, it->second));
+  }
+  // Every expert appears on exactly one EP rank.
+  double seen = double(experts_seen);
+  ep.all_reduce(HostD(&seen, 1));
+  CHECK(std::size_t(seen) >= experts_seen_min);
+  return worst;
+}
+
+std::vector<int> divisors_up_to(int n, int limit) {
+  std::vector<int> d;
+  for (int i = 1; i <= std::min(n, limit); ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("Experts<4> on every dp x ep mesh: the single-process loss, gradients and dropped slots of the whole microbatch") {
+  auto& w = test::world();
+  const int W = w.size();
+  using S = Strategy<On<DP, Replicated>, On<EP, Experts<4>>>;
+  for (double capacity : {1.0, 0.0}) {
+    for (bool llama : {false, true}) {
+      const nn::GPTConfig whole = moe_config(std::size_t(W), capacity, llama);
+      nn::GPT<double> single(whole);
+      const Pass ref = run(single, whole, 0, whole.tokens());
+      if (capacity > 0) {
+        std::size_t any = 0;
+        for (const auto& d : ref.dropped) any += d.size();
+        CHECK(any > 0);  // the case exercises drops
+      }
+      for (int ep : divisors_up_to(W, 4)) {
+        CAPTURE(capacity);
+        CAPTURE(llama);
+        CAPTURE(ep);
+        Mesh<DP, EP> mesh(w, W / ep, ep);
+        nn::GPTConfig local = whole;
+        local.batch = 1;
+        auto split_of = nn::expert_split_of<S>(mesh, local);
+        nn::GPT<double, S> split(mesh, local, split_of);
+        CHECK(split.expert_split().ep_size() == std::size_t(ep));
+        CHECK(split.moe_layer(0)->local_experts() == 4 / std::size_t(ep));
+        Comm& data = mesh.axes<DP, EP>();
+        Pass p = run(split, local, std::size_t(data.rank()), whole.tokens());
+        double loss = p.loss;
+        data.all_reduce(HostD(&loss, 1), ReduceOp::avg);
+        CHECK(test::rel(loss, ref.loss) < 1e-12);
+        CHECK(gather_dropped(p, data) == ref.dropped);
+        // The statistics are the whole microbatch's on every rank.
+        CHECK(p.stats.selected == ref.stats.selected);
+        CHECK(p.stats.dropped == ref.stats.dropped);
+        CHECK(test::rel(p.stats.aux_loss, ref.stats.aux_loss) < 1e-12);
+        CHECK(test::rel(p.stats.z_loss, ref.stats.z_loss) < 1e-12);
+        CHECK(std::abs(p.stats.entropy() - ref.stats.entropy()) < 1e-12);
+        CHECK((ep == 1) == (p.stats.a2a_bytes == 0));
+        CHECK(grad_diff(p, ref, data, W / ep > 1 ? &mesh.axis<DP>() : nullptr, mesh.axis<EP>(), 2 * 4 * 4) < 1e-10);
+      }
+    }
+  }
+}
+
+TEST_CASE("a router that sends every token to one expert leaves ranks and experts without tokens, and changes nothing") {
+  auto& w = test::world();
+  const int W = w.size();
+  using S = Strategy<On<EP, Experts<4>>>;
+  nn::GPTConfig whole = moe_config(std::size_t(W), 1.0);
+  whole.top_k = 1;
+  auto force = [](auto& m) {  // selection bias 10 on expert 0: every token picks it
+    for (std::size_t l = 0; l < 2; ++l) {
+      auto& b = m.moe_layer(l)->expert_bias();
+      auto h = Kokkos::create_mirror_view(b.value);
+      Kokkos::deep_copy(h, b.value);
+      h(0) = 10;
+      Kokkos::deep_copy(b.value, h);
+    }
+  };
+  nn::GPT<double> single(whole);
+  force(single);
+  const Pass ref = run(single, whole, 0, whole.tokens());
+  CHECK(ref.stats.selected[0] == double(whole.tokens()));  // per block: all slots on expert 0
+  CHECK(ref.stats.selected[1] == 0);
+  CHECK(ref.stats.imbalance() == 4.0 * 2 / 2);  // max / mean over 2 blocks x 4 experts
+  Mesh<EP> mesh(w, W);
+  nn::GPTConfig local = whole;
+  local.batch = 1;
+  nn::GPT<double, S> split(mesh, local, nn::expert_split_of<S>(mesh, local));
+  force(split);
+  Pass p = run(split, local, std::size_t(w.rank()), whole.tokens());
+  double loss = p.loss;
+  mesh.axis<EP>().all_reduce(HostD(&loss, 1), ReduceOp::avg);
+  CHECK(test::rel(loss, ref.loss) < 1e-12);
+  CHECK(gather_dropped(p, mesh.axis<EP>()) == ref.dropped);
+  CHECK(p.stats.selected == ref.stats.selected);
+  CHECK(grad_diff(p, ref, mesh.axis<EP>(), nullptr, mesh.axis<EP>(), 2 * 4 * 4) < 1e-10);
+  // The experts that got no tokens have exactly zero gradients.
+  for (auto& [name, g] : p.grads)
+    if (name.find(".mlp.experts.0.") == std::string::npos && name.find(".mlp.experts.") != std::string::npos)
+      for (double v : g) CHECK(v == 0.0);
+}
+
+TEST_CASE("EP beside tensor parallelism (ep 2 x tp 2): the single-process loss and gradients") {
+  auto& w = test::world();
+  if (w.size() != 4) return;
+  using S = Strategy<On<EP, Experts<4>>, On<TP, TensorParallel<>>>;
+  for (double capacity : {1.0, 0.0}) {
+    CAPTURE(capacity);
+    const nn::GPTConfig whole = moe_config(2, capacity);
+    nn::GPT<double> single(whole);
+    const Pass ref = run(single, whole, 0, whole.tokens());
+    Mesh<EP, TP> mesh(w, 2, 2);
+    nn::GPTConfig local = whole;
+    local.batch = 1;
+    nn::GPT<double, S> split(mesh, local, nn::expert_split_of<S>(mesh, local));
+    Pass p = run(split, local, std::size_t(mesh.axis<EP>().rank()), whole.tokens());
+    double loss = p.loss;
+    mesh.axis<EP>().all_reduce(HostD(&loss, 1), ReduceOp::avg);
+    CHECK(test::rel(loss, ref.loss) < 1e-12);
+    CHECK(gather_dropped(p, mesh.axis<EP>()) == ref.dropped);
+    // Whole (TP-replicated) parameters: the MoE blocks' routers and experts, norms, biases.
+    double worst = 0;
+    std::size_t compared = 0;
+    for (auto& [name, g] : p.grads) {
+      const auto& r = ref.grads.at(name);
+      if (r.size() != g.size()) continue;  // a TP shard
+      if (name.find(".mlp.experts.") == std::string::npos) mesh.axis<EP>().all_reduce(HostD(g.data(), g.size()));
+      worst = std::max(worst, max_rel(g, r));
+      ++compared;
+    }
+    CHECK(compared > 2 * 2 * 4);
+    CHECK(worst < 1e-10);
+  }
+}
+
+TEST_CASE("train_step with ExpertDataParallel follows the single-process loss curve under every DP policy") {
+  auto& w = test::world();
+  const int W = w.size();
+  if (W < 2) return;
+  const std::size_t steps = 4;
+  const double lr = 3e-3, clip = 1.0;
+  // The reference: one process, the whole batch as one microbatch, the
+  // selection bias updated after each step (bias_balance; 0: not at all).
+  auto reference = [&](double bias_balance) {
+    nn::GPTConfig whole = moe_config(std::size_t(W), 1.0);
+    whole.bias_balance = bias_balance;
+    nn::GPT<float> gpt(whole);
+    optim::AdamW<float, Space> opt(gpt.parameters());
+    auto data = test::successor_stream();
+    Kokkos::View<int*> ids("ids", whole.tokens()), tg("tg", whole.tokens());
+    std::vector<double> out;
+    for (std::size_t s = 0; s < steps; ++s) {
+      out.push_back(optim::train_step(gpt, opt, data, s, 1, ids, tg, lr, clip).loss);
+      gpt.update_expert_bias();
+    }
+    return out;
+  };
+  const std::vector<double> with_bias = reference(0.001), without_bias = reference(0.0);
+  const int ep = W >= 4 ? 2 : W;  // dp x ep = 2 x 2 at 4 ranks
+  test::for_each_dp_policy([&]<class P>() {
+    CAPTURE(P::policy_name());
+    using S = Strategy<On<DP, P>, On<EP, Experts<4>>>;
+    Mesh<DP, EP> mesh(w, W / ep, ep);
+    // Fully sharded, the bias is a shard between steps: its update is refused (below).
+    constexpr bool fsdp = std::is_same_v<P, FullyShard>;
+    nn::GPTConfig local = moe_config(1, 1.0);
+    local.bias_balance = fsdp ? 0.0 : 0.001;
+    const auto& ref = fsdp ? without_bias : with_bias;
+    nn::GPT<float, S> gpt(mesh, local, nn::expert_split_of<S>(mesh, local));
+    parallel::ExpertDataParallel<float, P> dp(mesh.axes<DP, EP>(), mesh.axis<DP>(), mesh.axis<EP>(),
+                                              gpt.parameter_groups());
+    gpt.set_hooks(&dp);
+    optim::AdamW<float, Space> opt(dp.optimizer_parameters());
+    auto data = test::successor_stream();
+    Kokkos::View<int*> ids("ids", local.tokens()), tg("tg", local.tokens());
+    for (std::size_t s = 0; s < steps; ++s) {
+      const auto r = parallel::train_step(gpt, dp, opt, data, s, std::size_t(W), 1, ids, tg, lr, clip);
+      gpt.update_expert_bias();
+      CAPTURE(s);
+      CHECK(test::rel(r.loss, ref[s]) < (s == 0 ? 1e-5 : 1e-4));
+    }
+    if constexpr (fsdp) {
+      nn::GPTConfig b = local;
+      b.bias_balance = 0.001;
+      nn::GPT<float, S> g2(mesh, b, nn::expert_split_of<S>(mesh, b));
+      parallel::ExpertDataParallel<float, P> dp2(mesh.axes<DP, EP>(), mesh.axis<DP>(), mesh.axis<EP>(),
+                                                 g2.parameter_groups());
+      g2.set_hooks(&dp2);
+      optim::AdamW<float, Space> o2(dp2.optimizer_parameters());
+      parallel::train_step(g2, dp2, o2, data, 0, std::size_t(W), 1, ids, tg, lr, clip);
+      const std::string msg = test::error_text<ConfigError>([&] { g2.update_expert_bias(); });
+      CHECK(msg.find("fully sharded") != std::string::npos);
+    }
+  });
+}
+
+TEST_CASE("Experts<N> that does not divide by ep, or does not match the model, is a ConfigError naming what works") {
+  auto& w = test::world();
+  if (w.size() != 2 && w.size() != 4) return;
+  Mesh<EP> mesh(w, w.size());
+  nn::GPTConfig c = moe_config(1, 1.0);
+  c.experts = 3;
+  const std::string a = test::error_text<ConfigError>(
+      [&] { (void)nn::expert_split_of<Strategy<On<EP, Experts<3>>>>(mesh, c); });
+  CHECK(a.find("ep sizes that work: 1, 3") != std::string::npos);
+  c.experts = 4;
+  const std::string b = test::error_text<ConfigError>(
+      [&] { (void)nn::expert_split_of<Strategy<On<EP, Experts<8>>>>(mesh, c); });
+  CHECK(b.find("Experts<4>") != std::string::npos);
+  const std::string d = test::error_text<ConfigError>(
+      [&] { (void)nn::expert_split_of<Strategy<>>(mesh, c); });
+  CHECK(d.find("On<EP, Experts<4>>") != std::string::npos);
+  const std::string v = test::error_text<ConfigError>(
+      [&] { validate_strategy<Strategy<On<EP, Experts<3>>>>(mesh); });
+  CHECK(v.find("ep sizes that work: 1, 3") != std::string::npos);
+  nn::GPTConfig dense = test::tiny_gpt(2, 1);
+  using S = Strategy<On<EP, Experts<4>>>;
+  const std::string e = test::error_text<ConfigError>([&] {
+    nn::GPTConfig d2 = dense;
+    d2.experts = 4;  // the split is built for a MoE config, the model from a dense one
+    nn::GPT<double, S> m(mesh, dense, nn::expert_split_of<S>(mesh, d2));
+  });
+  CHECK(e.find("needs mixture-of-experts blocks") != std::string::npos);
+}
