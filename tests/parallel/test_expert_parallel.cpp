@@ -320,6 +320,55 @@ TEST_CASE("train_step with ExpertDataParallel follows the single-process loss cu
   });
 }
 
+TEST_CASE("train_step with several microbatches routes each microbatch over the same sequences on every layout") {
+  // Microbatch m of a step is the same sequences whatever dp x ep is, so its
+  // capacity, dropped slots and balancing losses are the single process's.
+  // (Giving each rank a contiguous block of the step's batch instead mixes
+  // the microbatches differently on each layout: the selected counts and the
+  // drops of the step then differ from the first step on.)
+  auto& w = test::world();
+  const int W = w.size();
+  if (W < 2) return;
+  const std::size_t steps = 2, micro = 2;
+  const double lr = 3e-3, clip = 1.0;
+  nn::GPTConfig whole = moe_config(std::size_t(W), 1.0);  // W sequences per microbatch, 2 W per step
+  nn::GPT<double> single(whole);
+  optim::AdamW<double, Space> so(single.parameters());
+  auto data = test::successor_stream();
+  Kokkos::View<int*> ids("ids", whole.tokens()), tg("tg", whole.tokens());
+  std::vector<double> ref_loss;
+  std::vector<nn::MoEStats> ref_stats;
+  for (std::size_t s = 0; s < steps; ++s) {
+    single.reset_moe_statistics();
+    ref_loss.push_back(optim::train_step(single, so, data, s, micro, ids, tg, lr, clip).loss);
+    ref_stats.push_back(single.moe_statistics());
+  }
+  CHECK(ref_stats[0].dropped > 0);  // the case exercises drops
+  using S = Strategy<On<DP, Replicated>, On<EP, Experts<4>>>;
+  for (int ep : divisors_up_to(W, 4)) {
+    CAPTURE(ep);
+    Mesh<DP, EP> mesh(w, W / ep, ep);
+    nn::GPTConfig local = whole;
+    local.batch = 1;
+    nn::GPT<double, S> gpt(mesh, local, nn::expert_split_of<S>(mesh, local));
+    parallel::ExpertDataParallel<double, Replicated> dp(mesh.axes<DP, EP>(), mesh.axis<DP>(), mesh.axis<EP>(),
+                                                        gpt.parameter_groups());
+    gpt.set_hooks(&dp);
+    optim::AdamW<double, Space> opt(dp.optimizer_parameters());
+    Kokkos::View<int*> li("ids", local.tokens()), lt("tg", local.tokens());
+    for (std::size_t s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      gpt.reset_moe_statistics();
+      const auto r = parallel::train_step(gpt, dp, opt, data, s, micro * std::size_t(W), micro, li, lt, lr, clip);
+      const nn::MoEStats st = gpt.moe_statistics();
+      CHECK(st.selected == ref_stats[s].selected);
+      CHECK(st.dropped == ref_stats[s].dropped);
+      CHECK(test::rel(st.aux_loss, ref_stats[s].aux_loss) < 1e-10);
+      CHECK(test::rel(r.loss, ref_loss[s]) < 1e-10);
+    }
+  }
+}
+
 TEST_CASE("Experts<N> that does not divide by ep, or does not match the model, is a ConfigError naming what works") {
   auto& w = test::world();
   if (w.size() != 2 && w.size() != 4) return;

@@ -1,6 +1,7 @@
-// One data-parallel optimizer step: every DP rank takes its slice of the
-// global batch (fixed by seed and step alone), accumulates microbatches, and
-// the DataParallel engine reduces gradients, clips, updates and re-syncs.
+// One data-parallel optimizer step: every DP rank takes its slice of each
+// microbatch of the global batch (fixed by seed and step alone), accumulates
+// the microbatches, and the DataParallel engine reduces gradients, clips,
+// updates and re-syncs.
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,11 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
   WEFT_REQUIRE(mb == model.config().batch, ConfigError, "parallel::train_step: the model is built for microbatches of ",
                model.config().batch, " sequences, but batch ", global_batch, " / dp ", p, " / microbatches ",
                microbatches, " = ", mb);
-  const std::size_t first = static_cast<std::size_t>(dp.comm().rank()) / cp * mb * microbatches;
+  // Microbatch m is sequences [m mb p, (m + 1) mb p) of the step's batch,
+  // rank r (of p) taking its r-th block of mb: a microbatch holds the same
+  // sequences on every layout, so a mixture of experts routes (capacity,
+  // drops, balancing losses) over the same tokens whatever dp is.
+  const std::size_t mine = static_cast<std::size_t>(dp.comm().rank()) / cp * mb;
   optim::StepResult r;
   dp.zero_grad();
   double local = 0;
@@ -60,7 +65,7 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
     dp.begin_microbatch(m + 1 == microbatches);
     {
       metrics::Profiler::Scope sc(profiler, "data");
-      data.fill(step, global_batch, first + m * mb, mb, ids, targets);
+      data.fill(step, global_batch, m * mb * p + mine, mb, ids, targets);
     }
     local += model.forward_backward(ids, targets, 1.0 / double(global_batch * model.config().seq));
   }
