@@ -584,7 +584,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   // What a checkpoint's manifest says about the run, besides the tensors.
   auto run_json = [&](std::size_t next_step) {
     using weft::metrics::Json;
-    Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", ncp).set("world_size", world)
+    Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", ncp).set("ep", nep).set("world_size", world)
                     .set("strategy", job.strategy).set("dp_mode", weft::parallel::to_string(job.dp_mode))
                     .set("sequence_parallel", job.sequence_parallel);
     if (pipelined) mesh.set("schedule", job.schedule).set("stages", job.stages);
@@ -594,7 +594,8 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
         .set("program", "train_gpt").set("mesh", mesh)
         .set("model", Json::object().set("layers", Json(c.layers)).set("d_model", Json(c.d_model)).set("heads", Json(c.heads))
                           .set("kv_heads", Json(c.kv())).set("vocab", Json(c.vocab)).set("seq", Json(c.seq))
-                          .set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp)).set("position", name_of(c.position)))
+                          .set("norm", name_of(c.norm)).set("mlp", name_of(c.mlp)).set("position", name_of(c.position))
+                          .set("experts", Json(c.experts)).set("top_k", Json(c.experts ? c.top_k : 0)))
         .set("data", Json::object().set("source", data_name).set("seed", Json(c.seed)).set("seq", Json(c.seq))
                          .set("global_batch", Json(o.batch)).set("next_step", Json(next_step))
                          .set("sequences_consumed", Json(next_step * o.batch))
@@ -989,9 +990,9 @@ Job job_of(const char* model_name, Model& model, DP& dp, AnyOptimizer& opt) {
   job.model_memory = [&model] { return model.memory(); };
   job.dp_memory = [&dp] { return dp.memory(); };
   job.opt_memory = [&opt] { return opt.memory(); };
-  // Expert parallelism: no checkpoints (refused before step 0 with --checkpoint or --resume).
-  if constexpr (requires { dp.dense(); }) return job;
   // Checkpoints: this rank's optimizer pieces (by global names and indices) and the moments beside them.
+  // Under expert parallelism each EP rank adds its own experts (named by their global index), so the
+  // checkpoint holds every expert once and loads onto any ep that divides the expert count.
   auto state = std::make_shared<weft::checkpoint::State<float, Space>>();
   weft::checkpoint::add_data_parallel(*state, dp, model.parameters(), opt.state(dp.optimizer_parameters().size()));
   job.save = [state, &opt](const std::string& dir, std::size_t keep, std::size_t step, weft::metrics::Json run) {
@@ -1320,9 +1321,6 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
     WEFT_REQUIRE(o.model.experts == 4 || o.model.experts == 8, ConfigError, "--experts ", o.model.experts,
                  " with ep=", o.ep, ": Experts<N> is a compiled type and train_gpt compiles N = ", kCompiledExperts,
                  "; use one of those or ep=1");
-    WEFT_REQUIRE(o.ckpt.dir.empty() && o.ckpt.resume.empty(), ConfigError,
-                 "--checkpoint and --resume are not implemented with expert parallelism (ep=", o.ep,
-                 "): each EP rank holds different experts; use ep=1 to save or resume");
   }
   WEFT_REQUIRE(o.model.experts == 0 || o.model.bias_balance == 0 || c.ndp * o.ep == 1 ||
                    o.dp_mode != weft::parallel::DPMode::fsdp,
