@@ -1358,6 +1358,7 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
   shape.model = o.model;
   shape.batch = o.batch;
   shape.dp = std::size_t(c.ndp * o.ep), shape.tp = std::size_t(ntp), shape.pp = std::size_t(o.pp), shape.cp = std::size_t(o.cp);
+  shape.ep = std::size_t(o.ep);
   shape.context = o.context;
   shape.sequence_parallel = o.sequence_parallel;
   shape.dp_mode = o.dp_mode;

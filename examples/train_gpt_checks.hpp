@@ -146,6 +146,7 @@ struct RunShape {
   std::size_t batch = 8;      ///< global batch (--batch)
   std::size_t dp = 1, tp = 1, pp = 1;  ///< the mesh (--mesh), dp resolved from the world size
   std::size_t cp = 1;                  ///< context-parallel ranks (--mesh cp=N)
+  std::size_t ep = 1;                  ///< expert-parallel ranks (--mesh ep=N), folded into dp (dp counts them)
   std::string context = "ring";        ///< --context, with cp > 1
   bool sequence_parallel = false;      ///< --sequence-parallel
   weft::parallel::DPMode dp_mode = weft::parallel::DPMode::replicate;  ///< --dp
@@ -173,7 +174,8 @@ inline std::pair<weft::plan::ModelSpec, weft::plan::MeshSpec> plan_of(const RunS
   m.flash_attention = r.cp > 1 || weft::nn::detail::use_blockwise_attention<float>(c.local(r.tp));
   m.optimizer = r.optimizer == "sgd" ? Optimizer::sgd : Optimizer::adamw;
   m.sgd_momentum = r.momentum > 0;
-  MeshSpec s{.dp = r.dp, .tp = r.tp, .pp = r.pp, .cp = r.cp, .mode = r.dp_mode, .sequence_parallel = r.sequence_parallel};
+  MeshSpec s{.dp = r.dp, .tp = r.tp, .pp = r.pp, .cp = r.cp, .ep = r.ep, .mode = r.dp_mode,
+             .sequence_parallel = r.sequence_parallel};
   if (r.pp > 1) std::tie(s.schedule, s.chunks) = parse_schedule_name(r.schedule);
   if (r.cp > 1) s.context = parse_context_name(r.context);
   return {m, s};

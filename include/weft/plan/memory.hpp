@@ -17,20 +17,31 @@ struct StageParams {
   double block = 0;       ///< one block's elements on this rank (its experts and tensor shard)
   double blocks = 0;      ///< blocks on this stage (all its chunks)
   double root = 0;        ///< root elements on this stage (embedding on the first, final norm and head on the last)
+  double block_experts = 0;  ///< of `block`, the routed experts' elements (split over ep; 0 in a dense model)
   /// Elements of the stage.
   double total() const { return blocks * block + root; }
+  /// Elements of the stage's routed experts.
+  double experts() const { return blocks * block_experts; }
 };
 
+/// Elements of one MLP (one expert) on one rank: matrices and the
+/// column-parallel bias split over tp, the row-parallel bias replicated.
+inline double mlp_params_here(const ModelSpec& m, const MeshSpec& s) {
+  const double tp = double(s.tp), D = double(m.d_model), up = double(m.up_cols()), F = double(m.hidden());
+  return (D * up + F * D) / tp + (m.bias ? up / tp + D : 0.0);
+}
+/// Of block_params_here, the routed experts' elements (0 in a dense model).
+inline double block_expert_params_here(const ModelSpec& m, const MeshSpec& s) {
+  return m.experts ? double(m.experts) / double(s.ep) * mlp_params_here(m, s) : 0.0;
+}
 /// Parameter elements of one block on one rank: matrices and column-parallel
 /// biases split over tp; norms and row-parallel biases replicated; experts
 /// split over ep.
 inline double block_params_here(const ModelSpec& m, const MeshSpec& s) {
-  const double tp = double(s.tp), D = double(m.d_model);
-  const double qkv = double(m.qkv_cols()), up = double(m.up_cols()), F = double(m.hidden());
+  const double tp = double(s.tp), D = double(m.d_model), qkv = double(m.qkv_cols());
   const double attn = (D * qkv + D * D) / tp + (m.bias ? qkv / tp + D : 0.0);
-  const double mlp = (D * up + F * D) / tp + (m.bias ? up / tp + D : 0.0);
-  const double experts_here = m.experts ? double(m.experts) / double(s.ep) : 1.0;
-  return attn + experts_here * mlp + double(m.norm_params(2)) + double(m.router_params());
+  const double mlps = m.experts ? block_expert_params_here(m, s) : mlp_params_here(m, s);
+  return attn + mlps + double(m.norm_params(2)) + double(m.router_params());
 }
 /// Embedding elements on one rank (the vocabulary table splits over tp).
 inline double embedding_params_here(const ModelSpec& m, const MeshSpec& s) {
@@ -58,6 +69,7 @@ inline std::vector<ChunkLayout> rank_layout(const ModelSpec& m, const MeshSpec& 
 inline StageParams stage_params(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
   StageParams p;
   p.block = block_params_here(m, s);
+  p.block_experts = block_expert_params_here(m, s);
   for (const auto& k : chunk_layouts(m.layers, s.pp, s.schedule == Schedule::interleaved && s.pp > 1 ? s.chunks : 1, rank)) {
     p.blocks += double(k.blocks);
     if (k.embedding) p.root += embedding_params_here(m, s);
@@ -231,8 +243,10 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   const StageParams sp = stage_params(m, s, rank);
   const double S = sp.total(), dp = double(s.dp), pb = double(m.param_bytes), gb = double(m.grad_bytes);
   TrainingBudget b;
-  // Persistent state by mode (parallel::DataParallel's buffers).
-  const double shard = S / dp;
+  // Persistent state by mode (parallel::DataParallel's buffers). Under EP
+  // (parallel::ExpertDataParallel) the routed experts are sharded over the
+  // dp / ep ranks that hold the same experts, everything else over all dp.
+  const double shard = (S - sp.experts()) / dp + sp.experts() / (dp / double(s.ep));
   // zero2 and fsdp build a group's full gradient while its backward runs and
   // free it when its reduce-scatter completes. The root's lives through all of
   // backward (its head runs first, its embedding last); the block before the
