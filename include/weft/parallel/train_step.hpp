@@ -25,6 +25,16 @@ inline std::size_t local_microbatch(std::size_t global_batch, std::size_t dp, st
   return global_batch / dp / microbatches;
 }
 
+/// The first sample of rank `rank`'s share of microbatch `m` of a step
+/// split over `p` data ranks, `mb` samples each per microbatch: microbatch m
+/// is samples [m mb p, (m + 1) mb p) of the step's batch and the rank takes
+/// its rank-th block of mb, so a microbatch holds the same samples on every
+/// layout (a mixture of experts routes over the whole microbatch: its
+/// capacity, drops and balancing losses then do not depend on p).
+inline std::size_t microbatch_first_sample(std::size_t m, std::size_t rank, std::size_t mb, std::size_t p) {
+  return (m * p + rank) * mb;
+}
+
 /// Trains `model` (hooks set to `dp`, any DataParallel<T, Policy, Space>;
 /// config().batch sequences per microbatch) on step `step` of `data` with the
 /// global batch split over the DP ranks. A model split over a TP axis (one
@@ -53,11 +63,7 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
   WEFT_REQUIRE(mb == model.config().batch, ConfigError, "parallel::train_step: the model is built for microbatches of ",
                model.config().batch, " sequences, but batch ", global_batch, " / dp ", p, " / microbatches ",
                microbatches, " = ", mb);
-  // Microbatch m is sequences [m mb p, (m + 1) mb p) of the step's batch,
-  // rank r (of p) taking its r-th block of mb: a microbatch holds the same
-  // sequences on every layout, so a mixture of experts routes (capacity,
-  // drops, balancing losses) over the same tokens whatever dp is.
-  const std::size_t mine = static_cast<std::size_t>(dp.comm().rank()) / cp * mb;
+  const std::size_t rank = static_cast<std::size_t>(dp.comm().rank()) / cp;
   optim::StepResult r;
   dp.zero_grad();
   double local = 0;
@@ -65,7 +71,7 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
     dp.begin_microbatch(m + 1 == microbatches);
     {
       metrics::Profiler::Scope sc(profiler, "data");
-      data.fill(step, global_batch, m * mb * p + mine, mb, ids, targets);
+      data.fill(step, global_batch, microbatch_first_sample(m, rank, mb, p), mb, ids, targets);
     }
     local += model.forward_backward(ids, targets, 1.0 / double(global_batch * model.config().seq));
   }

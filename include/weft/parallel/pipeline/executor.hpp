@@ -498,7 +498,8 @@ Executor(StageT&, Comm&, const Pipeline<Schedule, P, M>&, ExecutorOptions = {}) 
 
 /// One optimizer step of a pipeline over any stage (optionally composed with
 /// data parallelism over `dp`, whose hooks the stage must call): every DP
-/// rank takes its slice of the global batch of `global_batch` samples,
+/// rank takes its slice of each microbatch of the global batch of
+/// `global_batch` samples (parallel::microbatch_first_sample),
 /// `fill(i, first, n)` loads microbatch i -- samples [first, first + n) of
 /// the global batch -- into the stage, the plan runs its microbatches,
 /// gradients are reduced over DP after the flush, clipped by the global norm
@@ -528,8 +529,8 @@ optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t gl
   // zb adds weight gradients after the group hooks' after_backward: zero2
   // and fsdp then reduce-scatter each group once, after its last weight half.
   if (dp) dp->set_weight_gradients_deferred(Ex::schedule_type::splits_backward);
-  const std::size_t first = (dp ? std::size_t(dp->comm().rank()) / cp : 0) * mb * m;
-  for (std::size_t i = 0; i < m; ++i) fill(i, first + i * mb, mb);
+  const std::size_t rank = dp ? std::size_t(dp->comm().rank()) / cp : 0;
+  for (std::size_t i = 0; i < m; ++i) fill(i, parallel::microbatch_first_sample(i, rank, mb, ndp), mb);
   if (dp) {
     dp->zero_grad();
     dp->begin_microbatch(false);  // replicate/zero1 reduce after the flush; zero2/fsdp per group in the hooks
