@@ -785,8 +785,9 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm, c
   // time and runs the crc32 over each part as it lands. A part that fits in
   // the L2 cache is still there for the crc32, which then costs about a tenth
   // of the read (docs/checkpoint.md); 4 MiB parts fell out of it and cost
-  // the crc32 a second trip to memory.
-  constexpr std::size_t kFusedRead = std::size_t(1) << 20;
+  // the crc32 a second trip to memory, and 1 MiB parts (this machine's L2)
+  // did so in some runs.
+  constexpr std::size_t kFusedRead = std::size_t(256) << 10;
   // With Verify::while_reading, the chunks this rank verifies and reads whole
   // into one piece: (chunk -> index into reads_of[chunk]) checked in pass 2.
   std::map<std::size_t, std::size_t> fused;
