@@ -11,6 +11,9 @@
 #undef KOKKOS_LAMBDA
 #define KOKKOS_LAMBDA [=] __host__ __device__
 #include <weft/weft.hpp>
+#if __has_include(<nccl.h>)
+#include <weft/comm/nccl.hpp>  // the NCCL transport's header, read by nvcc too
+#endif
 
 #include <complex>
 

@@ -264,6 +264,24 @@ class Comm {
     core_->stats.record(kind, bytes, seconds, seconds);
   }
 
+  /// The checked mode's agreement on one call, for transports that move the
+  /// bytes of this communicator's ranks without MPI (weft::NcclComm): with
+  /// checked() on and more than one rank, every rank must pass the same
+  /// (kind, element type id of mpi_datatype, count, extra: the ReduceOp of a
+  /// reduction, the root of a broadcast), or every rank raises a CommError
+  /// listing what each called. Collective; does nothing when not checked.
+  void agree_on_call(CommKind kind, int type_id, std::int64_t count, std::int64_t extra, const char* op) {
+    agree(kind, type_id, count, extra, op);
+  }
+  /// The checked mode's check of all_to_allv counts, for the same transports:
+  /// what rank i sends to j must be what j expects from i, else a CommError on
+  /// every rank. Collective; does nothing when not checked.
+  void agree_on_counts(std::span<const int> send_counts, std::span<const int> recv_counts, const char* op) {
+    if (!core_->checked || core_->size == 1) return;
+    check_counts_match(std::vector<int>(send_counts.begin(), send_counts.end()),
+                       std::vector<int>(recv_counts.begin(), recv_counts.end()), op);
+  }
+
   /// Whether redistribute over this communicator looks for inputs held in
   /// node-shared memory (weft::NodeShared turns it on for the mesh axes whose
   /// groups lie within one node, and off again when released). It is the same
