@@ -214,6 +214,7 @@ int run(int argc, char** argv) {
                ": expected S, M or all");
   const auto bt = weft::ops::set_blas_threads(threads, 1);
   std::printf("BLAS threads: %d (%s)\n", bt.threads, bt.reason.c_str());
+  std::printf("host threads: %s\n", weft::ops::describe(weft::ops::host_binding(bt.threads, 1)).c_str());
 
   std::vector<Named> configs;
   if (which != "M") configs.push_back({"S", make(4, 256, 8, 128, 8, 4096)});

@@ -426,6 +426,12 @@ int with_schedule(const Options& o, MeshT& mesh) {
 
 int run(const Options& o, weft::Environment& env) {
   const int world = env.world().size();
+  {
+    // BLAS threads so that the node's ranks x threads do not outnumber its cores, and what that gives.
+    const int ranks_per_node = weft::detail::ranks_on_node(MPI_COMM_WORLD);
+    const auto bt = weft::ops::set_blas_threads(0, ranks_per_node);
+    weft::ops::print_host_threads("custom_model", env.world().rank(), weft::ops::host_binding(bt.threads, ranks_per_node));
+  }
   WEFT_REQUIRE(world % (o.pp * o.tp) == 0, ConfigError, "--mesh pp=", o.pp, ",tp=", o.tp, ": ", world,
                " ranks do not divide by pp x tp = ", o.pp * o.tp);
   const int ndp = o.dp ? o.dp : world / (o.pp * o.tp);

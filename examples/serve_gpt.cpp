@@ -33,6 +33,8 @@
 #include <weft/checkpoint/checkpoint.hpp>
 #include <weft/comm/environment.hpp>
 #include <weft/metrics/json.hpp>
+#include <weft/comm/node.hpp>
+#include <weft/ops/blas_threads.hpp>
 #include <weft/serve/serve.hpp>
 
 namespace {
@@ -289,6 +291,12 @@ int run(int argc, char** argv, weft::Environment& env) {
     }
   Options o = parse(argc, argv);
   const int world = env.world().size();
+  {
+    // BLAS threads so that the node's ranks x threads do not outnumber its cores, and what that gives.
+    const int ranks_per_node = weft::detail::ranks_on_node(MPI_COMM_WORLD);
+    const auto bt = weft::ops::set_blas_threads(0, ranks_per_node);
+    weft::ops::print_host_threads("serve_gpt", env.world().rank(), weft::ops::host_binding(bt.threads, ranks_per_node));
+  }
   if (o.tp == 0) o.tp = world / o.dp;
   WEFT_REQUIRE(o.tp * o.dp == world, ConfigError, "--mesh tp=", o.tp, ",dp=", o.dp, " needs ", o.tp * o.dp,
                " ranks but the job has ", world, "; launch with mpirun -n ", o.tp * o.dp, " or change --mesh");

@@ -1392,11 +1392,7 @@ int run(int argc, char** argv, weft::Environment& env) {
     }
   const int world = env.world().size();
   // Ranks sharing this node: the memory limit's share and the BLAS threads.
-  MPI_Comm node;
-  weft::detail::split_by_node(MPI_COMM_WORLD, 0, &node);
-  int ranks_per_node = 1;
-  MPI_Comm_size(node, &ranks_per_node);
-  MPI_Comm_free(&node);
+  const int ranks_per_node = weft::detail::ranks_on_node(MPI_COMM_WORLD);
   // Every rank checks what it can; the ranks then agree, and an error is
   // printed once (by the lowest rank that found one) before anything is allocated.
   Checked checked;
@@ -1423,6 +1419,8 @@ int run(int argc, char** argv, weft::Environment& env) {
   }
   if (env.world().rank() == 0) std::printf("train_gpt: %s\n", memory_line.c_str());
   const auto bt = weft::ops::set_blas_threads(int(o.threads), ranks_per_node);
+  // How the threads sit on the cores: rank 0 says it, and a rank whose binding starves its threads warns.
+  weft::ops::print_host_threads("train_gpt", env.world().rank(), weft::ops::host_binding(bt.threads, ranks_per_node));
 
   std::vector<std::uint8_t> bytes = o.data.empty() ? weft::data::synthetic_corpus(o.corpus_bytes, 0) : weft::data::read_corpus(o.data);
   const std::string data_name = o.data.empty() ? "synthetic" : o.data;

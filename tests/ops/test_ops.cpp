@@ -616,6 +616,29 @@ TEST_CASE("BLAS threads: Kokkos threads x BLAS threads x ranks never exceed the 
   CHECK_THROWS_AS(choose_blas_threads({.ranks_per_node = 1, .kokkos_threads = 0}), ConfigError);
 }
 
+TEST_CASE("binding: advice when Kokkos threads outnumber the CPUs a rank may use, or OMP_PROC_BIND stacks ranks") {
+  using ops::binding_advice;
+  // mpirun's default --bind-to core: one CPU for two threads.
+  const std::string one = binding_advice(1, 2, 1, "unset");
+  CHECK(one.find("2 Kokkos threads may run on only 1 CPU (") != std::string::npos);
+  CHECK(one.find("--map-by slot:PE=2 --bind-to core, or --bind-to none") != std::string::npos);
+  CHECK(binding_advice(2, 4, 1, "unset").find("on only 2 CPUs") != std::string::npos);
+  // Enough CPUs, nothing pinned: nothing to say.
+  CHECK(binding_advice(2, 2, 1, "unset").empty());
+  CHECK(binding_advice(2, 1, 2, "unset").empty());
+  CHECK(binding_advice(0, 2, 1, "unset").empty());  // mask unknown
+  // OMP_PROC_BIND pins the threads of two ranks that may both use all CPUs onto the same ones.
+  CHECK(binding_advice(2, 1, 2, "spread").find("OMP_PROC_BIND=spread pins") != std::string::npos);
+  CHECK(binding_advice(2, 1, 2, "false").empty());
+  CHECK(binding_advice(2, 1, 1, "close").empty());  // one rank: pinning is its own business
+  CHECK(binding_advice(2, 2, 2, "close").empty());  // every CPU in use by one rank already
+  // What this process has; the line names the counts.
+  const auto b = ops::host_binding(1, 1);
+  CHECK(b.kokkos_threads >= 1);
+  CHECK(b.cores >= 1);
+  CHECK(ops::describe(b).find("Kokkos thread") != std::string::npos);
+}
+
 }  // namespace
 
 namespace {

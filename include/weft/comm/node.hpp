@@ -44,6 +44,17 @@ inline int split_by_node(MPI_Comm parent, int key, MPI_Comm* out) {
   return rc;
 }
 
+/// How many ranks of `parent` share this rank's node (split_by_node's group
+/// size; 1 when the split fails). Collective over parent.
+inline int ranks_on_node(MPI_Comm parent) {
+  MPI_Comm node = MPI_COMM_NULL;
+  if (split_by_node(parent, 0, &node) != MPI_SUCCESS) return 1;
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
 /// The name of this rank's node as records give it: MPI's processor name,
 /// and with WEFT_TEST_RANKS_PER_NODE=K also "/node<i>" for the i-th group of K
 /// world ranks, so that a record of a simulated multi-node run shows as many

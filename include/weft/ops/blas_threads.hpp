@@ -4,9 +4,11 @@
 #pragma once
 
 #include <dlfcn.h>
+#include <sched.h>
 
 #include <Kokkos_Core.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -111,6 +113,72 @@ inline BlasThreads set_blas_threads(int requested, int ranks_per_node) {
     out.reason += "; this BLAS exposes no thread setter, so its own default applies";
   }
   return out;
+}
+
+/// How this rank's host threads sit on the cores, as the examples print it
+/// at start-up (host_binding(), describe()).
+struct HostBinding {
+  int allowed_cpus = 0;    ///< CPUs this process may run on (its affinity mask); 0: unknown
+  int cores = 0;           ///< CPUs of the node
+  int kokkos_threads = 1;  ///< threads of Kokkos' default host execution space
+  int blas_threads = 1;    ///< BLAS threads per rank
+  std::string proc_bind;   ///< OMP_PROC_BIND, or "unset"
+  std::string advice;      ///< what to change, or "" when the binding gives every thread a CPU
+};
+
+/// The rule, a pure function: advice when Kokkos' host threads outnumber the
+/// CPUs the process may run on (mpirun's default --bind-to core gives a rank
+/// one core, so a second OpenMP thread only takes turns with the first: 19 %
+/// slower in issue 21's measurement), or when OMP_PROC_BIND pins threads while
+/// several ranks share the node's CPUs (each rank's first thread then lands on
+/// the same CPU). "" when neither holds.
+inline std::string binding_advice(int allowed_cpus, int kokkos_threads, int ranks_per_node, const std::string& proc_bind) {
+  if (allowed_cpus > 0 && kokkos_threads > allowed_cpus)
+    return std::to_string(kokkos_threads) + " Kokkos threads may run on only " + std::to_string(allowed_cpus) +
+           " CPU" + (allowed_cpus == 1 ? "" : "s") +
+           " (mpirun binds each rank to one core by default): run mpirun with --map-by slot:PE=" +
+           std::to_string(kokkos_threads) + " --bind-to core, or --bind-to none";
+  const bool pinned = !proc_bind.empty() && proc_bind != "unset" && proc_bind != "false";
+  if (pinned && ranks_per_node > 1 && allowed_cpus > kokkos_threads)
+    return "OMP_PROC_BIND=" + proc_bind + " pins each rank's threads to the same first CPUs of the " +
+           std::to_string(allowed_cpus) + " every rank may use: unset it, or bind the ranks apart (mpirun --map-by "
+           "slot:PE=" + std::to_string(kokkos_threads) + " --bind-to core)";
+  return "";
+}
+
+/// This process' binding: its affinity mask, the node's CPUs, Kokkos' host
+/// threads, `blas_threads` (set_blas_threads' choice) and OMP_PROC_BIND, with
+/// binding_advice()'s advice for `ranks_per_node` ranks on the node.
+inline HostBinding host_binding(int blas_threads, int ranks_per_node) {
+  HostBinding b;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) b.allowed_cpus = CPU_COUNT(&set);
+  b.cores = static_cast<int>(std::thread::hardware_concurrency());
+  b.kokkos_threads = detail::kokkos_host_threads();
+  b.blas_threads = blas_threads;
+  const char* pb = std::getenv("OMP_PROC_BIND");
+  b.proc_bind = pb && *pb ? pb : "unset";
+  b.advice = binding_advice(b.allowed_cpus, b.kokkos_threads, ranks_per_node, b.proc_bind);
+  return b;
+}
+
+/// One line for the log, e.g. "2 Kokkos threads + 1 BLAS thread per rank, on 2
+/// of 2 CPUs (OMP_PROC_BIND unset)", followed by the advice when there is one.
+inline std::string describe(const HostBinding& b) {
+  std::string s = std::to_string(b.kokkos_threads) + " Kokkos thread" + (b.kokkos_threads == 1 ? "" : "s") + " + " +
+                  std::to_string(b.blas_threads) + " BLAS thread" + (b.blas_threads == 1 ? "" : "s") + " per rank, on " +
+                  (b.allowed_cpus > 0 ? std::to_string(b.allowed_cpus) : std::string("?")) + " of " +
+                  std::to_string(b.cores) + " CPUs (OMP_PROC_BIND " + b.proc_bind + ")";
+  if (!b.advice.empty()) s += "; warning: " + b.advice;
+  return s;
+}
+
+/// Prints "<program>: host threads: <describe(b)>" on rank 0, and the same
+/// line on stderr from any other rank whose binding has advice.
+inline void print_host_threads(const char* program, int rank, const HostBinding& b) {
+  if (rank == 0) std::printf("%s: host threads: %s\n", program, describe(b).c_str());
+  else if (!b.advice.empty()) std::fprintf(stderr, "%s: rank %d: host threads: %s\n", program, rank, describe(b).c_str());
 }
 
 }  // namespace weft::ops
