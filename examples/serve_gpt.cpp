@@ -49,6 +49,9 @@ const char* kUsage =
     "Model (train_gpt's flags; with --checkpoint they must be the checkpoint's):\n"
     "  --layers N --d-model N --heads N --kv-heads N --seq N (the context) --vocab N --seed N\n"
     "  --norm layernorm|rmsnorm --mlp gelu|swiglu --pos learned|rotary\n"
+    "  --experts N --moe-top-k K --router softmax|sigmoid --moe-every K --shared-experts N --expert-hidden N\n"
+    "                    mixture-of-experts blocks (train_gpt's --top-k is --moe-top-k here: --top-k samples);\n"
+    "                    served dropless: every token goes to its top K experts, whatever its batch\n"
     "  --checkpoint DIR  load the weights from a train_gpt checkpoint (a root: its latest complete one)\n"
     "Mesh:\n"
     "  --mesh tp=N[,dp=M]  tensor-parallel ranks per replica, independent replicas (default tp=world)\n"
@@ -162,6 +165,15 @@ Options parse(int argc, char** argv) {
          o.model.position = parse_choice<weft::nn::PositionKind>(
              "--pos", v, {{"learned", weft::nn::PositionKind::learned}, {"rotary", weft::nn::PositionKind::rotary}});
        }},
+      {"--experts", [&](const std::string& v) { o.model.experts = parse_count("--experts", v); }},
+      {"--moe-top-k", [&](const std::string& v) { o.model.top_k = parse_count("--moe-top-k", v); }},
+      {"--router", [&](const std::string& v) {
+         o.model.router = parse_choice<weft::nn::RouterKind>(
+             "--router", v, {{"softmax", weft::nn::RouterKind::softmax}, {"sigmoid", weft::nn::RouterKind::sigmoid}});
+       }},
+      {"--moe-every", [&](const std::string& v) { o.model.moe_every = parse_count("--moe-every", v); }},
+      {"--shared-experts", [&](const std::string& v) { o.model.shared_experts = parse_count("--shared-experts", v, true); }},
+      {"--expert-hidden", [&](const std::string& v) { o.model.expert_hidden = parse_count("--expert-hidden", v); }},
       {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
       {"--record", [&](const std::string& v) { o.record = v; }},
       {"--mesh", [&](const std::string& v) {
@@ -221,6 +233,9 @@ Options parse(int argc, char** argv) {
   WEFT_REQUIRE(!(rate && conc), ConfigError, "--rate and --concurrency both given; choose Poisson arrivals (--rate) or a "
                "closed loop (--concurrency)");
   if (!rate && !conc) o.concurrency = 4;
+  if (o.model.experts == 0)
+    for (const char* f : {"--moe-top-k", "--router", "--moe-every", "--shared-experts", "--expert-hidden"})
+      WEFT_REQUIRE(!seen.count(f), ConfigError, f, " configures mixture-of-experts blocks, but --experts is not given; add --experts N");
   o.model.batch = 1;
   o.model.validate();
   WEFT_REQUIRE(o.prompt.lo > 0, ConfigError, "--prompt-len ", o.prompt.lo, ": prompts need at least one token");
@@ -460,6 +475,13 @@ int run(int argc, char** argv, weft::Environment& env) {
   mj0.set("norm", o.model.norm == weft::nn::NormKind::layernorm ? "layernorm" : "rmsnorm");
   mj0.set("mlp", o.model.mlp == weft::nn::MlpKind::gelu ? "gelu" : "swiglu");
   mj0.set("pos", o.model.position == weft::nn::PositionKind::learned ? "learned" : "rotary");
+  mj0.set("experts", o.model.experts);
+  if (o.model.experts > 0) {
+    mj0.set("moe_top_k", o.model.top_k);
+    mj0.set("router", o.model.router == weft::nn::RouterKind::softmax ? "softmax" : "sigmoid");
+    mj0.set("moe_every", o.model.moe_every);
+    mj0.set("shared_experts", o.model.shared_experts);
+  }
   mj0.set("weights", o.checkpoint.empty() ? std::string("seed") : o.checkpoint);
   mj0.set("precision", "float32");
   r.set("model", mj0);

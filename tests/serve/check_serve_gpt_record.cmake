@@ -1,5 +1,6 @@
 # Runs serve_gpt at tp 1 and at tp 2 (closed loop, and Poisson with some
-# prompts too long for the context) and checks the records: they follow
+# prompts too long for the context, and a mixture-of-experts model at tp 2)
+# and checks the records: they follow
 # docs/schema/serve_record.schema.json, "outputs" has one entry per request
 # with that request's number of tokens, the too-long prompts are rejected
 # with a message and the others served.
@@ -10,7 +11,8 @@ set(model --layers 2 --d-model 32 --heads 4 --seq 64 --vocab 256 --seed 3 --requ
 set(run_tp1 1 --prompt-len 4-20 --concurrency 3)
 set(run_tp2 2 --prompt-len 4-20 --mesh tp=2 --rate 200)
 set(run_long 1 --prompt-len 40-70 --rate 500)
-foreach(run tp1 tp2 long)
+set(run_moe 2 --prompt-len 4-20 --mesh tp=2 --concurrency 3 --experts 4 --moe-top-k 2 --shared-experts 1)
+foreach(run tp1 tp2 long moe)
   list(GET run_${run} 0 np)
   list(SUBLIST run_${run} 1 -1 args)
   execute_process(COMMAND ${MPIEXEC} -n ${np} ${EXE} ${model} ${args} --record "${WORK}/${run}.json"
@@ -29,8 +31,13 @@ foreach(run tp1 tp2 long)
     message(FATAL_ERROR "${run}: outputs has ${n} entries, expected 12 (one per request)")
   endif()
 endforeach()
-# tp1 and tp2: every request served, 4 to 8 tokens each.
-foreach(run tp1 tp2)
+string(JSON experts GET "${json_moe}" model experts)
+string(JSON experts_tp1 GET "${json_tp1}" model experts)
+if(NOT experts EQUAL 4 OR NOT experts_tp1 EQUAL 0)
+  message(FATAL_ERROR "model.experts is ${experts} in the MoE record and ${experts_tp1} in the dense one; expected 4 and 0")
+endif()
+# tp1, tp2 and moe: every request served, 4 to 8 tokens each.
+foreach(run tp1 tp2 moe)
   string(JSON rej GET "${json_${run}}" rejected)
   if(NOT rej EQUAL 0)
     message(FATAL_ERROR "${run}: ${rej} requests rejected, expected none")

@@ -38,6 +38,38 @@ GPTConfig tiny(bool gpt2) {
   return c;
 }
 
+// tiny() with mixture-of-experts blocks, routed dropless as serving does:
+// GPT-2 shapes with 4 softmax-routed experts in every block and one shared
+// expert; Llama shapes with 4 sigmoid-routed experts of another width in
+// block 1 only, raw (unnormalised) gates.
+GPTConfig tiny_moe(bool gpt2) {
+  GPTConfig c = tiny(gpt2);
+  c.experts = 4;
+  c.top_k = 2;
+  c.capacity_factor = 0;
+  if (gpt2) {
+    c.shared_experts = 1;
+  } else {
+    c.router = weft::nn::RouterKind::sigmoid;
+    c.normalize_gates = false;
+    c.moe_every = 2;
+    c.expert_hidden = 48;
+  }
+  return c;
+}
+
+// A selection bias that changes some choices, in every MoE block (the
+// training forward and the runner must both add it to the scores).
+template <class Model>
+void set_selection_bias(Model& m) {
+  for (auto* p : m.parameters())
+    if (p->name().find("expert_bias") != std::string::npos) {
+      auto h = Kokkos::create_mirror_view(p->value);
+      for (std::size_t e = 0; e < h.extent(0); ++e) h(e) = typename decltype(h)::value_type(0.05 * double(e % 3));
+      Kokkos::deep_copy(p->value, h);
+    }
+}
+
 std::vector<int> tokens(std::size_t n, std::uint64_t seed, int vocab = 256) {
   std::vector<int> t(n);
   for (auto& v : t) {
@@ -54,6 +86,7 @@ template <class T>
 double kv_decode_error(const GPTConfig& c) {
   using Model = weft::nn::GPT<T, TPOnly>;
   Model model(c, weft::test::world());
+  set_selection_bias(model);
   const auto ids = tokens(c.seq, 5);
   weft::ops::Tokens<> idv("ids", c.seq), tgt("targets", c.seq);
   auto hi = Kokkos::create_mirror_view(idv);
@@ -133,10 +166,25 @@ TEST_CASE("serve: decoding over the KV cache gives the full forward's logits") {
   }
 }
 
+TEST_CASE("serve: mixture-of-experts blocks decode to the full forward's logits") {
+  for (bool gpt2 : {true, false}) {
+    CAPTURE(gpt2);
+    const double ed = kv_decode_error<double>(tiny_moe(gpt2));
+    const double ef = kv_decode_error<float>(tiny_moe(gpt2));
+    MESSAGE("MoE: max |decode - forward| / max |logit|: double " << ed << ", float " << ef);
+    CHECK(ed < 1e-12);
+    CHECK(ef < 1e-5);
+  }
+}
+
 TEST_CASE("serve: greedy tokens split over TP equal the single-process tokens") {
-  const GPTConfig c = tiny(false);
+ for (bool moe : {false, true}) {
+  CAPTURE(moe);
+  const GPTConfig c = moe ? tiny_moe(false) : tiny(false);
   weft::nn::GPT<double> single(c);
   weft::nn::GPT<double, TPOnly> split(c, weft::test::world());
+  set_selection_bias(single);
+  set_selection_bias(split);
   EngineConfig ec;
   ec.block_size = 4;
   ec.blocks = 64;
@@ -146,10 +194,13 @@ TEST_CASE("serve: greedy tokens split over TP equal the single-process tokens") 
   const Served a = serve(single, ec, rs), b = serve(split, ec, rs);
   CHECK(a.tokens == b.tokens);
   for (const auto& t : a.tokens) CHECK(t.size() >= 6);
+ }
 }
 
 TEST_CASE("serve: a request's greedy tokens do not depend on its batch, nor on preemption") {
-  const GPTConfig c = tiny(true);
+ for (bool moe : {false, true}) {
+  CAPTURE(moe);
+  const GPTConfig c = moe ? tiny_moe(true) : tiny(true);
   weft::nn::GPT<double, TPOnly> model(c, weft::test::world());
   const auto rs = requests(6, 8);
   EngineConfig alone;
@@ -172,6 +223,7 @@ TEST_CASE("serve: a request's greedy tokens do not depend on its batch, nor on p
   CHECK(s.tokens == ref);
   CHECK(s.preemptions > 0);
   MESSAGE("scarce KV pool: " << s.preemptions << " preemptions in " << s.steps << " steps");
+ }
 }
 
 TEST_CASE("serve: bad requests are rejected with a message and the others are served") {
@@ -264,6 +316,34 @@ TEST_CASE("serve: the planner's inference budget is within 15 % of the runner's 
                               << plan.workspace << " " << plan.buffers);
   CHECK(double(m.kv_cache) == doctest::Approx(plan.kv_cache));  // the pool is exactly the planner's batch x context
   CHECK(std::abs(double(m.weights) - plan.weights) / plan.weights < 0.01);
+  CHECK(std::abs(double(m.total()) - plan.total()) / plan.total() < 0.15);
+}
+
+TEST_CASE("serve: the planner's inference budget of a mixture-of-experts model is within 15 %") {
+  // One process's model (the planner splits experts over TP, weft's serving
+  // keeps them whole on every TP rank, so the check is at tp = 1).
+  GPTConfig c;
+  c.layers = 4;
+  c.d_model = 128;
+  c.heads = 4;
+  c.seq = 128;
+  c.batch = 1;
+  c.vocab = 256;
+  c.experts = 4;
+  c.top_k = 2;
+  weft::nn::GPT<float> model(c);
+  EngineConfig ec;
+  ec.block_size = 16;
+  ec.max_seqs = 8;
+  ec.blocks = 8 * 128 / 16;
+  ec.token_budget = 128;
+  Engine<float> e(model, ec);
+  const ServeMemory m = e.runner().memory();
+  const auto plan = planned_memory(c, 1, ec);
+  MESSAGE("MoE measured weights " << m.weights << " kv " << m.kv_cache << " workspace " << m.workspace << "; planned "
+                                  << plan.weights << " " << plan.kv_cache << " " << plan.workspace);
+  CHECK(std::abs(double(m.weights) - plan.weights) / plan.weights < 0.01);
+  CHECK(std::abs(double(m.workspace) - plan.workspace) / plan.workspace < 0.15);
   CHECK(std::abs(double(m.total()) - plan.total()) / plan.total() < 0.15);
 }
 

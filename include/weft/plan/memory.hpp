@@ -399,6 +399,8 @@ inline InferenceBudget inference_memory(const ModelSpec& m, std::size_t tp, std:
   const double routed = m.experts ? double(m.top_k) : 1.0;
   b.workspace = c * (3 * D + double(m.qkv_cols()) / double(tp) + routed * double(m.up_cols() + m.hidden()) / double(tp)) * a +
                 double(q.batch) * double(m.vocab) / double(tp) * 4.0;
+  // A MoE block's router logits and its grouped expert inputs and outputs (top_k rows a token).
+  if (m.experts) b.workspace += c * (double(m.experts) + 2 * double(m.top_k) * D) * a;
   b.buffers = tp > 1 ? 2 * c * D * a : 0.0;
   b.headroom = headroom_fraction * b.total();
   return b;

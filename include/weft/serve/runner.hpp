@@ -7,12 +7,19 @@
 // loaded into it -- and, when the model's layer policy is tensor-parallel,
 // runs split as training does: heads, their KV cache, the MLP and the
 // vocabulary sharded over TP, one all-reduce after each row-parallel
-// product, and the vocabulary-split logits gathered for sampling.
+// product, and the vocabulary-split logits gathered for sampling. A block
+// with a mixture of experts (GPTConfig::experts) routes each token to its
+// top-k experts by the training router's rule, dropless (docs/serving.md);
+// its experts are whole on every TP rank, as in training.
 #pragma once
+
+#include <algorithm>
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <map>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -103,17 +110,51 @@ class ModelRunner {
       auto it = by_name.find(n);
       return it == by_name.end() ? nullptr : it->second;
     };
+    // A weight the runner cannot serve without: its absence is an error naming it.
+    auto need = [&](const std::string& n) {
+      auto* w = get(n);
+      WEFT_REQUIRE(w != nullptr, ConfigError, "serve::ModelRunner: the model has no parameter '", n,
+                   "' on this rank", cfg_.experts > 0 && n.find(".experts.") != std::string::npos
+                                          ? " (serving needs every expert on every rank: build the model without expert parallelism)"
+                                          : "");
+      return w;
+    };
+    auto expert = [&](const std::string& p) {
+      return ExpertWeights{need(p + ".up.weight"), need(p + ".up.bias"), need(p + ".down.weight"), need(p + ".down.bias")};
+    };
     tok_ = get("tok_emb.weight");
     pos_ = get("pos_emb.weight");
     for (std::size_t b = 0; b < cfg_.layers; ++b) {
       const std::string p = "blocks." + std::to_string(b) + ".";
-      blocks_.push_back({get(p + "ln1.weight"), get(p + "ln1.bias"), get(p + "attn.qkv.weight"),
-                         get(p + "attn.qkv.bias"), get(p + "attn.proj.weight"), get(p + "attn.proj.bias"),
-                         get(p + "ln2.weight"), get(p + "ln2.bias"), get(p + "mlp.up.weight"), get(p + "mlp.up.bias"),
-                         get(p + "mlp.down.weight"), get(p + "mlp.down.bias")});
+      const bool moe = cfg_.moe_block(b);
+      const bool ln = cfg_.norm == nn::NormKind::layernorm;
+      blocks_.push_back({need(p + "ln1.weight"), ln ? need(p + "ln1.bias") : nullptr, need(p + "attn.qkv.weight"),
+                         need(p + "attn.qkv.bias"), need(p + "attn.proj.weight"), get(p + "attn.proj.bias"),
+                         need(p + "ln2.weight"), ln ? need(p + "ln2.bias") : nullptr,
+                         moe ? ExpertWeights{} : expert(p + "mlp"), -1});
+      if (moe) {
+        MoEWeights m;
+        m.router = need(p + "mlp.router.weight");
+        m.bias = need(p + "mlp.router.expert_bias");
+        for (std::size_t e = 0; e < cfg_.experts; ++e) m.experts.push_back(expert(p + "mlp.experts." + std::to_string(e)));
+        for (std::size_t i = 0; i < cfg_.shared_experts; ++i) m.shared.push_back(expert(p + "mlp.shared." + std::to_string(i)));
+        blocks_.back().moe = int(moe_.size());
+        moe_.push_back(std::move(m));
+      }
     }
     lnf_w_ = get("ln_f.weight");
     lnf_b_ = get("ln_f.bias");
+    if (!moe_.empty()) {
+      const std::size_t slots = max_tokens * cfg_.top_k, ecols = cfg_.expert_width() * (cfg_.mlp == nn::MlpKind::swiglu ? 2 : 1);
+      moe_logits_ = Mat("serve.moe_logits", max_tokens, cfg_.experts);
+      moe_in_ = Mat("serve.moe_in", slots, cfg_.d_model);
+      moe_out_ = Mat("serve.moe_out", slots, cfg_.d_model);
+      moe_up_ = Mat("serve.moe_up", slots, ecols);
+      moe_act_ = Mat("serve.moe_act", slots, cfg_.expert_width());
+      moe_row_token_ = ops::Tokens<Space>("serve.moe_row_token", slots);
+      moe_slot_row_ = ops::Tokens<Space>("serve.moe_slot_row", slots);
+      moe_row_gate_ = ops::Vector<T, Space>("serve.moe_row_gate", slots);
+    }
     head_ = get("lm_head.weight");
     WEFT_REQUIRE(tok_ && head_ && lnf_w_, Error, "serve::ModelRunner: the model lacks its embedding, final norm or head");
     for (auto* p : model.parameters()) weight_bytes_ += p->size() * sizeof(T);
@@ -122,8 +163,10 @@ class ModelRunner {
     h_ = Mat("serve.norm_out", N, D);
     out_ = Mat("serve.block_out", N, D);
     qkv_ = Mat("serve.qkv", N, l_.qkv_cols());
-    up_ = Mat("serve.mlp_up", N, up_cols);
-    act_ = Mat("serve.mlp_act", N, l_.hidden());
+    if (cfg_.moe_blocks() < cfg_.layers) {  // some block has a dense MLP
+      up_ = Mat("serve.mlp_up", N, up_cols);
+      act_ = Mat("serve.mlp_act", N, l_.hidden());
+    }
     mean_ = ops::Vector<T, Space>("serve.norm_mean", N);
     rstd_ = ops::Vector<T, Space>("serve.norm_rstd", N);
     ids_ = ops::Tokens<Space>("serve.ids", N);
@@ -161,8 +204,11 @@ class ModelRunner {
     ServeMemory m;
     m.weights = weight_bytes_;
     m.kv_cache = cache_.bytes();
-    for (const Mat* v : {&x_, &h_, &out_, &qkv_, &up_, &act_, &hl_, &hn_, &logits_local_})
+    for (const Mat* v : {&x_, &h_, &out_, &qkv_, &up_, &act_, &hl_, &hn_, &logits_local_, &moe_logits_, &moe_in_,
+                         &moe_out_, &moe_up_, &moe_act_})
       m.workspace += nn::detail::bytes_of(*v);
+    m.workspace += nn::detail::bytes_of(moe_row_token_) + nn::detail::bytes_of(moe_slot_row_) +
+                   nn::detail::bytes_of(moe_row_gate_);
     m.workspace += nn::detail::bytes_of(mean_) + nn::detail::bytes_of(rstd_);
     m.buffers = nn::detail::bytes_of(logits_full_) + nn::detail::bytes_of(tables_) + 4 * nn::detail::bytes_of(ids_);
     return m;
@@ -184,8 +230,8 @@ class ModelRunner {
     upload(b);
     const std::size_t D = cfg_.d_model;
     auto rows = [&](const Mat& m, std::size_t n) { return Kokkos::subview(m, std::make_pair(std::size_t(0), n), Kokkos::ALL); };
-    auto x = rows(x_, N), h = rows(h_, N), out = rows(out_, N), qkv = rows(qkv_, N), up = rows(up_, N),
-         act = rows(act_, N);
+    auto x = rows(x_, N), h = rows(h_, N), out = rows(out_, N), qkv = rows(qkv_, N), up = rows(up_, up_.extent(0) ? N : 0),
+         act = rows(act_, act_.extent(0) ? N : 0);
     // The heads' outputs [N, D / tp] live in the norm output's storage, free once QKV has read it.
     Kokkos::View<T**, Kokkos::LayoutRight, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> heads(h_.data(), N, l_.d_model);
     auto mean = Kokkos::subview(mean_, std::make_pair(std::size_t(0), N));
@@ -210,14 +256,12 @@ class ModelRunner {
       row_parallel(heads, *w.proj_w, w.proj_b, out);
       ops::add(out, out, x);  // the residual stream between attention and MLP (Block's `mid`)
       norm(out, w.ln2_w, w.ln2_b, h, mean, rstd);
-      ops::gemm(ops::Trans::N, ops::Trans::N, T(1), h, w.up_w->matrix(), T(0), up);
-      if (cfg_.mlp == nn::MlpKind::gelu) {
-        ops::bias_gelu_forward(up, w.up_b->value, act);
+      if (w.moe >= 0) {
+        moe_forward(moe_[std::size_t(w.moe)], h, x, N);
       } else {
-        ops::bias_add(up, w.up_b->value);
-        ops::swiglu_forward(up, act);
+        mlp_up(h, w.mlp, up, act);
+        row_parallel(act, *w.mlp.down_w, w.mlp.down_b, x);
       }
-      row_parallel(act, *w.down_w, w.down_b, x);
       ops::add(x, x, out);
     }
     HostLogits result("serve.logits", R, cfg_.vocab);
@@ -246,10 +290,121 @@ class ModelRunner {
   }
 
  private:
-  struct BlockWeights {
-    nn::Parameter<T, Space>*ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *up_w, *up_b, *down_w,
-        *down_b;
+  struct ExpertWeights {  // a dense MLP's (or one expert's) weights
+    nn::Parameter<T, Space>*up_w = nullptr, *up_b = nullptr, *down_w = nullptr, *down_b = nullptr;
   };
+  struct MoEWeights {  // a mixture-of-experts block's router, selection bias and experts
+    nn::Parameter<T, Space>*router = nullptr, *bias = nullptr;
+    std::vector<ExpertWeights> experts, shared;
+  };
+  struct BlockWeights {
+    nn::Parameter<T, Space>*ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b;
+    ExpertWeights mlp;  // a dense block's MLP
+    int moe;            // index into moe_ of a MoE block; -1: dense
+  };
+  // act = activation(h up + b): GELU, or SwiGLU of the gate | value halves (as nn::MLP).
+  template <class HV, class UV, class AV>
+  void mlp_up(const HV& h, const ExpertWeights& w, const UV& up, const AV& act) const {
+    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), h, w.up_w->matrix(), T(0), up);
+    if (cfg_.mlp == nn::MlpKind::gelu) {
+      ops::bias_gelu_forward(up, w.up_b->value, act);
+    } else {
+      ops::bias_add(up, w.up_b->value);
+      ops::swiglu_forward(up, act);
+    }
+  }
+
+  // One expert (whole on this rank: no TP reduction) on `in`, rows [a, b) of
+  // the grouped buffers: their up-projection, activation and output.
+  template <class IV>
+  void expert_rows(const ExpertWeights& w, const IV& in, std::size_t a, std::size_t b) const {
+    if (a == b) return;  // an expert no token chose
+    const auto r = std::make_pair(a, b);
+    auto up = Kokkos::subview(moe_up_, r, Kokkos::ALL);
+    auto act = Kokkos::subview(moe_act_, r, Kokkos::ALL);
+    auto o = Kokkos::subview(moe_out_, r, Kokkos::ALL);
+    mlp_up(in, w, up, act);
+    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), act, w.down_w->matrix(), T(0), o);
+    ops::bias_add(o, w.down_b->value);
+  }
+
+  // Routing on the host, as nn::MoE's route() for one token: scores
+  // (softmax over the experts or a sigmoid each, in double), the top k of
+  // score + selection bias with ties to the lower expert, gates the chosen
+  // scores (over their sum unless normalize_gates is off). Dropless: each
+  // token's choices depend on its own logits alone, never on its batch.
+  // Fills the grouped-row maps (rows by expert, tokens ascending within an
+  // expert) and returns each expert's first row, [experts + 1].
+  std::vector<std::size_t> route(const MoEWeights& m, std::size_t n) {
+    const std::size_t E = cfg_.experts, K = cfg_.top_k;
+    auto lh = Kokkos::create_mirror_view(moe_logits_);
+    Kokkos::deep_copy(lh, moe_logits_);
+    auto bh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m.bias->value);
+    const bool softmax = cfg_.router == nn::RouterKind::softmax;
+    std::vector<int> choice(n * K), order(E);
+    std::vector<double> gate(n * K), p(E), key(E);
+    std::vector<std::size_t> offsets(E + 1, 0);
+    for (std::size_t t = 0; t < n; ++t) {
+      double mx = -std::numeric_limits<double>::infinity();
+      for (std::size_t e = 0; e < E; ++e) mx = std::max(mx, double(lh(t, e)));
+      double se = 0;
+      for (std::size_t e = 0; e < E; ++e) se += std::exp(double(lh(t, e)) - mx);
+      const double lse = mx + std::log(se);
+      for (std::size_t e = 0; e < E; ++e) {
+        const double u = double(lh(t, e));
+        p[e] = softmax ? std::exp(u - lse) : 1.0 / (1.0 + std::exp(-u));
+        key[e] = p[e] + double(bh(e));
+      }
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + long(K), order.end(),
+                        [&](int a, int b) { return key[a] > key[b] || (key[a] == key[b] && a < b); });
+      double gsum = 0;
+      for (std::size_t q = 0; q < K; ++q) gsum += p[std::size_t(order[q])];
+      for (std::size_t q = 0; q < K; ++q) {
+        const std::size_t e = std::size_t(order[q]);
+        choice[t * K + q] = int(e);
+        gate[t * K + q] = cfg_.normalize_gates ? p[e] / gsum : p[e];
+        ++offsets[e + 1];
+      }
+    }
+    for (std::size_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+    auto row_token = Kokkos::create_mirror_view(moe_row_token_);
+    auto slot_row = Kokkos::create_mirror_view(moe_slot_row_);
+    auto row_gate = Kokkos::create_mirror_view(moe_row_gate_);
+    std::vector<std::size_t> next(offsets.begin(), offsets.end() - 1);
+    for (std::size_t t = 0; t < n; ++t)  // tokens ascending: each expert's rows in token order
+      for (std::size_t q = 0; q < K; ++q) {
+        const std::size_t r = next[std::size_t(choice[t * K + q])]++;
+        row_token(r) = int(t);
+        row_gate(r) = T(gate[t * K + q]);
+        slot_row(t * K + q) = int(r);
+      }
+    Kokkos::deep_copy(moe_row_token_, row_token);
+    Kokkos::deep_copy(moe_slot_row_, slot_row);
+    Kokkos::deep_copy(moe_row_gate_, row_gate);
+    return offsets;
+  }
+
+  // y = the block's mixture of experts of h ([n, D]): router, dropless top-k
+  // routing, one gemm chain per expert on its rows, the gate-weighted sum in
+  // choice order, then the shared experts (nn::MoE::forward's order of sums).
+  template <class HV, class YV>
+  void moe_forward(const MoEWeights& m, const HV& h, const YV& y, std::size_t n) {
+    auto logits = Kokkos::subview(moe_logits_, std::make_pair(std::size_t(0), n), Kokkos::ALL);
+    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), h, m.router->matrix(), T(0), logits);
+    const auto offsets = route(m, n);
+    moe_gather(h, offsets[cfg_.experts]);
+    for (std::size_t e = 0; e < cfg_.experts; ++e) {
+      const auto r = std::make_pair(offsets[e], offsets[e + 1]);
+      expert_rows(m.experts[e], Kokkos::subview(moe_in_, r, Kokkos::ALL), r.first, r.second);
+    }
+    moe_combine(y, n);
+    const auto first = std::make_pair(std::size_t(0), n);
+    for (const auto& w : m.shared) {  // every token through each shared expert, added after the routed sum
+      expert_rows(w, h, 0, n);        // (the grouped buffers' first n rows are free once combined)
+      ops::add(y, y, Kokkos::subview(moe_out_, first, Kokkos::ALL));
+    }
+  }
 
   void upload(const StepBatch& b) {
     const std::size_t N = b.tokens.size();
@@ -299,6 +454,37 @@ class ModelRunner {
   // Internal, not part of the API: the kernels of a step. They are public
   // only because nvcc refuses extended (KOKKOS_LAMBDA) lambdas inside private
   // or protected member functions; call forward() instead.
+
+  /// Internal: row r of the grouped expert input is h(token of row r, :), for the first `rows` rows.
+  template <class HV>
+  void moe_gather(const HV& h, std::size_t rows) const {
+    const auto in = moe_in_;
+    const auto rt = moe_row_token_;
+    const std::size_t D = cfg_.d_model;
+    Kokkos::parallel_for(
+        "weft::serve::moe_gather", Kokkos::RangePolicy<typename Space::execution_space>(0, rows * D),
+        KOKKOS_LAMBDA(std::size_t i) { in(i / D, i % D) = h(std::size_t(rt(i / D)), i % D); });
+  }
+
+  /// Internal: y(t, :) = sum over token t's k choices, in choice order, of gate x expert output.
+  template <class YV>
+  void moe_combine(const YV& y, std::size_t n) const {
+    const auto o = moe_out_;
+    const auto sr = moe_slot_row_;
+    const auto g = moe_row_gate_;
+    const std::size_t D = cfg_.d_model, K = cfg_.top_k;
+    Kokkos::parallel_for(
+        "weft::serve::moe_combine", Kokkos::RangePolicy<typename Space::execution_space>(0, n * D),
+        KOKKOS_LAMBDA(std::size_t i) {
+          const std::size_t t = i / D, j = i % D;
+          T acc = 0;
+          for (std::size_t q = 0; q < K; ++q) {
+            const std::size_t r = std::size_t(sr(t * K + q));
+            acc += g(r) * o(r, j);
+          }
+          y(t, j) = acc;
+        });
+  }
 
   /// Internal: x(i, :) += P(position of token i, :) for the N tokens of the step.
   template <class XV>
@@ -397,6 +583,10 @@ class ModelRunner {
   KVCache<T, Space> cache_;
   nn::Parameter<T, Space>*tok_ = nullptr, *pos_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr, *head_ = nullptr;
   std::vector<BlockWeights> blocks_;
+  std::vector<MoEWeights> moe_;  // the MoE blocks' weights
+  Mat moe_logits_, moe_in_, moe_out_, moe_up_, moe_act_;  // a MoE block's router logits and grouped rows
+  ops::Tokens<Space> moe_row_token_, moe_slot_row_;
+  ops::Vector<T, Space> moe_row_gate_;
   std::size_t weight_bytes_ = 0;
   Mat x_, h_, out_, qkv_, up_, act_, hl_, hn_, logits_local_, logits_full_;
   ops::Vector<T, Space> mean_, rstd_;
