@@ -294,7 +294,10 @@ TEST_CASE("serve: seeded sampling is reproducible and independent of the batch")
   CHECK(serve(model, ec, greedy).tokens != together.tokens);
 }
 
-TEST_CASE("serve: the planner's inference budget is within 15 % of the runner's memory") {
+namespace {
+// The model and engine of the budget checks: L 4, D 128, context 128, 8
+// sequences over 64 blocks of 16 (the planner's batch x context).
+GPTConfig budget_model() {
   GPTConfig c;
   c.layers = 4;
   c.d_model = 128;
@@ -302,12 +305,22 @@ TEST_CASE("serve: the planner's inference budget is within 15 % of the runner's 
   c.seq = 128;
   c.batch = 1;
   c.vocab = 256;
-  weft::nn::GPT<float, TPOnly> model(c, weft::test::world());
+  return c;
+}
+EngineConfig budget_engine() {
   EngineConfig ec;
   ec.block_size = 16;
   ec.max_seqs = 8;
-  ec.blocks = 8 * 128 / 16;  // the planner's batch x context
+  ec.blocks = 8 * 128 / 16;
   ec.token_budget = 128;
+  return ec;
+}
+}  // namespace
+
+TEST_CASE("serve: the planner's inference budget is within 15 % of the runner's memory") {
+  const GPTConfig c = budget_model();
+  weft::nn::GPT<float, TPOnly> model(c, weft::test::world());
+  const EngineConfig ec = budget_engine();
   Engine<float, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> e(model, ec);
   const ServeMemory m = e.runner().memory();
   const auto plan = planned_memory(c, std::size_t(weft::test::world().size()), ec);
@@ -322,21 +335,11 @@ TEST_CASE("serve: the planner's inference budget is within 15 % of the runner's 
 TEST_CASE("serve: the planner's inference budget of a mixture-of-experts model is within 15 %") {
   // One process's model (the planner splits experts over TP, weft's serving
   // keeps them whole on every TP rank, so the check is at tp = 1).
-  GPTConfig c;
-  c.layers = 4;
-  c.d_model = 128;
-  c.heads = 4;
-  c.seq = 128;
-  c.batch = 1;
-  c.vocab = 256;
+  GPTConfig c = budget_model();
   c.experts = 4;
   c.top_k = 2;
   weft::nn::GPT<float> model(c);
-  EngineConfig ec;
-  ec.block_size = 16;
-  ec.max_seqs = 8;
-  ec.blocks = 8 * 128 / 16;
-  ec.token_budget = 128;
+  const EngineConfig ec = budget_engine();
   Engine<float> e(model, ec);
   const ServeMemory m = e.runner().memory();
   const auto plan = planned_memory(c, 1, ec);

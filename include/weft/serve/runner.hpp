@@ -14,7 +14,6 @@
 #pragma once
 
 #include <algorithm>
-
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -154,6 +153,11 @@ class ModelRunner {
       moe_row_token_ = ops::Tokens<Space>("serve.moe_row_token", slots);
       moe_slot_row_ = ops::Tokens<Space>("serve.moe_slot_row", slots);
       moe_row_gate_ = ops::Vector<T, Space>("serve.moe_row_gate", slots);
+      // Host sides of the routing, allocated once (a mirror is the view itself on a host space).
+      moe_logits_h_ = Kokkos::create_mirror_view(moe_logits_);
+      moe_row_token_h_ = Kokkos::create_mirror_view(moe_row_token_);
+      moe_slot_row_h_ = Kokkos::create_mirror_view(moe_slot_row_);
+      moe_row_gate_h_ = Kokkos::create_mirror_view(moe_row_gate_);
     }
     head_ = get("lm_head.weight");
     WEFT_REQUIRE(tok_ && head_ && lnf_w_, Error, "serve::ModelRunner: the model lacks its embedding, final norm or head");
@@ -337,9 +341,10 @@ class ModelRunner {
   // expert) and returns each expert's first row, [experts + 1].
   std::vector<std::size_t> route(const MoEWeights& m, std::size_t n) {
     const std::size_t E = cfg_.experts, K = cfg_.top_k;
-    auto lh = Kokkos::create_mirror_view(moe_logits_);
-    Kokkos::deep_copy(lh, moe_logits_);
-    auto bh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m.bias->value);
+    const auto first = [](std::size_t k) { return std::make_pair(std::size_t(0), k); };
+    const auto lh = moe_logits_h_;
+    Kokkos::deep_copy(Kokkos::subview(lh, first(n), Kokkos::ALL), Kokkos::subview(moe_logits_, first(n), Kokkos::ALL));
+    auto bh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m.bias->value);  // [experts], small
     const bool softmax = cfg_.router == nn::RouterKind::softmax;
     std::vector<int> choice(n * K), order(E);
     std::vector<double> gate(n * K), p(E), key(E);
@@ -368,9 +373,9 @@ class ModelRunner {
       }
     }
     for (std::size_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
-    auto row_token = Kokkos::create_mirror_view(moe_row_token_);
-    auto slot_row = Kokkos::create_mirror_view(moe_slot_row_);
-    auto row_gate = Kokkos::create_mirror_view(moe_row_gate_);
+    const auto row_token = moe_row_token_h_;
+    const auto slot_row = moe_slot_row_h_;
+    const auto row_gate = moe_row_gate_h_;
     std::vector<std::size_t> next(offsets.begin(), offsets.end() - 1);
     for (std::size_t t = 0; t < n; ++t)  // tokens ascending: each expert's rows in token order
       for (std::size_t q = 0; q < K; ++q) {
@@ -379,9 +384,10 @@ class ModelRunner {
         row_gate(r) = T(gate[t * K + q]);
         slot_row(t * K + q) = int(r);
       }
-    Kokkos::deep_copy(moe_row_token_, row_token);
-    Kokkos::deep_copy(moe_slot_row_, slot_row);
-    Kokkos::deep_copy(moe_row_gate_, row_gate);
+    const auto slots = first(n * K);  // only this pass's rows travel
+    Kokkos::deep_copy(Kokkos::subview(moe_row_token_, slots), Kokkos::subview(row_token, slots));
+    Kokkos::deep_copy(Kokkos::subview(moe_slot_row_, slots), Kokkos::subview(slot_row, slots));
+    Kokkos::deep_copy(Kokkos::subview(moe_row_gate_, slots), Kokkos::subview(row_gate, slots));
     return offsets;
   }
 
@@ -587,6 +593,9 @@ class ModelRunner {
   Mat moe_logits_, moe_in_, moe_out_, moe_up_, moe_act_;  // a MoE block's router logits and grouped rows
   ops::Tokens<Space> moe_row_token_, moe_slot_row_;
   ops::Vector<T, Space> moe_row_gate_;
+  typename Mat::HostMirror moe_logits_h_;
+  typename ops::Tokens<Space>::HostMirror moe_row_token_h_, moe_slot_row_h_;
+  typename ops::Vector<T, Space>::HostMirror moe_row_gate_h_;
   std::size_t weight_bytes_ = 0;
   Mat x_, h_, out_, qkv_, up_, act_, hl_, hn_, logits_local_, logits_full_;
   ops::Vector<T, Space> mean_, rstd_;
