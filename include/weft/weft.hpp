@@ -12,6 +12,8 @@
 #include <weft/comm/request.hpp>
 #include <weft/comm/comm.hpp>
 #include <weft/comm/environment.hpp>
+#include <weft/comm/transport.hpp>
+#include <weft/comm/node_local.hpp>
 #include <weft/mesh/axis.hpp>
 #include <weft/mesh/mesh.hpp>
 #include <weft/ops/ops.hpp>

@@ -189,3 +189,45 @@ TEST_CASE("NodeShared misuse gives errors that say what to do") {
   const auto e4 = error_text([&] { (void)shm.view<float>("late", 4); });
   CHECK(contains(e4, "after release()"));
 }
+
+TEST_CASE("the transport is a type: transport::Mpi takes none of the node-local paths") {
+  static_assert(std::is_same_v<transport::default_for_t<Kokkos::HostSpace>, transport::NodeLocal>);
+  static_assert(std::is_same_v<CommOver<transport::NodeLocal>, Comm>);
+  static_assert(std::is_same_v<CommOver<transport::Mpi>, Comm>);
+  static_assert(Transport<transport::Mpi> && Transport<transport::NodeLocal> && Transport<transport::Nccl>);
+  static_assert(!Transport<int> && !Transport<Replicate>);
+  auto& world = weft::test::world();
+  Mesh<TP> mesh(world, world.size());
+  NodeShared shm(mesh);
+  using X = BasicDistView<float, dextents<2>, Host, On<TP, Shard<1>>>;
+  const std::size_t rows = 2 * static_cast<std::size_t>(world.size()), cols = 8 * static_cast<std::size_t>(world.size());
+  auto x = shm.dist_view<X>(mesh, rows, cols);
+  fill(x, identity<float>());
+  const bool direct = direct_expected<TP>(mesh);
+  const auto direct0 = NodeShared::direct_redistributions();
+  const auto staged0 = staged_redistributions();
+  const auto cma0 = cross_memory_redistributions();
+  const CommStats before = mesh.axis<TP>().stats();
+
+  auto y = redistribute<Replicate, transport::Mpi>(x, TP{});
+  CHECK(wrong("Mpi to Replicate", mismatches(y, identity<float>())) == wrong("Mpi to Replicate", 0));
+  auto z = redistribute<Shard<0>, transport::Mpi>(x, TP{});
+  CHECK(wrong("Mpi to Shard<0>", mismatches(z, identity<float>())) == wrong("Mpi to Shard<0>", 0));
+  redistribute<Replicate, transport::Mpi>(x, TP{}, y);
+  CHECK(wrong("Mpi into Replicate", mismatches(y, identity<float>())) == wrong("Mpi into Replicate", 0));
+  CHECK(NodeShared::direct_redistributions() == direct0);
+  CHECK(staged_redistributions() == staged0);
+  CHECK(cross_memory_redistributions() == cma0);
+  CHECK(mesh.axis<TP>().stats()[CommKind::all_gather].calls == before[CommKind::all_gather].calls + 2);
+  CHECK(mesh.axis<TP>().stats()[CommKind::all_to_all].calls == before[CommKind::all_to_all].calls + 1);
+
+  // Named NodeLocal is the default: the same views take the node-shared path.
+  redistribute<Replicate, transport::NodeLocal>(x, TP{}, y);
+  CHECK(wrong("NodeLocal into Replicate", mismatches(y, identity<float>())) == wrong("NodeLocal into Replicate", 0));
+  auto w = redistribute<Shard<0>>(x, TP{});
+  CHECK(wrong("default to Shard<0>", mismatches(w, identity<float>())) == wrong("default to Shard<0>", 0));
+  CHECK(NodeShared::direct_redistributions() == direct0 + (direct ? 2 : 0));
+  // Placed on one rank, no transport moves anything.
+  auto same = redistribute<Shard<1>, transport::Mpi>(x, TP{});
+  CHECK(same.local().data() == x.local().data());
+}

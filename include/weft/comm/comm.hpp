@@ -330,7 +330,7 @@ class Comm {
   /// the largest local input staged so far (rounded up to 64 KiB) and 64
   /// bytes of alignment. It never shrinks and is freed with the communicator.
   std::size_t node_shared_staging_bytes() const noexcept { return core_->staging_bytes; }
-  /// Internal to weft (weft/placement/node_shared.hpp): the shared state
+  /// Internal to weft (weft/comm/node_local.hpp): the shared state
   /// redistribute keeps per communicator for staging — whether the ranks
   /// share one node, the scratch window and its size. The window is released
   /// before the communicator is freed.

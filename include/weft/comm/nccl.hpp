@@ -32,20 +32,12 @@
 #include <vector>
 
 #include <weft/comm/comm.hpp>
+#include <weft/comm/transport.hpp>
 
 static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0), "weft::NcclComm needs NCCL 2.13 or newer (ncclAvg, ncclGetLastError)");
 
 namespace weft {
 
-/// Transports of a communicator, as types: code templated on its transport
-/// selects the communicator with CommOver<Transport>.
-namespace transport {
-/// MPI (weft::Comm): host views, and device views through GPU-aware MPI or
-/// host staging.
-struct Mpi {};
-/// NCCL (weft::NcclComm): CUDA device views, on their execution space's stream.
-struct Nccl {};
-}  // namespace transport
 
 class NcclComm;
 
@@ -610,21 +602,10 @@ class NcclComm {
 };
 
 namespace detail {
-template <class Transport>
-struct comm_over;
-template <>
-struct comm_over<transport::Mpi> {
-  using type = Comm;
-};
 template <>
 struct comm_over<transport::Nccl> {
   using type = NcclComm;
 };
 }  // namespace detail
-
-/// The communicator of a transport: CommOver<transport::Mpi> is weft::Comm,
-/// CommOver<transport::Nccl> weft::NcclComm.
-template <class Transport>
-using CommOver = typename detail::comm_over<Transport>::type;
 
 }  // namespace weft

@@ -22,10 +22,11 @@
 #include <Kokkos_Core.hpp>
 
 #include <weft/comm/comm.hpp>
+#include <weft/comm/node_local.hpp>
 #include <weft/comm/request.hpp>
+#include <weft/comm/transport.hpp>
 #include <weft/core/error.hpp>
 #include <weft/placement/dist_view.hpp>
-#include <weft/placement/node_shared.hpp>
 #include <weft/placement/placement.hpp>
 
 namespace weft {
@@ -172,21 +173,7 @@ inline constexpr bool host_runs = Kokkos::SpaceAccessibility<Exec, Kokkos::HostS
 // the datatype path wins from 16 MiB on and loses at 1-4 MiB.
 template <class Space>
 inline constexpr bool blocked_layouts = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible;
-// 8 MiB by default; the environment variable WEFT_BLOCKED_LAYOUT_MIN_BYTES
-// overrides it (0: always; the tests run both paths that way). Read once.
-inline std::size_t blocked_layout_min_bytes() {
-  static const std::size_t v = [] {
-    if (const char* e = std::getenv("WEFT_BLOCKED_LAYOUT_MIN_BYTES")) {
-      char* end = nullptr;
-      const unsigned long long n = std::strtoull(e, &end, 10);
-      WEFT_REQUIRE(end != e && *end == '\0', ConfigError,
-                   "WEFT_BLOCKED_LAYOUT_MIN_BYTES must be a byte count such as 8388608, got '", e, "'");
-      return static_cast<std::size_t>(n);
-    }
-    return std::size_t(8) << 20;
-  }();
-  return v;
-}
+// blocked_layout_min_bytes() (comm/node_local.hpp) is the size threshold.
 
 // The layout of the p blocks of a (outer, p*m, inner) buffer split along its
 // middle dimension: block r is outer runs of m*inner elements.
@@ -308,80 +295,53 @@ Kokkos::View<T*, Space> scratch(std::size_t n, const char* label) {
   return ScratchCache<T, Space>::get().acquire(n, label);
 }
 
-// Puts the node-shared paths in front of a Shard -> Replicate or Shard ->
-// Shard stage on host memory: when the axis has it on (NodeShared) and every
-// rank's input lies in one node-shared window, each rank copies its peers'
-// chunks straight into its result (detail::copy_peer_chunks with n, a, pa,
-// ca, b) and the collective, and its finish, are skipped; otherwise, when
-// `stage` (the planned path packs, unpacks or hands MPI a derived datatype:
-// a split along a non-leading dimension), the axis stages
-// (Comm::node_shared_staging) and its ranks share a node,
-// the inputs go through the axis' staging window
-// (stage_through_node_shared) and the collective is skipped too; otherwise
-// the stage runs as planned. Before staging, below blocked_layout_min_bytes(),
-// it tries reading the peers' inputs with cross-memory attach
-// (read_peers_cross_memory, Comm::cross_memory_attach), which needs no
-// shared window. Decided in start, when the input is ready, by every
-// rank alike. The copy is recorded in the axis' statistics as one call of
-// `kind` moving `bytes`.
-template <class Exec, class T, class Src, class Dst>
-Stage with_node_shared(Stage planned, Comm* cm, Src src, Dst dst, CommKind kind, std::uint64_t bytes, std::size_t n,
-                       std::size_t a, std::size_t pa, std::size_t ca, std::size_t b, bool stage) {
-  auto took = std::make_shared<bool>(false);
-  Stage s;
-  s.start = [=, start = std::move(planned.start)](bool nb) {
-    *took = false;
-    if (cm->node_shared_peers()) {
-      const double t0 = now_seconds();
-      Exec().fence();
-      const SharedPeers peers = find_shared_peers(*cm, src.data(), src.size() * sizeof(T));
-      if (peers) {
-        copy_peer_chunks<T>(peers.ptrs, dst.data(), n, a, pa, ca, b);
-        release_shared_peers(*cm, peers);
-        cm->record(kind, bytes, now_seconds() - t0);
-        *took = true;
-        return Request();
-      }
-    }
-    // Below the size from which MPI's derived datatypes place the blocks
-    // (blocked_layout_min_bytes), where the planned path packs or unpacks:
-    // above it, MPI's pipelined copies measured faster than one rank reading
-    // a whole strided chunk (docs/placement.md, "Cross-memory reads").
-    if (stage && bytes < blocked_layout_min_bytes() && cm->cross_memory_attach()) {
-      const double t0 = now_seconds();
-      Exec().fence();
-      if (read_peers_cross_memory<T>(*cm, src.data(), src.size() * sizeof(T), dst.data(), n, a, pa, ca, b)) {
-        cm->record(kind, bytes, now_seconds() - t0);
-        *took = true;
-        return Request();
-      }
-    }
-    if (stage && cm->node_shared_staging()) {
-      const double t0 = now_seconds();
-      Exec().fence();
-      if (stage_through_node_shared<T>(*cm, src.data(), src.size() * sizeof(T), dst.data(), n, a, pa, ca, b)) {
-        cm->record(kind, bytes, now_seconds() - t0);
-        *took = true;
-        return Request();
-      }
-    }
-    return start(nb);
-  };
-  if (planned.finish)
-    s.finish = [took, finish = std::move(planned.finish)] {
-      if (!*took) finish();
+// Puts the node-local paths of transport Tr (exchange_in_node,
+// comm/node_local.hpp) in front of a Shard -> Replicate or Shard -> Shard
+// stage on host memory: when one of them moves the chunks of `layout`
+// straight into the result, the planned collective and its finish are
+// skipped; otherwise the stage runs as planned. Decided in start, when the
+// input is ready, by every rank alike. For a transport without node-local
+// paths (transport::Mpi) the stage is returned as planned.
+template <class Tr, class Exec, class T, class Src, class Dst>
+Stage with_transport(Stage planned, Comm* cm, Src src, Dst dst, CommKind kind, std::uint64_t bytes,
+                     const ChunkLayout& layout) {
+  if constexpr (!std::is_same_v<Tr, transport::NodeLocal>) {
+    (void)cm, (void)src, (void)dst, (void)kind, (void)bytes, (void)layout;
+    return planned;
+  } else {
+    auto took = std::make_shared<bool>(false);
+    Stage s;
+    s.start = [=, start = std::move(planned.start)](bool nb) {
+      *took = exchange_in_node<Tr, Exec, T>(*cm, src.data(), src.size(), dst.data(), layout, kind, bytes);
+      if (*took) return Request();
+      return start(nb);
     };
-  return s;
+    if (planned.finish)
+      s.finish = [took, finish = std::move(planned.finish)] {
+        if (!*took) finish();
+      };
+    return s;
+  }
 }
 
 // Plans one step over Axis from x into out (already allocated, of the result
-// type). The branch taken is fixed at compile time by (From, To).
-template <class Axis, class To, class DV, class Out>
+// type). The branch taken is fixed at compile time by (From, To); the
+// transport Tr (void: transport::default_for_t of the view's memory space)
+// chooses how the bytes move.
+template <class Axis, class To, class TrOrVoid = void, class DV, class Out>
 Stage plan_step(const DV& x, const Out& out, Comm& comm) {
   using From = typename DV::template placement_on<Axis>;
   using T = typename DV::value_type;
   using Exec = typename DV::execution_space;
   using Space = typename DV::memory_space;
+  using Tr = std::conditional_t<std::is_void_v<TrOrVoid>, transport::default_for_t<Space>, TrOrVoid>;
+  static_assert(!std::is_same_v<Tr, transport::Nccl>,
+                "weft::redistribute: transport::Nccl needs a weft::NcclComm; redistribute moves its bytes over the "
+                "mesh's weft::Comm (transport::Mpi or transport::NodeLocal)");
+  static_assert(!std::is_same_v<Tr, transport::NodeLocal> ||
+                    Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible,
+                "weft::redistribute: transport::NodeLocal copies with the host, and this view's memory is not "
+                "host-accessible; use transport::Mpi for device views");
   const std::size_t p = static_cast<std::size_t>(comm.size());
   const std::size_t c = static_cast<std::size_t>(comm.rank());
   Comm* cm = &comm;
@@ -421,8 +381,8 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
       s.finish = [buf, dst, sp, p] { unpack_blocks<Exec>(buf, flat(dst), sp, p); };
     }
     if constexpr (blocked_layouts<Space>)
-      s = with_node_shared<Exec, T>(std::move(s), cm, src, dst, CommKind::all_gather, dst.size() * sizeof(T),
-                                    src.size(), src.size(), 1, 0, sp.mid * sp.inner, sp.outer != 1);
+      s = with_transport<Tr, Exec, T>(std::move(s), cm, src, dst, CommKind::all_gather, dst.size() * sizeof(T),
+                                      ChunkLayout{src.size(), src.size(), 1, 0, sp.mid * sp.inner, sp.outer != 1});
   } else if constexpr (is_partial_v<From> && is_replicate_v<To>) {
     constexpr ReduceOp op = From::op::op;
     s.start = [cm, src, dst](bool nb) {
@@ -465,10 +425,10 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
         cm->all_to_all(flat(src), send_layout, flat(dst), recv_layout);
         return Request();
       };
-      return with_node_shared<Exec, T>(std::move(s), cm, src, dst, CommKind::all_to_all, src.size() * sizeof(T),
-                                       src.size() / p, send_split.mid / p * send_split.inner, p, c,
-                                       recv_split.mid * recv_split.inner,
-                                       send_split.outer != 1 || recv_split.outer != 1);
+      return with_transport<Tr, Exec, T>(
+          std::move(s), cm, src, dst, CommKind::all_to_all, src.size() * sizeof(T),
+          ChunkLayout{src.size() / p, send_split.mid / p * send_split.inner, p, c, recv_split.mid * recv_split.inner,
+                      send_split.outer != 1 || recv_split.outer != 1});
     }
     Buf send_buf = send_split.outer == 1 ? Buf() : scratch<Exec, T, Space>(src.size(), "weft::redistribute::packed");
     Buf recv_buf = recv_split.outer == 1 ? Buf() : scratch<Exec, T, Space>(dst.size(), "weft::redistribute::received");
@@ -485,9 +445,10 @@ Stage plan_step(const DV& x, const Out& out, Comm& comm) {
     };
     if (recv_buf.data()) s.finish = [recv_buf, dst, recv_split, p] { unpack_blocks<Exec>(recv_buf, flat(dst), recv_split, p); };
     if constexpr (blocked_layouts<Space>)
-      s = with_node_shared<Exec, T>(std::move(s), cm, src, dst, CommKind::all_to_all, src.size() * sizeof(T),
-                                    src.size() / p, send_split.mid / p * send_split.inner, p, c,
-                                    recv_split.mid * recv_split.inner, send_split.outer != 1 || recv_split.outer != 1);
+      s = with_transport<Tr, Exec, T>(
+          std::move(s), cm, src, dst, CommKind::all_to_all, src.size() * sizeof(T),
+          ChunkLayout{src.size() / p, send_split.mid / p * send_split.inner, p, c, recv_split.mid * recv_split.inner,
+                      send_split.outer != 1 || recv_split.outer != 1});
   } else if constexpr (is_replicate_v<From> && is_shard_v<To>) {
     const Split3 sp = split3(x.local_extents(), To::dim);
     s.start = [src, dst, sp, p, c](bool) {
@@ -626,6 +587,39 @@ void redistribute(const DV& x, Axis, const redistributed_t<DV, Axis, To>& out) {
   static_assert(detail::check_step<DV, Axis, To>());
   detail::check_same_global(x, out);
   auto s = detail::plan_step<Axis, To>(x, out, x.template comm<Axis>());
+  Request r = s.start(false);
+  r.wait();
+  if (s.finish) s.finish();
+}
+
+/// As redistribute<To>(x, Axis{}), with the transport named: Tr is
+/// weft::transport::NodeLocal (the default for host memory: the node-local
+/// paths of comm/node_local.hpp in front of MPI's collective) or
+/// weft::transport::Mpi (MPI's collective only; the default for device
+/// memory). The result is the same element for element; only the path the
+/// bytes take differs.
+///   auto y = weft::redistribute<weft::Replicate, weft::transport::Mpi>(x, weft::TP{});
+template <Placement To, Transport Tr, DistributedView DV, AxisTag Axis>
+redistributed_t<DV, Axis, To> redistribute(const DV& x, Axis) {
+  static_assert(detail::check_step<DV, Axis, To>());
+  using Out = redistributed_t<DV, Axis, To>;
+  Out out = detail::make_output<Axis, To>(x);
+  if constexpr (!std::is_same_v<typename DV::template placement_on<Axis>, To>) {
+    auto s = detail::plan_step<Axis, To, Tr>(x, out, x.template comm<Axis>());
+    Request r = s.start(false);
+    r.wait();
+    if (s.finish) s.finish();
+  }
+  return out;
+}
+
+/// As above, writing into `out` (a DistView of the result type and the same
+/// global extents).
+template <Placement To, Transport Tr, DistributedView DV, AxisTag Axis>
+void redistribute(const DV& x, Axis, const redistributed_t<DV, Axis, To>& out) {
+  static_assert(detail::check_step<DV, Axis, To>());
+  detail::check_same_global(x, out);
+  auto s = detail::plan_step<Axis, To, Tr>(x, out, x.template comm<Axis>());
   Request r = s.start(false);
   r.wait();
   if (s.finish) s.finish();
