@@ -9,7 +9,10 @@
 #
 # Options: --build DIR (the copied sources and build trees; default
 # <prefix>-build), --jobs N (default: the core count), --cxx CXX (host
-# compiler; default g++). The source trees are never modified: each is
+# compiler; default g++), --no-eti (no explicit instantiations in Kokkos
+# Kernels: programs instantiate what they call from its headers; 4 source
+# files instead of 88, which makes a CUDA Kernels build minutes instead of
+# hours on a small machine). The source trees are never modified: each is
 # copied (without .git) into the build directory, and the copy is patched.
 #
 # openmp: Serial + OpenMP, built with --cxx.
@@ -20,16 +23,18 @@
 #         a device number), which Kokkos 4.6 still calls the old way, and
 #         rejects nvcc_wrapper's default sm_70. With nvcc >= 13 the script adds
 #         a header to the copied Kokkos that declares the old signatures as
-#         inline overloads forwarding to the new ones, and builds with
-#         NVCC_WRAPPER_DEFAULT_ARCH set from the architecture; export the same
-#         NVCC_WRAPPER_DEFAULT_ARCH when you configure weft with that nvcc_wrapper.
+#         inline overloads forwarding to the new ones; in every case it sets
+#         the copied nvcc_wrapper's default architecture (a hard-coded
+#         default_arch in 4.6) to the one given, so the installed wrapper
+#         compiles for it with no -arch flag.
 # Both: shared libraries, Kokkos Kernels' BLAS and batched components with
 # the system BLAS as its TPL (as Debian's Kokkos Kernels), Release.
 set -euo pipefail
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 kokkos_src="" kernels_src="" prefix="" build="" backend="" arch="HOPPER90" cxx="${CXX:-g++}"
 jobs="$(nproc 2> /dev/null || echo 2)"
+eti=ON
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --kokkos) kokkos_src="$2"; shift 2 ;;
@@ -39,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --arch) arch="$2"; shift 2 ;;
     --jobs) jobs="$2"; shift 2 ;;
     --cxx) cxx="$2"; shift 2 ;;
+    --no-eti) eti=OFF; shift ;;
     openmp|cuda) backend="$1"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "build_kokkos.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -67,6 +73,10 @@ copy_tree() {
 }
 copy_tree "$kokkos_src" "$build/kokkos-src"
 copy_tree "$kernels_src" "$build/kokkos-kernels-src"
+# Fresh build trees too: a cache left by a failed configure (e.g. the
+# compiler checks under another default architecture) keeps what it found,
+# such as an "Unknown" executable format, which then breaks the install step.
+rm -rf "$build/kokkos" "$build/kokkos-kernels"
 
 kokkos_opts=(-DKokkos_ENABLE_SERIAL=ON)
 case "$backend" in
@@ -81,6 +91,13 @@ case "$backend" in
     export NVCC_WRAPPER_DEFAULT_ARCH="sm_${sm}" NVCC_WRAPPER_DEFAULT_COMPILER="$cxx"
     kokkos_opts+=(-DKokkos_ENABLE_CUDA=ON "-DKokkos_ARCH_${arch}=ON")
     compiler="$build/kokkos-src/bin/nvcc_wrapper"
+    # nvcc_wrapper 4.6 hard-codes default_arch="sm_70" and reads no variable
+    # for it: the copy (which is what gets installed) defaults to this
+    # architecture instead, so weft's own builds with the installed wrapper
+    # need no -arch either.
+    grep -q '^default_arch="sm_[0-9]*"' "$compiler" || die "cuda: $compiler has no default_arch line to set to sm_${sm}"
+    sed -i "s/^default_arch=\"sm_[0-9]*\"/default_arch=\"sm_${sm}\"/" "$compiler"
+    echo "build_kokkos.sh: nvcc_wrapper's default architecture set to sm_${sm}"
     nvcc_major="$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')"
     if [[ "${nvcc_major:-0}" -ge 13 ]]; then
       setup="$build/kokkos-src/core/src/setup/Kokkos_Setup_Cuda.hpp"
@@ -134,7 +151,9 @@ kernels_compiler="$compiler"
 common=("${common[@]/#-DCMAKE_CXX_COMPILER=*/-DCMAKE_CXX_COMPILER=$kernels_compiler}")
 cmake -S "$build/kokkos-kernels-src" -B "$build/kokkos-kernels" "${common[@]}" -DKokkos_ROOT="$prefix" \
       -DKokkosKernels_ENABLE_ALL_COMPONENTS=OFF -DKokkosKernels_ENABLE_COMPONENT_BLAS=ON \
-      -DKokkosKernels_ENABLE_COMPONENT_BATCHED=ON -DKokkosKernels_ENABLE_TPL_BLAS=ON
+      -DKokkosKernels_ENABLE_COMPONENT_BATCHED=ON -DKokkosKernels_ENABLE_TPL_BLAS=ON \
+      -DKokkosKernels_INST_DOUBLE="$eti" -DKokkosKernels_INST_LAYOUTLEFT="$eti" \
+      -DKokkosKernels_INST_EXECSPACE_SERIAL="$eti"
 cmake --build "$build/kokkos-kernels" -j "$jobs"
 cmake --install "$build/kokkos-kernels"
 t2=$(now)
