@@ -1051,7 +1051,10 @@ int run_pipeline_on(const Options& o, weft::Environment& env, MeshT& mesh, weft:
     }
   }
   const std::string context = cp.policy;
-  weft::pipeline::Stage<float, Strat> stage(mesh, o.model, part, Sched::chunks, std::move(cp));
+  // MoE blocks route over the whole microbatch of the DP ranks, as without a pipeline.
+  weft::pipeline::Stage<float, Strat> stage(mesh, o.model, part, Sched::chunks, std::move(cp),
+                                            o.model.experts > 0 ? weft::nn::expert_split_of<Strat>(mesh, o.model)
+                                                                : weft::nn::ExpertSplit{});
   weft::Comm& grads = o.cp > 1 ? mesh.template axes<weft::DP, weft::CP>() : mesh.template axis<weft::DP>();
   weft::parallel::DataParallel<float, DPPolicy> dp(grads, stage.parameter_groups(), o.dp_options);
   stage.set_hooks(&dp);
@@ -1066,8 +1069,13 @@ int run_pipeline_on(const Options& o, weft::Environment& env, MeshT& mesh, weft:
   job.microbatches = int(o.microbatches);
   job.bubble = Sched::bubble_fraction(o.pp, int(o.microbatches), {});
   job.step = [&](std::size_t step, double lr, weft::metrics::Profiler*) {
-    return weft::pipeline::train_step(ex, &dp, opt, stream, step, o.batch, lr, o.clip);
+    stage.reset_moe_statistics();
+    const auto r = weft::pipeline::train_step(ex, &dp, opt, stream, step, o.batch, lr, o.clip);
+    stage.update_expert_bias();  // the aux-loss-free balancing step, after the optimizer's
+    return r;
   };
+  // The whole model's routing statistics: every stage's MoE blocks, gathered over PP.
+  if (o.model.experts > 0) job.moe_stats = [&] { return stage.moe_statistics_over(mesh.template axis<weft::PP>()); };
   return train(o, job, mesh.template axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
 }
 
@@ -1308,10 +1316,13 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
                  " ranks, but train_gpt was started on ", world, "; launch it with mpirun -n ", c.ndp * model_ranks,
                  " or change --mesh");
   }
-  WEFT_REQUIRE(o.model.experts == 0 || (o.pp == 1 && o.cp == 1 && !o.sequence_parallel), ConfigError, "--experts ",
-               o.model.experts, ": mixture-of-experts blocks run under data, expert and tensor parallelism (--mesh "
-               "dp=A,ep=E,tp=T); pipeline and context parallelism and --sequence-parallel are not implemented for them "
-               "(docs/moe.md)");
+  WEFT_REQUIRE(o.model.experts == 0 || (o.cp == 1 && !o.sequence_parallel), ConfigError, "--experts ",
+               o.model.experts, ": mixture-of-experts blocks run under data, expert, tensor and pipeline parallelism "
+               "(--mesh dp=A,ep=E,tp=T or dp=A,pp=P,tp=T); context parallelism and --sequence-parallel are not "
+               "implemented for them (docs/moe.md)");
+  WEFT_REQUIRE(o.ep == 1 || o.pp == 1, ConfigError, "--mesh ep=", o.ep, ",pp=", o.pp,
+               ": expert parallelism under a pipeline is not implemented; a pipeline runs the experts on every rank "
+               "of a stage (ep=1), or drop pp for ep > 1 (docs/moe.md)");
   WEFT_REQUIRE(o.ep == 1 || o.model.experts > 0, ConfigError, "--mesh ep=", o.ep,
                ": expert parallelism splits the experts of mixture-of-experts blocks; add --experts N");
   if (o.ep > 1) {

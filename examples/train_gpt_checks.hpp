@@ -167,9 +167,9 @@ inline std::pair<weft::plan::ModelSpec, weft::plan::MeshSpec> plan_of(const RunS
   m.layernorm = c.norm == weft::nn::NormKind::layernorm;
   m.learned_positions = c.position == weft::nn::PositionKind::learned;
   m.recompute = c.recompute;
-  // The planner's MoE terms treat every block as MoE with experts of the MLP's width and no shared
-  // experts: exact for --moe-every 1 without --shared-experts or --expert-hidden, an estimate otherwise.
-  m.experts = c.experts, m.top_k = c.top_k;
+  // The planner's MoE terms treat every block as MoE with experts of the MLP's width: exact for
+  // --moe-every 1 without --expert-hidden, an estimate otherwise.
+  m.experts = c.experts, m.top_k = c.top_k, m.shared_experts = c.shared_experts;
   // Whether the attention keeps [T, T] probabilities: only whole sequences on the BLAS path.
   m.flash_attention = r.cp > 1 || weft::nn::detail::use_blockwise_attention<float>(c.local(r.tp));
   m.optimizer = r.optimizer == "sgd" ? Optimizer::sgd : Optimizer::adamw;

@@ -333,18 +333,19 @@ TEST_CASE("serve: the planner's inference budget is within 15 % of the runner's 
 }
 
 TEST_CASE("serve: the planner's inference budget of a mixture-of-experts model is within 15 %") {
-  // One process's model (the planner splits experts over TP, weft's serving
-  // keeps them whole on every TP rank, so the check is at tp = 1).
+  // At tp = the world size: the experts are whole on every TP rank, in the
+  // runner and in the planner.
   GPTConfig c = budget_model();
   c.experts = 4;
   c.top_k = 2;
-  weft::nn::GPT<float> model(c);
+  weft::nn::GPT<float, TPOnly> model(c, weft::test::world());
   const EngineConfig ec = budget_engine();
-  Engine<float> e(model, ec);
+  Engine<float, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> e(model, ec);
   const ServeMemory m = e.runner().memory();
-  const auto plan = planned_memory(c, 1, ec);
-  MESSAGE("MoE measured weights " << m.weights << " kv " << m.kv_cache << " workspace " << m.workspace << "; planned "
-                                  << plan.weights << " " << plan.kv_cache << " " << plan.workspace);
+  const auto plan = planned_memory(c, std::size_t(weft::test::world().size()), ec);
+  MESSAGE("MoE measured weights " << m.weights << " kv " << m.kv_cache << " workspace " << m.workspace << " buffers "
+                                  << m.buffers << "; planned " << plan.weights << " " << plan.kv_cache << " "
+                                  << plan.workspace << " " << plan.buffers);
   CHECK(std::abs(double(m.weights) - plan.weights) / plan.weights < 0.01);
   CHECK(std::abs(double(m.workspace) - plan.workspace) / plan.workspace < 0.15);
   CHECK(std::abs(double(m.total()) - plan.total()) / plan.total() < 0.15);

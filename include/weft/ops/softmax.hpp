@@ -7,6 +7,35 @@
 
 namespace weft::ops {
 
+namespace detail {
+// One row of softmax_forward: mask, scale, maximum, exponentials, sum and
+// normalisation through row pointers and lane-wise reductions, so that every
+// loop vectorises; returns the row's log-sum-exp. Free functions, not
+// lambdas captured by the kernel: nvcc refuses a closure type in the
+// captures of an extended lambda.
+template <class ST, class T>
+KOKKOS_INLINE_FUNCTION T softmax_row(const ST* s, T* p, std::size_t n, std::size_t tkk, T scale) {
+  const T mx = lane_max<T>(n, [&](std::size_t j) { return T(scale * s[j]); });
+  const T sum = lane_sum<T>(n, [&](std::size_t j) {
+    const T e = math::fast_exp(scale * s[j] - mx);
+    p[j] = e;
+    return e;
+  });
+  const T inv = T(1) / sum;
+  for (std::size_t j = 0; j < n; ++j) p[j] *= inv;
+  for (std::size_t j = n; j < tkk; ++j) p[j] = 0;
+  return mx + math::log(sum);
+}
+// One row of softmax_backward: ds = scale * p * (dp - sum_j p dp), zero past n.
+template <class PT, class DPT, class T>
+KOKKOS_INLINE_FUNCTION void softmax_backward_row(const PT* __restrict p, const DPT* dp, T* ds, std::size_t n,
+                                                 std::size_t tk, T scale) {
+  const T dot = lane_sum<T>(n, [&](std::size_t j) { return T(p[j] * dp[j]); });
+  for (std::size_t j = 0; j < n; ++j) ds[j] = scale * p[j] * (dp[j] - dot);
+  for (std::size_t j = n; j < tk; ++j) ds[j] = 0;
+}
+}  // namespace detail
+
 /// P(b, i, j) = exp(scale * S(b, i, j) - lse(b, i)) over the keys j query i
 /// may see: all of them, or with `causal` those with j <= i + (Tk - Tq) (so a
 /// block of the last Tq queries against Tk keys masks correctly). Masked
@@ -30,24 +59,12 @@ void softmax_forward(const SV& S, typename PV::const_value_type scale, bool caus
   // to scalar code).
   const bool in_place = static_cast<const void*>(P.data()) == static_cast<const void*>(S.data()) &&
                         P.stride(0) == S.stride(0) && P.stride(1) == S.stride(1);
-  auto row = [=](const auto* s, T* p, std::size_t n, std::size_t tkk) {
-    const T mx = detail::lane_max<T>(n, [&](std::size_t j) { return T(scale * s[j]); });
-    const T sum = detail::lane_sum<T>(n, [&](std::size_t j) {
-      const T e = math::fast_exp(scale * s[j] - mx);
-      p[j] = e;
-      return e;
-    });
-    const T inv = T(1) / sum;
-    for (std::size_t j = 0; j < n; ++j) p[j] *= inv;
-    for (std::size_t j = n; j < tkk; ++j) p[j] = 0;
-    return mx + math::log(sum);
-  };
   Kokkos::parallel_for(
       "weft::softmax_forward", detail::range(S, nb * tq), KOKKOS_LAMBDA(std::size_t r) {
         const std::size_t b = r / tq, i = r % tq;
         const std::size_t n = causal ? i + shift + 1 : tk;
         T* p = &P(b, i, 0);
-        lse(b, i) = in_place ? row(p, p, n, tk) : row(&S(b, i, 0), p, n, tk);
+        lse(b, i) = in_place ? detail::softmax_row(p, p, n, tk, T(scale)) : detail::softmax_row(&S(b, i, 0), p, n, tk, T(scale));
       });
 }
 
@@ -72,20 +89,15 @@ void softmax_backward(const PV& P, const DPV& dP, typename DSV::const_value_type
   WEFT_REQUIRE(!causal || tk >= tq, ShapeError, "weft::ops::softmax_backward: causal attention needs at least as many keys (",
                tk, ") as queries (", tq, ")");
   const std::size_t shift = tk - tq;
-  auto row = [=](const auto* __restrict p, const auto* dp, T* ds, std::size_t n) {
-    const T dot = detail::lane_sum<T>(n, [&](std::size_t j) { return T(p[j] * dp[j]); });
-    for (std::size_t j = 0; j < n; ++j) ds[j] = scale * p[j] * (dp[j] - dot);
-    for (std::size_t j = n; j < tk; ++j) ds[j] = 0;
-  };
   Kokkos::parallel_for(
       "weft::softmax_backward", detail::range(P, nb * tq), KOKKOS_LAMBDA(std::size_t r) {
         const std::size_t b = r / tq, i = r % tq;
         const std::size_t n = causal ? i + shift + 1 : tk;
         T* ds = &dS(b, i, 0);
         if (in_place)
-          row(&P(b, i, 0), ds, ds, n);
+          detail::softmax_backward_row(&P(b, i, 0), ds, ds, n, tk, T(scale));
         else
-          row(&P(b, i, 0), &dP(b, i, 0), ds, n);
+          detail::softmax_backward_row(&P(b, i, 0), &dP(b, i, 0), ds, n, tk, T(scale));
       });
 }
 

@@ -331,7 +331,11 @@ inline void cost_layout(const ModelSpec& m, Candidate& c, const Topology& t) {
   c.fits = c.memory.total() <= t.memory_gb * 1e9;
   const double mb = double(microbatches(m, s)), world = double(s.world());
   const double tokens = double(m.global_batch) * double(m.seq);
-  c.compute_s = m.train_flops_per_token() * tokens / world / (t.peak_tflops * 1e12 * t.compute_efficiency);
+  // Every rank of a TP group runs its routed experts whole (TP-replicated),
+  // so their FLOPs divide over world / tp ranks only.
+  const double expert_flops = m.expert_train_flops_per_token();
+  c.compute_s = ((m.train_flops_per_token() - expert_flops) / world + expert_flops * double(s.tp) / world) * tokens /
+                (t.peak_tflops * 1e12 * t.compute_efficiency);
   c.bubble = pipeline_bubble(m, s);
   auto link = [&](std::size_t stride, std::size_t size, const char* kind, double bytes) {
     const Link l = size > 1 ? link_for_span(stride * size, t) : Link{t.intra_bw_gbs, t.intra_latency_us, 0};

@@ -48,6 +48,7 @@ struct ModelSpec {
   std::size_t vocab = 256;         ///< V
   std::size_t experts = 0;         ///< MoE experts per block (0: dense)
   std::size_t top_k = 2;           ///< experts a token visits (MoE only)
+  std::size_t shared_experts = 0;  ///< dense experts every token passes through besides the routed ones (MoE only)
   std::size_t seq = 128;           ///< tokens per sequence T
   std::size_t micro_batch = 8;     ///< sequences per forward pass on one rank
   std::size_t global_batch = 8;    ///< sequences per optimizer step, all ranks
@@ -95,7 +96,8 @@ struct ModelSpec {
   std::size_t router_params() const { return experts ? d_model * experts : 0; }
   /// Parameters of one block.
   std::size_t block_params() const {
-    return attention_params() + mlps() * mlp_params() + norm_params(2) + router_params();
+    return attention_params() + (mlps() + (experts ? shared_experts : 0)) * mlp_params() + norm_params(2) +
+           router_params();
   }
   /// Parameters outside the blocks: embeddings, final norm, LM head.
   std::size_t root_params() const {
@@ -106,9 +108,21 @@ struct ModelSpec {
   /// Parameters one token's forward touches in matrix products (top-k experts only).
   std::size_t active_matmul_params() const {
     const std::size_t per_block = d_model * qkv_cols() + d_model * d_model +
-                                  (experts ? top_k : 1) * (d_model * up_cols() + hidden() * d_model) +
+                                  (experts ? top_k + shared_experts : 1) * (d_model * up_cols() + hidden() * d_model) +
                                   router_params();
     return layers * per_block + d_model * vocab;
+  }
+  /// Of active_matmul_params(), the experts' (top-k routed and the shared
+  /// ones in each block; 0 in a dense model).
+  std::size_t active_expert_params() const {
+    return experts ? layers * (top_k + shared_experts) * (d_model * up_cols() + hidden() * d_model) : 0;
+  }
+  /// Training FLOPs per token of the experts alone (the part of
+  /// train_flops_per_token() that weft does not split over tp: routed and
+  /// shared experts are TP-replicated).
+  double expert_train_flops_per_token() const {
+    const double x = double(active_expert_params());
+    return 6.0 * x + (recompute ? 2.0 * x : 0.0);
   }
   /// Training FLOPs per token: 6 per active weight plus attention's 12 L T D
   /// (docs/model.md); recompute adds one more forward (2 per weight + 4 L T D).

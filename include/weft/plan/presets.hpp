@@ -52,7 +52,7 @@ inline ModelSpec preset(const std::string& name) {
 }
 
 /// The largest value model_from_json accepts for a field (the bytes fields
-/// share "bytes", kv_heads and top_k share heads' and experts'): large enough
+/// share "bytes", kv_heads, top_k and shared_experts share heads' and experts'): large enough
 /// for any real model, small enough that parameter counts stay exact.
 inline std::size_t model_field_max(const std::string& field) {
   if (field == "layers" || field == "ffn_hidden") return std::size_t(1) << 20;
@@ -91,6 +91,7 @@ inline ModelSpec model_from_json(const JsonValue& v, const std::string& what) {
   m.vocab = f.size("vocab", m.vocab, model_field_max("vocab"));
   m.experts = f.size("experts", m.experts, model_field_max("experts"));
   m.top_k = f.size("top_k", m.top_k, model_field_max("experts"));
+  m.shared_experts = f.size("shared_experts", m.shared_experts, model_field_max("experts"));
   m.seq = f.size("seq", m.seq, model_field_max("seq"));
   m.micro_batch = f.size("micro_batch", m.micro_batch, model_field_max("micro_batch"));
   m.global_batch = f.size("global_batch", m.global_batch, model_field_max("global_batch"));

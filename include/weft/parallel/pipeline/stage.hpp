@@ -96,12 +96,19 @@ class GPTStage {
   /// sequence is split over the CP ranks as in nn::GPT: the stage still
   /// takes whole sequences in ids(i) and targets(i), each rank runs its
   /// tokens, and the activations between stages stay sequence-sharded.
+  ///
+  /// With mixture-of-experts blocks (cfg.experts > 0), `experts` is the
+  /// routing split (nn::expert_split_of<Strategy>(mesh, cfg)): its data
+  /// ranks (the DP axis) share each microbatch, so that capacity and drops
+  /// are decided over the whole microbatch, as in nn::GPT. Expert
+  /// parallelism (an EP axis of extent > 1) is not supported under a
+  /// pipeline yet (ConfigError).
   template <class MeshT>
     requires requires(MeshT& m) { m.template extent<PP>(); }
   GPTStage(MeshT& mesh, const nn::GPTConfig& cfg, const StagePartition& part, int chunks = 1,
-           nn::ContextParallel<T, Space> cp = {})
+           nn::ContextParallel<T, Space> cp = {}, nn::ExpertSplit experts = {})
       : GPTStage(cfg, part, mesh.template extent<PP>(), mesh.template coord<PP>(), chunks,
-                 nn::TensorParallel{tp_checked(tp_of(mesh)), sequence_parallel_v}, std::move(cp), 0) {}
+                 nn::TensorParallel{tp_checked(tp_of(mesh)), sequence_parallel_v}, std::move(cp), experts, 0) {}
 
   /// The chunks of pipeline rank `rank` of `ranks`: chunk c runs virtual stage
   /// c * ranks + rank of `part`, which must have ranks * chunks stages.
@@ -111,7 +118,8 @@ class GPTStage {
   /// does not divide over tp (heads, key/value heads, d_model, MLP width,
   /// vocabulary; with sequence parallelism the tokens of a microbatch).
   GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks = 1, Comm* tp_comm = nullptr)
-      : GPTStage(cfg, part, ranks, rank, chunks, nn::TensorParallel{tp_checked(tp_comm), sequence_parallel_v}, {}, 0) {}
+      : GPTStage(cfg, part, ranks, rank, chunks, nn::TensorParallel{tp_checked(tp_comm), sequence_parallel_v}, {},
+                 nn::ExpertSplit{}, 0) {}
 
  private:
   template <class MeshT>
@@ -128,11 +136,15 @@ class GPTStage {
     return c;
   }
   GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks, nn::TensorParallel tp,
-           nn::ContextParallel<T, Space> cp, int)
+           nn::ContextParallel<T, Space> cp, nn::ExpertSplit experts, int)
       : global_(cfg), cp_(std::move(cp)), cfg_(checked(cfg, tp, cp_)),
         ctx_(std::make_shared<nn::Context>(
-            nn::Context{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, nn::ExpertSplit{}})),
+            nn::Context{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, experts})),
         ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
+    WEFT_REQUIRE(!experts.active(), ConfigError, "pipeline::Stage: expert parallelism (ep=", experts.ep_size(),
+                 ") under a pipeline is not supported yet; use ep=1 (the experts on every rank of a stage) or pp=1");
+    WEFT_REQUIRE(cfg.experts > 0 || !experts.global(), ConfigError,
+                 "pipeline::Stage: a routing split was given for a model without mixture-of-experts blocks");
     WEFT_REQUIRE(!cfg.recompute, ConfigError,
                  "pipeline::Stage: --recompute is not supported with pipeline parallelism yet; drop it or use pp=1");
     WEFT_REQUIRE(ranks >= 1 && rank >= 0 && rank < ranks && chunks >= 1, ConfigError, "pipeline::Stage: rank ", rank,
@@ -311,6 +323,70 @@ class GPTStage {
   /// rank computes). Empty: nothing is called.
   void set_progress(std::function<void()> f) { progress_ = std::move(f); }
 
+  /// The routing split of the MoE blocks (inactive: one process's routing).
+  const nn::ExpertSplit& expert_split() const { return ctx_->ep; }
+  /// The routing statistics of this rank's MoE blocks since the last reset,
+  /// merged in block order (empty on a rank without MoE blocks). The
+  /// statistics of the whole model are those of every pipeline rank:
+  /// moe_statistics_over(pp) gathers them.
+  nn::MoEStats moe_statistics() {
+    nn::MoEStats s;
+    for (auto& k : chunks_)
+      for (auto& b : k.blocks)
+        if (auto* m = b.moe()) s.merge(m->statistics());
+    return s;
+  }
+  /// The whole model's MoE statistics, as nn::GPT::moe_statistics() gives
+  /// them on one process: every pipeline rank's blocks, in block order
+  /// (per-expert counts of block l at l's place). Collective over `pp`, the
+  /// PP axis (every rank gets the result).
+  nn::MoEStats moe_statistics_over(Comm& pp) {
+    const std::size_t N = cfg_.experts, L = cfg_.layers;
+    // Per block: N counts; then tokens, slots, dropped, entropy, aux, z,
+    // passes, a2a bytes and seconds; a flag saying the block is a MoE block
+    // held here.
+    constexpr std::size_t F = 10;
+    Kokkos::View<double*, Kokkos::HostSpace> buf("pipeline.moe_stats", L * (N + F));
+    for (auto& k : chunks_)
+      for (std::size_t i = 0; i < k.blocks.size(); ++i)
+        if (auto* m = k.blocks[i].moe()) {
+          const nn::MoEStats st = m->statistics();
+          double* o = buf.data() + (k.first_block + i) * (N + F);
+          for (std::size_t e = 0; e < N && e < st.selected.size(); ++e) o[e] = st.selected[e];
+          const double f[F] = {st.tokens,    st.slots,         st.dropped,   st.entropy_sum,     st.aux_loss,
+                               st.z_loss,    double(st.passes), st.a2a_bytes, st.a2a_seconds,    1.0};
+          for (std::size_t j = 0; j < F; ++j) o[N + j] = f[j];
+        }
+    pp.all_reduce(buf, ReduceOp::sum);
+    nn::MoEStats s;
+    for (std::size_t l = 0; l < L; ++l) {
+      const double* o = buf.data() + l * (N + F);
+      if (o[N + F - 1] == 0) continue;  // a dense block
+      nn::MoEStats b;
+      b.selected.assign(o, o + N);
+      b.tokens = o[N], b.slots = o[N + 1], b.dropped = o[N + 2], b.entropy_sum = o[N + 3];
+      b.aux_loss = o[N + 4], b.z_loss = o[N + 5], b.passes = std::size_t(o[N + 6] + 0.5);
+      b.a2a_bytes = o[N + 7], b.a2a_seconds = o[N + 8], b.layers = 1;
+      s.merge(b);
+    }
+    return s;
+  }
+  /// Clears every MoE block's statistics on this rank (at the start of a step).
+  void reset_moe_statistics() {
+    for (auto& k : chunks_)
+      for (auto& b : k.blocks)
+        if (auto* m = b.moe()) m->reset_statistics();
+  }
+  /// The aux-loss-free balancing step of this rank's MoE blocks
+  /// (MoE::update_bias with GPTConfig::bias_balance: with 0 it only clears
+  /// the step's counts).
+  /// Call it after each optimizer step, on every rank.
+  void update_expert_bias() {
+    for (auto& k : chunks_)
+      for (auto& b : k.blocks)
+        if (auto* m = b.moe()) m->update_bias(global_.bias_balance);
+  }
+
   /// The slot of (microbatch, chunk), created (or taken from the pool) on first use.
   Slot& slot(int mb, int c) {
     return slots_.get(mb, c, [&] { return make_slot(chunks_.at(std::size_t(c))); });
@@ -344,6 +420,10 @@ class GPTStage {
     for (std::size_t i = 0; i < k.blocks.size(); ++i) {
       Timer t(this, k.first_block + i + 1);
       if (hooks_) hooks_->before_forward(k.block_group[i]);
+      // The MoE blocks' auxiliary losses enter the gradient with the weight
+      // of the mean token loss, as in nn::GPT.
+      if (auto* m = k.blocks[i].moe())
+        m->set_loss_weight(grad_scale * double(global_.tokens()) * double(ctx_->ep.data_size()));
       auto& cur = *k.blocks[i].saved();
       cur = s.saved[i];
       k.blocks[i].forward(s.xs[i], s.xs[i + 1]);
