@@ -81,6 +81,19 @@ TEST_CASE("a failed allocation is an AllocationError naming the tensor, its size
   CHECK(a->space() == "Host");
   CHECK(std::string(a->what()).find("cannot allocate tensor \"blocks.0.mlp.up\" of about 134217728 bytes (128.0 MiB) in Host: out of memory") == 0);
   CHECK(std::string(a->what()).find("Traceback") == std::string::npos);
+  // Kokkos 4's report (Kokkos::Impl::throw_bad_alloc), as a Kokkos 4.6
+  // OpenMP build of train_gpt printed it.
+  const std::runtime_error kokkos4("Kokkos ERROR: Host memory space failed to allocate 8 GiB (label=\"attn.dprobs\").");
+  const auto b = weft::as_allocation_error(kokkos4);
+  REQUIRE(b.has_value());
+  CHECK(b->label() == "attn.dprobs");
+  CHECK(b->bytes() == std::size_t(8) << 30);
+  CHECK(b->space() == "Host");
+  CHECK(std::string(b->what()).find("cannot allocate tensor \"attn.dprobs\" of about 8589934592 bytes (8.00 GiB) in Host: out of memory") == 0);
+  const auto c = weft::as_allocation_error(std::runtime_error("Kokkos ERROR: Cuda memory space failed to allocate 1.5 MiB (label=\"x\")."));
+  REQUIRE(c.has_value());
+  CHECK(c->bytes() == std::size_t(1.5 * 1048576));
+  CHECK(c->space() == "Cuda");
   CHECK_FALSE(weft::as_allocation_error(std::runtime_error("something else")).has_value());
 }
 

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -68,12 +70,41 @@ V allocate_view(const std::string& label, Extents... extents) {
 
 /// The AllocationError that `e` amounts to when it is Kokkos' report of a
 /// failed allocation made anywhere (its label and size read from Kokkos'
-/// message: "Kokkos failed to allocate memory for label \"X\"", "Allocation of
-/// size N" with an optional K/M/G suffix, which Kokkos rounds: the size is
-/// "about"); nullopt for any other exception.
+/// message, which rounds the size, so it is "about": Kokkos 3's "Kokkos
+/// failed to allocate memory for label \"X\"" with "Allocation of size N" and
+/// an optional K/M/G suffix, or Kokkos 4's "Kokkos ERROR: Host memory space
+/// failed to allocate 8 GiB (label=\"X\")."); nullopt for any other exception.
 inline std::optional<AllocationError> as_allocation_error(const std::exception& e) {
   std::string w = e.what();
   w = w.substr(0, w.find('\n'));  // Kokkos appends a traceback note on later lines
+  // Kokkos 4 (Kokkos::Impl::throw_bad_alloc): "<Space> memory space failed to
+  // allocate <size> <B|KiB|MiB|GiB|TiB> (label=\"<label>\")."
+  const std::string key4 = " memory space failed to allocate ";
+  if (const std::size_t at4 = w.find(key4); at4 != std::string::npos) {
+    const std::string lead = "Kokkos ERROR: ";
+    const std::size_t sp0 = w.compare(0, lead.size(), lead) == 0 ? lead.size() : 0;
+    const std::string space = at4 > sp0 ? w.substr(sp0, at4 - sp0) : std::string("its memory space");
+    char* end = nullptr;
+    const double x = std::strtod(w.c_str() + at4 + key4.size(), &end);
+    double unit = 1;
+    if (end && *end == ' ') ++end;
+    if (end) {
+      const std::string u(end, std::min<std::size_t>(3, std::strlen(end)));
+      unit = u.rfind("KiB", 0) == 0   ? 1024.0
+             : u.rfind("MiB", 0) == 0 ? 1048576.0
+             : u.rfind("GiB", 0) == 0 ? 1073741824.0
+             : u.rfind("TiB", 0) == 0 ? 1099511627776.0
+                                      : 1.0;
+    }
+    std::string label = "unknown";
+    const std::string lkey = "(label=\"";
+    if (const std::size_t l = w.find(lkey, at4); l != std::string::npos) {
+      const std::size_t q = w.find('"', l + lkey.size());
+      if (q != std::string::npos) label = w.substr(l + lkey.size(), q - l - lkey.size());
+    }
+    const std::size_t bytes = x > 0 ? std::size_t(x * unit) : 0;
+    return detail::allocation_error(label, bytes, space, "out of memory (Kokkos: " + w + ")", true);
+  }
   const std::string key = "failed to allocate memory for label \"";
   const std::size_t at = w.find(key);
   if (at == std::string::npos) return std::nullopt;
