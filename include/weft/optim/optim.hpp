@@ -94,6 +94,19 @@ struct AdamWOptions {
 template <class T, class Space>
 class AdamW {
  public:
+  /// A run of parameters whose values, gradients and moments are each one
+  /// contiguous range, with one decay flag (internal to step(); public
+  /// because nvcc refuses a private type in an extended lambda's captures).
+  struct Segment {
+    T* w;
+    const T* g;
+    T* m;
+    T* v;
+    std::size_t n;
+    std::size_t first_chunk;
+    bool decay;
+  };
+
   /// Allocates zero first and second moments for every parameter.
   AdamW(std::vector<nn::Parameter<T, Space>*> params, AdamWOptions o = {}) : params_(std::move(params)), o_(o) {
     WEFT_REQUIRE(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 && o.eps > 0 && o.weight_decay >= 0,
@@ -196,17 +209,6 @@ class AdamW {
  private:
   using Flat = Kokkos::View<T*, Space>;
   static constexpr std::size_t kChunk = 2048;
-  /// A run of parameters whose values, gradients and moments are each one
-  /// contiguous range, with one decay flag.
-  struct Segment {
-    T* w;
-    const T* g;
-    T* m;
-    T* v;
-    std::size_t n;
-    std::size_t first_chunk;
-    bool decay;
-  };
 
   bool storage_moved() const {
     for (std::size_t k = 0; k < params_.size(); ++k)

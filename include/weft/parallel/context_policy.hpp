@@ -12,6 +12,7 @@
 // included).
 #pragma once
 
+#include <Kokkos_Macros.hpp>  // KOKKOS_INLINE_FUNCTION: the index rules run in kernels too
 #include <cstddef>
 #include <string>
 #include <type_traits>
@@ -71,16 +72,16 @@ inline constexpr bool is_context_policy_v = is_context_policy<X>::value;
 namespace context {
 
 /// The tokens of one chunk: T / (2·cp).
-constexpr std::size_t chunk_tokens(std::size_t T, std::size_t cp) { return T / (2 * cp); }
+KOKKOS_INLINE_FUNCTION constexpr std::size_t chunk_tokens(std::size_t T, std::size_t cp) { return T / (2 * cp); }
 
 /// The global chunk index of part p (0 or 1) of rank r: r, then 2·cp−1−r.
-constexpr std::size_t chunk_of(std::size_t rank, std::size_t part, std::size_t cp) {
+KOKKOS_INLINE_FUNCTION constexpr std::size_t chunk_of(std::size_t rank, std::size_t part, std::size_t cp) {
   return part == 0 ? rank : 2 * cp - 1 - rank;
 }
 
 /// The global token index of rank r's local token t (0 <= t < T / cp) in the
 /// balanced layout of T tokens over cp ranks.
-constexpr std::size_t global_index(std::size_t t, std::size_t T, std::size_t cp, std::size_t rank) {
+KOKKOS_INLINE_FUNCTION constexpr std::size_t global_index(std::size_t t, std::size_t T, std::size_t cp, std::size_t rank) {
   const std::size_t c = chunk_tokens(T, cp);
   return t < c ? rank * c + t : (2 * cp - 1 - rank) * c + (t - c);
 }
