@@ -187,7 +187,6 @@ class ResidualMLPModel {
   std::unique_ptr<Head> make_head() { return std::make_unique<Head>(z_); }
   Batch make_batch() { return {Matrix("batch.x", z_.samples, z_.in), Matrix("batch.y", z_.samples, z_.out)}; }
   weft::Comm* tp_comm() const { return tp_; }
-  const Sizes& sizes() const { return z_; }
 
  private:
   MeshT* mesh_;

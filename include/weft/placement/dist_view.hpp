@@ -308,7 +308,8 @@ class BasicDistView {
  private:
   template <class I>
   static std::size_t checked_extent(I e) {
-    WEFT_REQUIRE(e >= 0, ShapeError, describe(), ": a global extent is negative (", e, ")");
+    if constexpr (std::is_signed_v<I>)  // nvcc warns about the test on an unsigned type
+      WEFT_REQUIRE(e >= 0, ShapeError, describe(), ": a global extent is negative (", e, ")");
     return static_cast<std::size_t>(e);
   }
 
