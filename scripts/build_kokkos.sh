@@ -11,9 +11,10 @@
 # <prefix>-build), --jobs N (default: the core count), --cxx CXX (host
 # compiler; default g++), --no-eti (no explicit instantiations in Kokkos
 # Kernels: programs instantiate what they call from its headers; 4 source
-# files instead of 88, which makes a CUDA Kernels build minutes instead of
-# hours on a small machine). The source trees are never modified: each is
-# copied (without .git) into the build directory, and the copy is patched.
+# files instead of 88 for cuda, which makes a CUDA Kernels build minutes
+# instead of hours on a small machine; docs/build.md). The source trees
+# are never modified: each is copied (without .git) into the build
+# directory, and the copy is patched.
 #
 # openmp: Serial + OpenMP, built with --cxx.
 # cuda:   Serial + CUDA for the Kokkos_ARCH_<ARCH> given (HOPPER90: sm_90),

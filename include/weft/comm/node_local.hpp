@@ -398,17 +398,19 @@ inline bool comm_within_node(Comm& comm) {
 // rank on, where a peer's freshly written buffer no longer comes from a
 // nearby cache. The environment variable WEFT_NODE_SHARED_STAGING_MAX_BYTES
 // overrides it. Read once.
+// The byte count in environment variable `name`, or `fallback` when it is
+// unset; ConfigError (showing `example`) when it is not a byte count.
+inline std::size_t env_byte_count(const char* name, const char* example, std::size_t fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr) return fallback;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(e, &end, 10);
+  WEFT_REQUIRE(end != e && *end == '\0', ConfigError, name, " must be a byte count such as ", example, ", got '", e, "'");
+  return static_cast<std::size_t>(n);
+}
+
 inline std::size_t node_shared_staging_max_bytes() {
-  static const std::size_t v = [] {
-    if (const char* e = std::getenv("WEFT_NODE_SHARED_STAGING_MAX_BYTES")) {
-      char* end = nullptr;
-      const unsigned long long n = std::strtoull(e, &end, 10);
-      WEFT_REQUIRE(end != e && *end == '\0', ConfigError,
-                   "WEFT_NODE_SHARED_STAGING_MAX_BYTES must be a byte count such as 524288, got '", e, "'");
-      return static_cast<std::size_t>(n);
-    }
-    return std::size_t(512) << 10;
-  }();
+  static const std::size_t v = env_byte_count("WEFT_NODE_SHARED_STAGING_MAX_BYTES", "524288", std::size_t(512) << 10);
   return v;
 }
 
@@ -632,16 +634,7 @@ bool read_peers_cross_memory(Comm& comm, const T* src, std::size_t bytes, T* dst
 // (docs/placement.md): the datatype path wins from 16 MiB on and loses at
 // 1-4 MiB.
 inline std::size_t blocked_layout_min_bytes() {
-  static const std::size_t v = [] {
-    if (const char* e = std::getenv("WEFT_BLOCKED_LAYOUT_MIN_BYTES")) {
-      char* end = nullptr;
-      const unsigned long long n = std::strtoull(e, &end, 10);
-      WEFT_REQUIRE(end != e && *end == '\0', ConfigError,
-                   "WEFT_BLOCKED_LAYOUT_MIN_BYTES must be a byte count such as 8388608, got '", e, "'");
-      return static_cast<std::size_t>(n);
-    }
-    return std::size_t(8) << 20;
-  }();
+  static const std::size_t v = env_byte_count("WEFT_BLOCKED_LAYOUT_MIN_BYTES", "8388608", std::size_t(8) << 20);
   return v;
 }
 

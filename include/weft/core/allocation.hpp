@@ -8,8 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <algorithm>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -68,6 +66,30 @@ V allocate_view(const std::string& label, Extents... extents) {
   }
 }
 
+namespace detail {
+// The text between `key` (found at or after `from`) and the next '"' in w,
+// or `fallback`.
+inline std::string quoted_after(const std::string& w, const std::string& key, const std::string& fallback,
+                                std::size_t from = 0) {
+  const std::size_t k = w.find(key, from);
+  if (k == std::string::npos) return fallback;
+  const std::size_t b = k + key.size(), q = w.find('"', b);
+  return q == std::string::npos ? fallback : w.substr(b, q - b);
+}
+// Bytes of a size Kokkos printed at p: a number, a space and a unit whose
+// first letter is K, M, G or T (Kokkos 3's "128 M", Kokkos 4's "8 GiB"), or
+// none (bytes); 0 when no positive number is there.
+inline std::size_t kokkos_size(const char* p) {
+  char* end = nullptr;
+  const double x = std::strtod(p, &end);
+  if (!(x > 0)) return 0;
+  if (*end == ' ') ++end;
+  const double unit = *end == 'K' ? 1024.0 : *end == 'M' ? 1048576.0 : *end == 'G' ? 1073741824.0
+                      : *end == 'T' ? 1099511627776.0 : 1.0;
+  return std::size_t(x * unit);
+}
+}  // namespace detail
+
 /// The AllocationError that `e` amounts to when it is Kokkos' report of a
 /// failed allocation made anywhere (its label and size read from Kokkos'
 /// message, which rounds the size, so it is "about": Kokkos 3's "Kokkos
@@ -77,55 +99,25 @@ V allocate_view(const std::string& label, Extents... extents) {
 inline std::optional<AllocationError> as_allocation_error(const std::exception& e) {
   std::string w = e.what();
   w = w.substr(0, w.find('\n'));  // Kokkos appends a traceback note on later lines
-  // Kokkos 4 (Kokkos::Impl::throw_bad_alloc): "<Space> memory space failed to
-  // allocate <size> <B|KiB|MiB|GiB|TiB> (label=\"<label>\")."
-  const std::string key4 = " memory space failed to allocate ";
-  if (const std::size_t at4 = w.find(key4); at4 != std::string::npos) {
-    const std::string lead = "Kokkos ERROR: ";
-    const std::size_t sp0 = w.compare(0, lead.size(), lead) == 0 ? lead.size() : 0;
-    const std::string space = at4 > sp0 ? w.substr(sp0, at4 - sp0) : std::string("its memory space");
-    char* end = nullptr;
-    const double x = std::strtod(w.c_str() + at4 + key4.size(), &end);
-    double unit = 1;
-    if (end && *end == ' ') ++end;
-    if (end) {
-      const std::string u(end, std::min<std::size_t>(3, std::strlen(end)));
-      unit = u.rfind("KiB", 0) == 0   ? 1024.0
-             : u.rfind("MiB", 0) == 0 ? 1048576.0
-             : u.rfind("GiB", 0) == 0 ? 1073741824.0
-             : u.rfind("TiB", 0) == 0 ? 1099511627776.0
-                                      : 1.0;
-    }
-    std::string label = "unknown";
-    const std::string lkey = "(label=\"";
-    if (const std::size_t l = w.find(lkey, at4); l != std::string::npos) {
-      const std::size_t q = w.find('"', l + lkey.size());
-      if (q != std::string::npos) label = w.substr(l + lkey.size(), q - l - lkey.size());
-    }
-    const std::size_t bytes = x > 0 ? std::size_t(x * unit) : 0;
-    return detail::allocation_error(label, bytes, space, "out of memory (Kokkos: " + w + ")", true);
-  }
-  const std::string key = "failed to allocate memory for label \"";
-  const std::size_t at = w.find(key);
-  if (at == std::string::npos) return std::nullopt;
-  const std::size_t b = at + key.size(), q = w.find('"', b);
-  const std::string label = q == std::string::npos ? std::string("unknown") : w.substr(b, q - b);
-  std::string space = "its memory space";
-  const std::string skey = "MemorySpace named \"";
-  if (const std::size_t s = w.find(skey); s != std::string::npos) {
-    const std::size_t e2 = w.find('"', s + skey.size());
-    if (e2 != std::string::npos) space = w.substr(s + skey.size(), e2 - s - skey.size());
-  }
+  std::string label, space = "its memory space";
   std::size_t bytes = 0;
-  const std::string zkey = "Allocation of size ";
-  if (const std::size_t z = w.find(zkey); z != std::string::npos) {
-    char* end = nullptr;
-    const double x = std::strtod(w.c_str() + z + zkey.size(), &end);
-    double unit = 1;
-    if (end && *end == ' ') ++end;
-    if (end && (*end == 'K' || *end == 'M' || *end == 'G'))
-      unit = *end == 'K' ? 1024.0 : *end == 'M' ? 1048576.0 : 1073741824.0;
-    if (x > 0) bytes = std::size_t(x * unit);
+  const std::string key4 = " memory space failed to allocate ";
+  const std::string key3 = "failed to allocate memory for label \"";
+  if (const std::size_t at = w.find(key4); at != std::string::npos) {
+    // Kokkos 4 (Kokkos::Impl::throw_bad_alloc): "Kokkos ERROR: <Space> memory
+    // space failed to allocate <size> <unit> (label=\"<label>\")."
+    const std::string lead = "Kokkos ERROR: ";
+    const std::size_t s0 = w.compare(0, lead.size(), lead) == 0 ? lead.size() : 0;
+    if (at > s0) space = w.substr(s0, at - s0);
+    bytes = detail::kokkos_size(w.c_str() + at + key4.size());
+    label = detail::quoted_after(w, "(label=\"", "unknown", at);
+  } else if (const std::size_t at3 = w.find(key3); at3 != std::string::npos) {
+    label = detail::quoted_after(w, key3, "unknown");
+    space = detail::quoted_after(w, "MemorySpace named \"", space);
+    const std::string zkey = "Allocation of size ";
+    if (const std::size_t z = w.find(zkey); z != std::string::npos) bytes = detail::kokkos_size(w.c_str() + z + zkey.size());
+  } else {
+    return std::nullopt;
   }
   return detail::allocation_error(label, bytes, space, "out of memory (Kokkos: " + w + ")", true);
 }

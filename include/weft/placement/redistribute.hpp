@@ -485,12 +485,13 @@ auto plan_chain(const DV& x, std::vector<Stage>& stages) {
   return plan_chain<Rest...>(out, stages);
 }
 
+inline void run_blocking(Stage& s) {
+  Request r = s.start(false);
+  r.wait();
+  if (s.finish) s.finish();
+}
 inline void run_blocking(std::vector<Stage>& stages) {
-  for (auto& s : stages) {
-    Request r = s.start(false);
-    r.wait();
-    if (s.finish) s.finish();
-  }
+  for (auto& s : stages) run_blocking(s);
 }
 
 template <class DV, class Out>
@@ -562,37 +563,8 @@ class Pending {
   Request req_;
 };
 
-/// Redistributes x over mesh axis Axis to placement To; the collective follows
-/// from (From, To): Shard->Replicate all-gather, Partial->Replicate
-/// all-reduce, Partial->Shard reduce-scatter, Shard<i>->Shard<j> all-to-all,
-/// Replicate->Shard a local slice, equal placements nothing (the result shares
-/// x's data). Collective over the axis. Axis must be one of the axes x's
-/// type names (On<Axis, P>; On<Axis, weft::Replicate> for a replicated
-/// tensor to be sliced): any other does not compile, in every form that takes
-/// an axis tag, because the type cannot tell whether the mesh has it.
-///   auto y = weft::redistribute<weft::Replicate>(x, weft::TP{});
-template <Placement To, DistributedView DV, AxisTag Axis>
-redistributed_t<DV, Axis, To> redistribute(const DV& x, Axis) {
-  static_assert(detail::check_step<DV, Axis, To>());
-  std::vector<detail::Stage> stages;
-  auto out = detail::plan_chain<On<Axis, To>>(x, stages);
-  detail::run_blocking(stages);
-  return out;
-}
-
-/// As above, writing into `out` (a DistView of the result type and the same
-/// global extents), so that repeated redistributions reuse its memory.
-template <Placement To, DistributedView DV, AxisTag Axis>
-void redistribute(const DV& x, Axis, const redistributed_t<DV, Axis, To>& out) {
-  static_assert(detail::check_step<DV, Axis, To>());
-  detail::check_same_global(x, out);
-  auto s = detail::plan_step<Axis, To>(x, out, x.template comm<Axis>());
-  Request r = s.start(false);
-  r.wait();
-  if (s.finish) s.finish();
-}
-
-/// As redistribute<To>(x, Axis{}), with the transport named: Tr is
+/// Redistributes x over mesh axis Axis to placement To, as redistribute<To>(x,
+/// Axis{}) below, with the transport named: Tr is
 /// weft::transport::NodeLocal (the default for host memory: the node-local
 /// paths of comm/node_local.hpp in front of MPI's collective) or
 /// weft::transport::Mpi (MPI's collective only; the default for device
@@ -606,9 +578,7 @@ redistributed_t<DV, Axis, To> redistribute(const DV& x, Axis) {
   Out out = detail::make_output<Axis, To>(x);
   if constexpr (!std::is_same_v<typename DV::template placement_on<Axis>, To>) {
     auto s = detail::plan_step<Axis, To, Tr>(x, out, x.template comm<Axis>());
-    Request r = s.start(false);
-    r.wait();
-    if (s.finish) s.finish();
+    detail::run_blocking(s);
   }
   return out;
 }
@@ -620,9 +590,28 @@ void redistribute(const DV& x, Axis, const redistributed_t<DV, Axis, To>& out) {
   static_assert(detail::check_step<DV, Axis, To>());
   detail::check_same_global(x, out);
   auto s = detail::plan_step<Axis, To, Tr>(x, out, x.template comm<Axis>());
-  Request r = s.start(false);
-  r.wait();
-  if (s.finish) s.finish();
+  detail::run_blocking(s);
+}
+
+/// Redistributes x over mesh axis Axis to placement To; the collective follows
+/// from (From, To): Shard->Replicate all-gather, Partial->Replicate
+/// all-reduce, Partial->Shard reduce-scatter, Shard<i>->Shard<j> all-to-all,
+/// Replicate->Shard a local slice, equal placements nothing (the result shares
+/// x's data). Collective over the axis. Axis must be one of the axes x's
+/// type names (On<Axis, P>; On<Axis, weft::Replicate> for a replicated
+/// tensor to be sliced): any other does not compile, in every form that takes
+/// an axis tag, because the type cannot tell whether the mesh has it.
+///   auto y = weft::redistribute<weft::Replicate>(x, weft::TP{});
+template <Placement To, DistributedView DV, AxisTag Axis>
+redistributed_t<DV, Axis, To> redistribute(const DV& x, Axis axis) {
+  return redistribute<To, transport::default_for_t<typename DV::memory_space>>(x, axis);
+}
+
+/// As above, writing into `out` (a DistView of the result type and the same
+/// global extents), so that repeated redistributions reuse its memory.
+template <Placement To, DistributedView DV, AxisTag Axis>
+void redistribute(const DV& x, Axis axis, const redistributed_t<DV, Axis, To>& out) {
+  redistribute<To, transport::default_for_t<typename DV::memory_space>>(x, axis, out);
 }
 
 /// Redistributes a DistView placed over a single mesh axis, naming that axis
@@ -646,9 +635,7 @@ auto redistribute(const DV& x, Comm& axis) {
   Out out = detail::make_output<Axis, To>(x);
   if constexpr (!std::is_same_v<typename DV::template placement_on<Axis>, To>) {
     auto s = detail::plan_step<Axis, To>(x, out, axis);
-    Request r = s.start(false);
-    r.wait();
-    if (s.finish) s.finish();
+    detail::run_blocking(s);
   }
   return out;
 }

@@ -24,24 +24,22 @@ struct StageParams {
   double experts() const { return blocks * block_experts; }
 };
 
-/// Elements of one MLP (one expert) on one rank: matrices and the
-/// column-parallel bias split over tp, the row-parallel bias replicated.
-inline double mlp_params_here(const ModelSpec& m, const MeshSpec& s) {
-  const double tp = double(s.tp), D = double(m.d_model), up = double(m.up_cols()), F = double(m.hidden());
-  return (D * up + F * D) / tp + (m.bias ? up / tp + D : 0.0);
-}
 /// The tensor-parallel split of one expert's MLP: 1. weft replicates the
 /// routed (and shared) experts over TP (every TP rank of an EP group runs the
 /// same routing and the same whole experts, docs/moe.md); a dense MLP splits
 /// over tp.
 inline double mlp_tp_split(const ModelSpec& m, const MeshSpec& s) { return m.experts ? 1.0 : double(s.tp); }
+/// Elements of one MLP (one expert) on one rank: a dense MLP's matrices and
+/// column-parallel bias split over tp, the row-parallel bias replicated; an
+/// expert whole (mlp_tp_split).
+inline double mlp_params_here(const ModelSpec& m, const MeshSpec& s) {
+  const double tp = mlp_tp_split(m, s), D = double(m.d_model), up = double(m.up_cols()), F = double(m.hidden());
+  return (D * up + F * D) / tp + (m.bias ? up / tp + D : 0.0);
+}
 /// Of block_params_here, the routed experts' elements (0 in a dense model):
 /// E / ep whole experts, not split over tp.
 inline double block_expert_params_here(const ModelSpec& m, const MeshSpec& s) {
-  if (!m.experts) return 0.0;
-  MeshSpec whole = s;
-  whole.tp = 1;
-  return double(m.experts) / double(s.ep) * mlp_params_here(m, whole);
+  return m.experts ? double(m.experts) / double(s.ep) * mlp_params_here(m, s) : 0.0;
 }
 /// Parameter elements of one block on one rank: matrices and column-parallel
 /// biases split over tp; norms and row-parallel biases replicated; experts
@@ -49,9 +47,7 @@ inline double block_expert_params_here(const ModelSpec& m, const MeshSpec& s) {
 inline double block_params_here(const ModelSpec& m, const MeshSpec& s) {
   const double tp = double(s.tp), D = double(m.d_model), qkv = double(m.qkv_cols());
   const double attn = (D * qkv + D * D) / tp + (m.bias ? qkv / tp + D : 0.0);
-  MeshSpec whole = s;
-  whole.tp = 1;  // experts, routed and shared, are whole on every TP rank
-  const double mlps = m.experts ? block_expert_params_here(m, s) + double(m.shared_experts) * mlp_params_here(m, whole)
+  const double mlps = m.experts ? block_expert_params_here(m, s) + double(m.shared_experts) * mlp_params_here(m, s)
                                 : mlp_params_here(m, s);
   return attn + mlps + double(m.norm_params(2)) + double(m.router_params());
 }
@@ -191,7 +187,7 @@ inline double context_buffer_elements(const ModelSpec& m, const MeshSpec& s) {
 inline double block_saved_elements(const ModelSpec& m, const MeshSpec& s) {
   const double n = rank_tokens(m, s), D = double(m.d_model), tp = double(s.tp);
   const double heads = double(m.heads) / tp, T = double(m.seq), Tq = T / double(s.cp), B = double(m.micro_batch);
-  const double routed = m.experts ? double(m.top_k + m.shared_experts) : 1.0;  // expert rows a token
+  const double routed = double(m.mlp_passes());  // MLP rows a token
   // Sequence parallelism splits the element-wise region over the tokens, and
   // the attention and MLP keep their all-gathered inputs for backward.
   const double sp = s.sequence_split();
@@ -213,7 +209,7 @@ inline double block_saved_elements(const ModelSpec& m, const MeshSpec& s) {
 inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
   const double n = rank_tokens(m, s), D = double(m.d_model), tp = double(s.tp);
   const double heads = double(m.heads) / tp, T = double(m.seq), Tq = T / double(s.cp), B = double(m.micro_batch);
-  const double routed = m.experts ? double(m.top_k + m.shared_experts) : 1.0;  // expert rows a token
+  const double routed = double(m.mlp_passes());  // MLP rows a token
   // Sequence parallelism: the residual-stream gradients are on token shards;
   // attention and MLP each keep a [tokens, D] buffer for the gathered output
   // gradient and the partial input gradient, and the head one for its
@@ -328,7 +324,7 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   // MLP up and down per block; the LM head), pooled with the slot
   // (pipeline.deferred_output_gradients). A MoE block's experts defer theirs
   // for top_k rows a token, and its router for the logits.
-  const double tp = double(s.tp), routed = m.experts ? double(m.top_k + m.shared_experts) : 1.0;
+  const double tp = double(s.tp), routed = double(m.mlp_passes());
   const double deferred_block =
       split ? n * (double(m.qkv_cols()) / tp + D + routed * (double(m.up_cols()) / mlp_tp_split(m, s) + D) +
                    (m.experts ? double(m.experts) : 0.0))
@@ -411,7 +407,7 @@ inline InferenceBudget inference_memory(const ModelSpec& m, std::size_t tp, std:
   const double kv_here = std::max(1.0, double(m.kv()) / double(tp));
   b.kv_cache = 2.0 * sp.blocks * kv_here * double(m.head_dim()) * double(q.context) * double(q.batch) * double(q.kv_bytes);
   const double c = double(std::min(q.prefill_chunk, q.context)), D = double(m.d_model), a = double(m.act_bytes);
-  const double routed = m.experts ? double(m.top_k + m.shared_experts) : 1.0;  // expert rows a token
+  const double routed = double(m.mlp_passes());  // MLP rows a token
   b.workspace = c * (3 * D + double(m.qkv_cols()) / double(tp) + routed * double(m.up_cols() + m.hidden()) / mlp_tp_split(m, s)) * a +
                 double(q.batch) * double(m.vocab) / double(tp) * 4.0;
   // A MoE block's router logits and its grouped expert inputs and outputs (top_k rows a token).

@@ -81,6 +81,9 @@ struct ModelSpec {
   std::size_t up_cols() const { return hidden() * (mlp == Mlp::swiglu ? 2 : 1); }
   /// Experts per block as a count of MLPs (a dense block has one).
   std::size_t mlps() const { return experts ? experts : 1; }
+  /// MLPs one token passes through in a block: top_k routed experts and the
+  /// shared ones in a MoE block, the one MLP in a dense block.
+  std::size_t mlp_passes() const { return experts ? top_k + shared_experts : 1; }
 
   /// Attention parameters of one block (matrices and biases).
   std::size_t attention_params() const {
@@ -108,14 +111,14 @@ struct ModelSpec {
   /// Parameters one token's forward touches in matrix products (top-k experts only).
   std::size_t active_matmul_params() const {
     const std::size_t per_block = d_model * qkv_cols() + d_model * d_model +
-                                  (experts ? top_k + shared_experts : 1) * (d_model * up_cols() + hidden() * d_model) +
+                                  mlp_passes() * (d_model * up_cols() + hidden() * d_model) +
                                   router_params();
     return layers * per_block + d_model * vocab;
   }
   /// Of active_matmul_params(), the experts' (top-k routed and the shared
   /// ones in each block; 0 in a dense model).
   std::size_t active_expert_params() const {
-    return experts ? layers * (top_k + shared_experts) * (d_model * up_cols() + hidden() * d_model) : 0;
+    return experts ? layers * mlp_passes() * (d_model * up_cols() + hidden() * d_model) : 0;
   }
   /// Training FLOPs per token of the experts alone (the part of
   /// train_flops_per_token() that weft does not split over tp: routed and

@@ -496,26 +496,6 @@ class Executor {
 template <class StageT, class Schedule, std::size_t P, std::size_t M>
 Executor(StageT&, Comm&, const Pipeline<Schedule, P, M>&, ExecutorOptions = {}) -> Executor<StageT, Schedule>;
 
-namespace detail {
-// The kernels of train_step_with, outside it: nvcc refuses an extended
-// lambda in a function templated on a lambda type (its Fill).
-template <class Space, class G>
-double grad_sum_squares(const G& g) {
-  double s = 0;
-  Kokkos::parallel_reduce(
-      "weft::pipeline_sumsq", Kokkos::RangePolicy<Space>(0, g.extent(0)),
-      KOKKOS_LAMBDA(std::size_t i, double& acc) { acc += double(g(i)) * double(g(i)); }, s);
-  return s;
-}
-template <class Space, class G>
-void scale_grad(const G& g, double factor) {
-  using V = typename G::non_const_value_type;
-  const V f = V(factor);
-  Kokkos::parallel_for("weft::pipeline_clip", Kokkos::RangePolicy<Space>(0, g.extent(0)),
-                       KOKKOS_LAMBDA(std::size_t i) { g(i) *= f; });
-}
-}  // namespace detail
-
 /// One optimizer step of a pipeline over any stage (optionally composed with
 /// data parallelism over `dp`, whose hooks the stage must call): every DP
 /// rank takes its slice of each microbatch of the global batch of
@@ -529,7 +509,6 @@ template <class Ex, class DP, class Optimizer, class Fill>
 optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_batch, double lr, double clip,
                                   Fill&& fill) {
   auto& stage = ex.stage();
-  using Space = typename std::remove_reference_t<decltype(stage)>::Matrix::execution_space;
   const std::size_t m = std::size_t(ex.microbatches());
   // Under context parallelism DataParallel runs over DP x CP (CP inner, as
   // mesh.axes<DP, CP>() orders it): the CP ranks of a DP rank take the same sequences.
@@ -566,7 +545,9 @@ optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t gl
   auto params = dp ? dp->optimizer_parameters() : stage.parameters();
   Comm* tp = stage.tp_comm();
   double sums[2] = {0, 0};  // TP-sharded, the rest
-  for (auto* p : params) sums[tp && p->tp_sharded() ? 0 : 1] += detail::grad_sum_squares<Space>(p->grad);
+  // The kernels are DataParallel's (weft::detail): nvcc refuses extended
+  // lambdas in this function, which is templated on a lambda type (Fill).
+  for (auto* p : params) sums[tp && p->tp_sharded() ? 0 : 1] += weft::detail::dp_sum_squares(p->grad);
   using HostSums = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   if (dp && dp->mode() != parallel::DPMode::replicate && dp->comm().size() > 1) dp->comm().all_reduce(HostSums(sums, 2));
   if (tp) tp->all_reduce(HostSums(sums, 1));
@@ -574,7 +555,10 @@ optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t gl
   optim::StepResult r;
   r.grad_norm = std::sqrt(sq);
   if (clip > 0 && r.grad_norm > clip) {
-    for (auto* p : params) detail::scale_grad<Space>(p->grad, clip / (r.grad_norm + 1e-6));
+    for (auto* p : params) {
+      using V = typename std::remove_reference_t<decltype(p->grad)>::non_const_value_type;
+      weft::detail::dp_scale(p->grad, V(clip / (r.grad_norm + 1e-6)));
+    }
   }
   opt.step(lr);
   if (dp) dp->sync_parameters();

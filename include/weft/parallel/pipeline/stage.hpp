@@ -325,21 +325,10 @@ class GPTStage {
 
   /// The routing split of the MoE blocks (inactive: one process's routing).
   const nn::ExpertSplit& expert_split() const { return ctx_->ep; }
-  /// The routing statistics of this rank's MoE blocks since the last reset,
-  /// merged in block order (empty on a rank without MoE blocks). The
-  /// statistics of the whole model are those of every pipeline rank:
-  /// moe_statistics_over(pp) gathers them.
-  nn::MoEStats moe_statistics() {
-    nn::MoEStats s;
-    for (auto& k : chunks_)
-      for (auto& b : k.blocks)
-        if (auto* m = b.moe()) s.merge(m->statistics());
-    return s;
-  }
-  /// The whole model's MoE statistics, as nn::GPT::moe_statistics() gives
-  /// them on one process: every pipeline rank's blocks, in block order
-  /// (per-expert counts of block l at l's place). Collective over `pp`, the
-  /// PP axis (every rank gets the result).
+  /// The whole model's MoE statistics since the last reset, as
+  /// nn::GPT::moe_statistics() gives them on one process: every pipeline
+  /// rank's blocks, in block order (per-expert counts of block l at l's
+  /// place). Collective over `pp`, the PP axis (every rank gets the result).
   nn::MoEStats moe_statistics_over(Comm& pp) {
     const std::size_t N = cfg_.experts, L = cfg_.layers;
     // Per block: N counts; then tokens, slots, dropped, entropy, aux, z,
