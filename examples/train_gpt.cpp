@@ -527,11 +527,13 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
     std::printf("train_gpt: %zu parameters, %.2f MFLOP/token, global batch %zu x %zu tokens (%zu microbatches), data %s\n",
                 nparams, flops_per_token * 1e-6, o.batch, c.seq, o.microbatches, data_name.c_str());
     std::printf("train_gpt: strategy %s\n", job.strategy.c_str());
+    const std::string ep_part = job.ep ? " x ep=" + std::to_string(job.ep->size()) : std::string();
     if (pipelined)
-      std::printf("train_gpt: mesh dp=%d (%s) x pp=%d x tp=%d%s, schedule %s, %d microbatches of %zu sequences per dp rank, "
+      std::printf("train_gpt: mesh dp=%d (%s) x pp=%d%s x tp=%d%s, schedule %s, %d microbatches of %zu sequences per dp rank, "
                   "stages (blocks per virtual stage) %s, analytic bubble %.3f\n",
-                  ndp, weft::parallel::to_string(job.dp_mode), npp, ntp, job.sequence_parallel ? " (sequence parallel)" : "",
-                  job.schedule.c_str(), job.microbatches, c.batch, job.stages.c_str(), bubble);
+                  ndp, weft::parallel::to_string(job.dp_mode), npp, ep_part.c_str(), ntp,
+                  job.sequence_parallel ? " (sequence parallel)" : "", job.schedule.c_str(), job.microbatches, c.batch,
+                  job.stages.c_str(), bubble);
     else if (ntp == 1)
       std::printf("train_gpt: mesh dp=%d (%s), %zu sequences per rank per microbatch\n", ndp,
                   weft::parallel::to_string(job.dp_mode), c.batch);
@@ -1010,10 +1012,44 @@ Job job_of(const char* model_name, Model& model, DP& dp, AnyOptimizer& opt) {
   return job;
 }
 
-template <class Strat, class MeshT>
+// The rest of the pipeline path, over either DataParallel engine.
+template <class Strat, class MeshT, class StageT, class DPT>
+int run_pipeline_job(const Options& o, MeshT& mesh, StageT& stage, DPT& dp, const weft::pipeline::StagePartition& part,
+                     const std::string& context, const std::string& strategy, const weft::ops::BlasThreads& bt,
+                     int ranks_per_node, double unigram, const std::string& data_name, const weft::data::TokenStream& stream) {
+  using Sched = weft::strategy_schedule_t<Strat>;
+  const std::size_t L = o.model.layers;
+  stage.set_hooks(&dp);
+  weft::pipeline::Executor ex(stage, mesh.template axis<weft::PP>(), weft::Pipeline<Sched>(o.pp, int(o.microbatches)));
+  AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
+  Job job = job_of<Strat>("weft GPT (pipeline::Stage)", stage, dp, opt);
+  job.strategy = strategy;
+  if (o.cp > 1) job.cp = &mesh.template axis<weft::CP>(), job.context = context;
+  if (o.ep > 1) job.ep = &mesh.template axis<weft::EP>();
+  job.pp = &mesh.template axis<weft::PP>();
+  job.schedule = weft::pipeline::schedule_name<Sched>();
+  job.stages = part.to_string(L);
+  job.microbatches = int(o.microbatches);
+  job.bubble = Sched::bubble_fraction(o.pp, int(o.microbatches), {});
+  job.step = [&](std::size_t step, double lr, weft::metrics::Profiler*) {
+    stage.reset_moe_statistics();
+    const auto r = weft::pipeline::train_step(ex, &dp, opt, stream, step, o.batch, lr, o.clip);
+    stage.update_expert_bias();  // the aux-loss-free balancing step, after the optimizer's
+    return r;
+  };
+  // The whole model's routing statistics: every stage's MoE blocks, gathered over PP.
+  if (o.model.experts > 0) job.moe_stats = [&] { return stage.moe_statistics_over(mesh.template axis<weft::PP>()); };
+  return train(o, job, mesh.template axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
+}
+
+// Strat is the strategy without its CP and EP entries (what Stage is
+// instantiated from); `experts` the routing split of the full strategy, and
+// SplitExperts whether it has an EP policy (then ExpertDataParallel over DP x
+// EP, DP and EP takes the stage's parameters; else DataParallel over DP (x CP)).
+template <class Strat, bool SplitExperts, class MeshT>
 int run_pipeline_on(const Options& o, weft::Environment& env, MeshT& mesh, weft::nn::ContextParallel<float, Space> cp,
-                    const std::string& strategy, const weft::data::TokenStream& stream, const weft::ops::BlasThreads& bt,
-                    int ranks_per_node, double unigram, const std::string& data_name) {
+                    weft::nn::ExpertSplit experts, const std::string& strategy, const weft::data::TokenStream& stream,
+                    const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
   using Sched = weft::strategy_schedule_t<Strat>;
   using DPPolicy = typename Strat::data_parallel;
   Sched::check(o.pp, int(o.microbatches));
@@ -1051,48 +1087,37 @@ int run_pipeline_on(const Options& o, weft::Environment& env, MeshT& mesh, weft:
     }
   }
   const std::string context = cp.policy;
-  // MoE blocks route over the whole microbatch of the DP ranks, as without a pipeline.
-  weft::pipeline::Stage<float, Strat> stage(mesh, o.model, part, Sched::chunks, std::move(cp),
-                                            o.model.experts > 0 ? weft::nn::expert_split_of<Strat>(mesh, o.model)
-                                                                : weft::nn::ExpertSplit{});
-  weft::Comm& grads = o.cp > 1 ? mesh.template axes<weft::DP, weft::CP>() : mesh.template axis<weft::DP>();
-  weft::parallel::DataParallel<float, DPPolicy> dp(grads, stage.parameter_groups(), o.dp_options);
-  stage.set_hooks(&dp);
-  weft::pipeline::Executor ex(stage, mesh.template axis<weft::PP>(), weft::Pipeline<Sched>(o.pp, int(o.microbatches)));
-  AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
-  Job job = job_of<Strat>("weft GPT (pipeline::Stage)", stage, dp, opt);
-  job.strategy = strategy;
-  if (o.cp > 1) job.cp = &mesh.template axis<weft::CP>(), job.context = context;
-  job.pp = &mesh.template axis<weft::PP>();
-  job.schedule = weft::pipeline::schedule_name<Sched>();
-  job.stages = part.to_string(L);
-  job.microbatches = int(o.microbatches);
-  job.bubble = Sched::bubble_fraction(o.pp, int(o.microbatches), {});
-  job.step = [&](std::size_t step, double lr, weft::metrics::Profiler*) {
-    stage.reset_moe_statistics();
-    const auto r = weft::pipeline::train_step(ex, &dp, opt, stream, step, o.batch, lr, o.clip);
-    stage.update_expert_bias();  // the aux-loss-free balancing step, after the optimizer's
-    return r;
-  };
-  // The whole model's routing statistics: every stage's MoE blocks, gathered over PP.
-  if (o.model.experts > 0) job.moe_stats = [&] { return stage.moe_statistics_over(mesh.template axis<weft::PP>()); };
-  return train(o, job, mesh.template axis<weft::TP>(), bt, ranks_per_node, unigram, data_name);
+  // MoE blocks route over the whole microbatch of the DP (x EP) ranks, as without a pipeline.
+  weft::pipeline::Stage<float, Strat> stage(mesh, o.model, part, Sched::chunks, std::move(cp), experts);
+  if constexpr (SplitExperts) {
+    // Dense parameters over DP x EP, each stage's experts over DP.
+    weft::parallel::ExpertDataParallel<float, DPPolicy> dp(mesh.template axes<weft::DP, weft::EP>(), mesh.template axis<weft::DP>(),
+                                                           mesh.template axis<weft::EP>(), stage.parameter_groups(), o.dp_options);
+    return run_pipeline_job<Strat>(o, mesh, stage, dp, part, context, strategy, bt, ranks_per_node, unigram, data_name, stream);
+  } else {
+    weft::Comm& grads = o.cp > 1 ? mesh.template axes<weft::DP, weft::CP>() : mesh.template axis<weft::DP>();
+    weft::parallel::DataParallel<float, DPPolicy> dp(grads, stage.parameter_groups(), o.dp_options);
+    return run_pipeline_job<Strat>(o, mesh, stage, dp, part, context, strategy, bt, ranks_per_node, unigram, data_name, stream);
+  }
 }
 
-// The strategy without its CP entry: what the model, DataParallel and the
-// pipeline are instantiated from (the CP variant reaches the model as
-// nn::ContextParallel, built from its type by context_of), so that the
-// compiled strategies are a sum over CP variants, not a product.
-template <class S>
-struct without_context;
-template <class... E>
-struct without_context<weft::Strategy<E...>> {
+// The strategy without its entry on axis A: what the model, DataParallel and
+// the pipeline are instantiated from. The CP variant reaches the model as
+// nn::ContextParallel, built from its type by context_of, and a pipeline's
+// Experts<N> as the routing split (nn::expert_split_of of the full strategy),
+// so that the compiled strategies are a sum over those variants, not a product.
+template <class S, class A>
+struct without_axis;
+template <class... E, class A>
+struct without_axis<weft::Strategy<E...>, A> {
   template <class X>
-  using keep = std::conditional_t<std::is_same_v<typename X::axis, weft::CP>, std::tuple<>, std::tuple<X>>;
+  using keep = std::conditional_t<std::is_same_v<typename X::axis, A>, std::tuple<>, std::tuple<X>>;
   template <class... X>
   static weft::Strategy<X...> of(std::tuple<X...>);
   using type = decltype(of(std::tuple_cat(std::declval<keep<E>>()...)));
 };
+template <class S>
+struct without_context : without_axis<S, weft::CP> {};
 
 // The model's context parallelism under the CP policy C (none for NoPolicy): one instantiation per variant.
 template <class C, class MeshT>
@@ -1101,7 +1126,7 @@ weft::nn::ContextParallel<float, Space> context_of(MeshT& mesh) {
   else return weft::context::attention_of<C, float, Space>(mesh.template axis<weft::CP>());
 }
 
-// The pipeline path of strategy S (CP included): the mesh is DP x PP x CP x TP.
+// The pipeline path of strategy S (CP or EP included): the mesh is DP x PP x CP x EP x TP.
 template <class S>
 int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
                       const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name);
@@ -1175,10 +1200,14 @@ int run_data_tensor(const Options& o, weft::Environment& env, int ndp, const wef
 template <class S>
 int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const weft::data::TokenStream& stream,
                       const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
-  weft::Mesh<weft::DP, weft::PP, weft::CP, weft::TP> mesh(env.world(), {.dp = ndp, .pp = o.pp, .tp = o.tp, .cp = o.cp});
+  weft::Mesh<weft::DP, weft::PP, weft::CP, weft::EP, weft::TP> mesh(env.world(),
+                                                                    {.dp = ndp, .pp = o.pp, .tp = o.tp, .cp = o.cp, .ep = o.ep});
   weft::validate_strategy<S>(mesh, o.model.heads);
-  return run_pipeline_on<typename without_context<S>::type>(o, env, mesh, context_of<typename S::context_parallel>(mesh),
-                                                             S::name(), stream, bt, ranks_per_node, unigram, data_name);
+  const weft::nn::ExpertSplit experts =
+      o.model.experts > 0 ? weft::nn::expert_split_of<S>(mesh, o.model) : weft::nn::ExpertSplit{};
+  using Stripped = typename without_axis<typename without_context<S>::type, weft::EP>::type;
+  return run_pipeline_on<Stripped, S::expert_parallel_v>(o, env, mesh, context_of<typename S::context_parallel>(mesh),
+                                                         experts, S::name(), stream, bt, ranks_per_node, unigram, data_name);
 }
 
 // ---------------------------------------------------------------------------
@@ -1252,16 +1281,25 @@ int pick_strategy(const Options& o, F&& f) {
     if (o.context == "alltoall") return g(std::type_identity<weft::Context<weft::AllToAll>>{});
     return g(std::type_identity<weft::Context<weft::Ring>>{});
   };
-  if (o.ep > 1) {  // expert parallelism: DP x EP x TP, no pipeline or CP (checked before)
+  if (o.ep > 1) {  // expert parallelism: DP x (PP x) EP x TP, no CP or SP (checked before)
     auto with_experts = [&](auto g) -> int {
       if (o.model.experts == 8) return g(std::type_identity<weft::Experts<8>>{});
       return g(std::type_identity<weft::Experts<4>>{});
     };
     return with_dp([&]<class D>(std::type_identity<D>) {
       return with_experts([&]<class X>(std::type_identity<X>) {
-        if (o.tp == 1) return f(std::type_identity<weft::Strategy<weft::On<weft::DP, D>, weft::On<weft::EP, X>>>{});
-        return f(std::type_identity<
-                 weft::Strategy<weft::On<weft::DP, D>, weft::On<weft::EP, X>, weft::On<weft::TP, weft::TensorParallel<>>>>{});
+        return with_schedule([&]<class Sched>(std::type_identity<Sched>) {
+          using E = weft::On<weft::EP, X>;
+          if constexpr (std::is_void_v<Sched>) {
+            if (o.tp == 1) return f(std::type_identity<weft::Strategy<weft::On<weft::DP, D>, E>>{});
+            return f(std::type_identity<weft::Strategy<weft::On<weft::DP, D>, E, weft::On<weft::TP, weft::TensorParallel<>>>>{});
+          } else {
+            using P = weft::On<weft::PP, weft::Pipeline<Sched>>;
+            if (o.tp == 1) return f(std::type_identity<weft::Strategy<weft::On<weft::DP, D>, P, E>>{});
+            return f(std::type_identity<
+                     weft::Strategy<weft::On<weft::DP, D>, P, E, weft::On<weft::TP, weft::TensorParallel<>>>>{});
+          }
+        });
       });
     });
   }
@@ -1317,12 +1355,9 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
                  " or change --mesh");
   }
   WEFT_REQUIRE(o.model.experts == 0 || (o.cp == 1 && !o.sequence_parallel), ConfigError, "--experts ",
-               o.model.experts, ": mixture-of-experts blocks run under data, expert, tensor and pipeline parallelism "
-               "(--mesh dp=A,ep=E,tp=T or dp=A,pp=P,tp=T); context parallelism and --sequence-parallel are not "
+               o.model.experts, ": mixture-of-experts blocks run under data, pipeline, expert and tensor parallelism "
+               "(--mesh dp=A,pp=P,ep=E,tp=T); context parallelism and --sequence-parallel are not "
                "implemented for them (docs/moe.md)");
-  WEFT_REQUIRE(o.ep == 1 || o.pp == 1, ConfigError, "--mesh ep=", o.ep, ",pp=", o.pp,
-               ": expert parallelism under a pipeline is not implemented; a pipeline runs the experts on every rank "
-               "of a stage (ep=1), or drop pp for ep > 1 (docs/moe.md)");
   WEFT_REQUIRE(o.ep == 1 || o.model.experts > 0, ConfigError, "--mesh ep=", o.ep,
                ": expert parallelism splits the experts of mixture-of-experts blocks; add --experts N");
   if (o.ep > 1) {

@@ -85,15 +85,29 @@ class ExpertDataParallel final : public nn::GroupHooks {
   /// Clips by the norm of all gradients of the model (every expert of every
   /// EP rank counted once) and returns it before clipping.
   double clip_grad_norm(double max_norm, Comm* tp = nullptr) {
+    const double norm = std::sqrt(gradient_squares(tp));
+    if (max_norm > 0 && norm > max_norm) scale_gradients(max_norm / (norm + 1e-6));
+    return norm;
+  }
+  /// The squared norm of all gradients this rank's model holds (clip_grad_norm's
+  /// sum before the square root): the dense engine's, plus the experts'
+  /// summed over EP. Collective over the data group, DP, EP and tp.
+  double gradient_squares(Comm* tp = nullptr) {
     double ex = experts_.gradient_squares(tp);
     Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> v(&ex, 1);
     ep_.all_reduce(v);
-    const double norm = std::sqrt(dense_.gradient_squares(tp) + ex);
-    if (max_norm > 0 && norm > max_norm) {
-      dense_.scale_gradients(max_norm / (norm + 1e-6));
-      experts_.scale_gradients(max_norm / (norm + 1e-6));
-    }
-    return norm;
+    return dense_.gradient_squares(tp) + ex;
+  }
+  /// Multiplies every gradient this rank holds by f (clipping).
+  void scale_gradients(double f) {
+    dense_.scale_gradients(f);
+    experts_.scale_gradients(f);
+  }
+  /// DataParallel::set_weight_gradients_deferred for both engines (schedules
+  /// that split backward, pipeline::ZeroBubble).
+  void set_weight_gradients_deferred(bool on) {
+    dense_.set_weight_gradients_deferred(on);
+    experts_.set_weight_gradients_deferred(on);
   }
   /// After the optimizer step (DataParallel::sync_parameters for both sets).
   void sync_parameters() {

@@ -542,16 +542,23 @@ optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t gl
   // The global gradient norm: stages hold disjoint parameters; sharded DP
   // modes hold disjoint pieces, replicate holds copies; TP-sharded
   // parameters are disjoint pieces over TP, TP-replicated ones copies.
+  // (With data parallelism its engine sums them: ExpertDataParallel counts
+  // the experts of every EP rank once.)
   auto params = dp ? dp->optimizer_parameters() : stage.parameters();
   Comm* tp = stage.tp_comm();
-  double sums[2] = {0, 0};  // TP-sharded, the rest
-  // The kernels are DataParallel's (weft::detail): nvcc refuses extended
-  // lambdas in this function, which is templated on a lambda type (Fill).
-  for (auto* p : params) sums[tp && p->tp_sharded() ? 0 : 1] += weft::detail::dp_sum_squares(p->grad);
-  using HostSums = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  if (dp && dp->mode() != parallel::DPMode::replicate && dp->comm().size() > 1) dp->comm().all_reduce(HostSums(sums, 2));
-  if (tp) tp->all_reduce(HostSums(sums, 1));
-  const double sq = ex.sum_over_pipeline(sums[0] + sums[1]);
+  double local_sq = 0;
+  if (dp) {
+    local_sq = dp->gradient_squares(tp);
+  } else {
+    double sums[2] = {0, 0};  // TP-sharded, the rest
+    // The kernels are DataParallel's (weft::detail): nvcc refuses extended
+    // lambdas in this function, which is templated on a lambda type (Fill).
+    for (auto* p : params) sums[tp && p->tp_sharded() ? 0 : 1] += weft::detail::dp_sum_squares(p->grad);
+    using HostSums = Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    if (tp) tp->all_reduce(HostSums(sums, 1));
+    local_sq = sums[0] + sums[1];
+  }
+  const double sq = ex.sum_over_pipeline(local_sq);
   optim::StepResult r;
   r.grad_norm = std::sqrt(sq);
   if (clip > 0 && r.grad_norm > clip) {

@@ -99,10 +99,12 @@ class GPTStage {
   ///
   /// With mixture-of-experts blocks (cfg.experts > 0), `experts` is the
   /// routing split (nn::expert_split_of<Strategy>(mesh, cfg)): its data
-  /// ranks (the DP axis) share each microbatch, so that capacity and drops
-  /// are decided over the whole microbatch, as in nn::GPT. Expert
-  /// parallelism (an EP axis of extent > 1) is not supported under a
-  /// pipeline yet (ConfigError).
+  /// ranks (the DP axis, or DP x EP) share each microbatch, so that capacity
+  /// and drops are decided over the whole microbatch, as in nn::GPT. With an
+  /// EP axis of extent > 1 each stage's MoE blocks hold N / ep of the experts
+  /// and exchange tokens over the stage's EP ranks (which run the same
+  /// schedule, so their exchanges pair up); the stage's parameters then go
+  /// to a parallel::ExpertDataParallel over DP x EP, DP and EP.
   template <class MeshT>
     requires requires(MeshT& m) { m.template extent<PP>(); }
   GPTStage(MeshT& mesh, const nn::GPTConfig& cfg, const StagePartition& part, int chunks = 1,
@@ -141,8 +143,6 @@ class GPTStage {
         ctx_(std::make_shared<nn::Context>(
             nn::Context{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, experts})),
         ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
-    WEFT_REQUIRE(!experts.active(), ConfigError, "pipeline::Stage: expert parallelism (ep=", experts.ep_size(),
-                 ") under a pipeline is not supported yet; use ep=1 (the experts on every rank of a stage) or pp=1");
     WEFT_REQUIRE(cfg.experts > 0 || !experts.global(), ConfigError,
                  "pipeline::Stage: a routing split was given for a model without mixture-of-experts blocks");
     WEFT_REQUIRE(!cfg.recompute, ConfigError,
