@@ -175,6 +175,35 @@ KOKKOS_INLINE_FUNCTION T lane_sum(std::size_t n, const F& f) {
   return acc[0];
 }
 
+/// Element-wise row kernels over n elements, in blocks of row_lanes and then
+/// the rest: y = a x (row_scale_to), y += a x (row_axpy), y *= a
+/// (row_scale). At -O2 the compiler's cheap cost model leaves a plain loop
+/// of unknown trip count scalar; these blocks it vectorises, given that y
+/// and x do not overlap (`__restrict`, which the callers must honour).
+template <class T>
+KOKKOS_INLINE_FUNCTION void row_scale_to(T* __restrict y, const T* __restrict x, T a, std::size_t n) {
+  std::size_t j = 0;
+  for (; j + row_lanes <= n; j += row_lanes)
+    for (std::size_t k = 0; k < row_lanes; ++k) y[j + k] = a * x[j + k];
+  for (; j < n; ++j) y[j] = a * x[j];
+}
+/// See row_scale_to.
+template <class T>
+KOKKOS_INLINE_FUNCTION void row_axpy(T* __restrict y, const T* __restrict x, T a, std::size_t n) {
+  std::size_t j = 0;
+  for (; j + row_lanes <= n; j += row_lanes)
+    for (std::size_t k = 0; k < row_lanes; ++k) y[j + k] += a * x[j + k];
+  for (; j < n; ++j) y[j] += a * x[j];
+}
+/// See row_scale_to.
+template <class T>
+KOKKOS_INLINE_FUNCTION void row_scale(T* __restrict y, T a, std::size_t n) {
+  std::size_t j = 0;
+  for (; j + row_lanes <= n; j += row_lanes)
+    for (std::size_t k = 0; k < row_lanes; ++k) y[j + k] *= a;
+  for (; j < n; ++j) y[j] *= a;
+}
+
 /// max_j f(j) for j in [0, n), n >= 1, with row_lanes partial maxima.
 template <class T, class F>
 KOKKOS_INLINE_FUNCTION T lane_max(std::size_t n, const F& f) {

@@ -559,25 +559,30 @@ class ModelRunner {
         KOKKOS_LAMBDA(std::size_t i) {
           const std::size_t r = i / Hq, h = i % Hq, kvc = (h / group) * hd, p = std::size_t(pv(r)), s = std::size_t(sv(r));
           const std::size_t q0 = h * hd;
+          // Rows are contiguous (LayoutRight): the head's query, output and each
+          // cached key and value row are hd consecutive elements.
+          const T* q = &qkv(r, q0);
+          T* o = &heads(r, q0);
           T mx = 0, sum = 0;
-          for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) = 0;
+          for (std::size_t d = 0; d < hd; ++d) o[d] = 0;
           for (std::size_t j = 0; j <= p; ++j) {
             const std::size_t blk = std::size_t(bt(s, j / bs)), slot = j % bs;
-            T dot = 0;
-            for (std::size_t d = 0; d < hd; ++d) dot += qkv(r, q0 + d) * K(layer, blk, slot, kvc + d);
-            dot *= scale;
+            const T* k = &K(layer, blk, slot, kvc);
+            const T* v = &V(layer, blk, slot, kvc);
+            // Interleaved partial sums: the dot product vectorises.
+            const T dot = ops::detail::lane_sum<T>(hd, [=](std::size_t d) { return q[d] * k[d]; }) * scale;
             if (j == 0 || dot > mx) {  // a new maximum: rescale what is summed so far
               const T c = j == 0 ? T(0) : ops::math::fast_exp(mx - dot);
               sum *= c;
-              for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) *= c;
+              ops::detail::row_scale(o, c, hd);
               mx = dot;
             }
             const T e = ops::math::fast_exp(dot - mx);
             sum += e;
-            for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) += e * V(layer, blk, slot, kvc + d);
+            ops::detail::row_axpy(o, v, e, hd);  // o (the heads' output) and v (the cache) do not overlap
           }
           const T inv = T(1) / sum;
-          for (std::size_t d = 0; d < hd; ++d) heads(r, q0 + d) *= inv;
+          ops::detail::row_scale(o, inv, hd);
         });
   }
 
