@@ -13,9 +13,16 @@
 //              (profiler scopes moe_dispatch + moe_combine, forward and
 //              backward: the gathers, counts, permutations, all_to_allv and
 //              the gate-weighted sums)
+//              inside the training steps, so with the waits for the rank
+//              whose experts got the most tokens
+//   exchange   after training, each MoE block's dispatch and combine alone,
+//              forward and backward, on its last routing, after a barrier
+//              (MoE::replay_exchange: the path the blocks take, node-shared
+//              or all_to_allv, with its counts, permutations and gate sums)
 //   bare       the same exchanges as bare Comm::all_to_allv calls of the same
-//              per-rank counts on preallocated buffers (4 per MoE block per
-//              step), timed the same way; ratio = bare / d+c (target >= 0.9)
+//              per-rank counts on preallocated buffers (4 per MoE block),
+//              each block after a barrier, interleaved with the replays;
+//              ratio = bare / exchange (target >= 0.9)
 //
 //   mpirun -n 2 bench_moe [--steps 3] [--warmup 1] [--batch 4] [--layers 4 --d-model 256 --heads 4 --seq 128 --vocab 4096]
 //                         [--expert-hidden 512] [--top-k 2] [--capacity-factor 1.25]
@@ -55,6 +62,8 @@ struct Result {
   double dispatch_combine = 0;            // per step, rank 0
   double imbalance = 0, dropped = 0;      // over the measured steps
   double bare = 0;                        // per step, rank 0: the same exchanges as bare all_to_allv
+  double replay = 0;                      // per step, rank 0: the blocks' exchanges alone (replay_exchange)
+  bool node_exchange = false;             // the blocks took the node-shared exchange
 };
 
 template <class Step>
@@ -132,8 +141,11 @@ Result run_moe(weft::Environment& env, const Args& a, const weft::data::TokenStr
   for (const auto& [name, e] : prof.entries())
     if (name == "moe_dispatch" || name == "moe_combine") r.dispatch_combine += e.seconds;
   r.dispatch_combine /= n;
-  // The same exchanges as bare all_to_allv calls: each MoE block's last counts,
-  // dispatch and combine, forward and backward.
+  // The exchanges alone, each MoE block after a barrier (so that no rank
+  // waits for another's experts): the blocks' own dispatch and combine,
+  // forward and backward, replayed on their last routing
+  // (MoE::replay_exchange), against bare all_to_allv calls of the same
+  // per-rank counts on preallocated buffers (4 per block), in the same run.
   auto& ep = mesh.axis<weft::EP>();
   const std::size_t D = c.d_model, P = std::size_t(world.size());
   std::vector<std::vector<int>> sends, recvs;
@@ -155,17 +167,38 @@ Result run_moe(weft::Environment& env, const Args& a, const weft::data::TokenStr
   }
   Kokkos::View<float*, Space> x("bare.send", most), y("bare.recv", most);
   Kokkos::deep_copy(x, 1.0f);
-  std::vector<double> bare;
+  weft::ops::Matrix<float, Space> h("replay.h", c.tokens(), D), out("replay.out", c.tokens(), D),
+      dout("replay.dout", c.tokens(), D), dh("replay.dh", c.tokens(), D);
+  Kokkos::deep_copy(h, 1.0f);
+  Kokkos::deep_copy(dout, 1e-3f);
+  typename weft::nn::MoE<float, Space>::Workspace w(c);
+  std::vector<double> bare, replay;
   for (std::size_t rep = 0; rep < a.warmup + a.steps; ++rep) {
-    world.barrier();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (std::size_t i = 0; i < sends.size(); ++i)
+    double tb = 0, tr = 0;
+    for (std::size_t i = 0, l = 0; l < c.layers; ++l) {
+      auto* moe = gpt.moe_layer(l);
+      if (!moe) continue;
+      world.barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      moe->replay_exchange(h, gpt.moe_saved(l), out, dout, dh, w);
+      Kokkos::fence();
+      tr += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      world.barrier();
+      t0 = std::chrono::steady_clock::now();
       for (int pass = 0; pass < 2; ++pass) {  // forward and backward
         ep.all_to_allv(x, std::span<const int>(sends[i]), y, std::span<const int>(recvs[i]));
         ep.all_to_allv(y, std::span<const int>(recvs[i]), x, std::span<const int>(sends[i]));
       }
-    if (rep >= a.warmup) bare.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      tb += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++i;
+    }
+    if (rep >= a.warmup) {
+      bare.push_back(tb);
+      replay.push_back(tr);
+    }
   }
+  r.replay = median(replay);
+  r.node_exchange = gpt.moe_layer(0) ? gpt.moe_layer(0)->node_exchange() : false;
   r.bare = median(bare);
   return r;
 }
@@ -209,20 +242,21 @@ int main(int argc, char** argv) {
   const Result dense = run_dense(env, a, data);
   const Result moe = run_moe(env, a, data);
   if (!root) return 0;
-  std::printf("\n%-6s %10s %9s %12s %10s %11s %10s %10s %8s\n", "model", "tok/s", "step s", "a2a exposed", "a2a MB",
-              "imbalance", "d+c s", "bare s", "dropped");
-  std::printf("%-6s %10.0f %9.4f %12s %10s %11s %10s %10s %8s\n", "dense", dense.tokens_per_second, dense.step_seconds, "-",
-              "-", "-", "-", "-", "-");
-  std::printf("%-6s %10.0f %9.4f %11.1f%% %10.2f %11.3f %10.4f %10.4f %7.1f%%\n", "moe", moe.tokens_per_second,
+  std::printf("\n%-6s %10s %9s %12s %10s %11s %10s %10s %10s %8s\n", "model", "tok/s", "step s", "a2a exposed", "a2a MB",
+              "imbalance", "d+c s", "exchange s", "bare s", "dropped");
+  std::printf("%-6s %10.0f %9.4f %12s %10s %11s %10s %10s %10s %8s\n", "dense", dense.tokens_per_second, dense.step_seconds,
+              "-", "-", "-", "-", "-", "-", "-");
+  std::printf("%-6s %10.0f %9.4f %11.1f%% %10.2f %11.3f %10.4f %10.4f %10.4f %7.1f%%\n", "moe", moe.tokens_per_second,
               moe.step_seconds, 100 * moe.a2a_seconds / moe.step_seconds, moe.a2a_bytes / 1e6, moe.imbalance,
-              moe.dispatch_combine, moe.bare, 100 * moe.dropped);
+              moe.dispatch_combine, moe.replay, moe.bare, 100 * moe.dropped);
   std::printf("\nMoE tok/s / dense tok/s (same active parameters): %.3f\n", moe.tokens_per_second / dense.tokens_per_second);
   std::printf("exposed all-to-all: %.1f%% of the MoE step; imbalance max/mean %.3f\n",
               100 * moe.a2a_seconds / moe.step_seconds, moe.imbalance);
-  std::printf("bare all_to_allv / (dispatch + combine) of the same bytes: %.3f (target >= 0.9)\n",
-              moe.dispatch_combine > 0 ? moe.bare / moe.dispatch_combine : 0.0);
-  std::printf("  dispatch + combine %.4f s per step = all_to_allv inside the blocks %.4f s (with the wait for the slowest "
-              "peer) + gathers, counts, permutations and gate sums %.4f s; bare all_to_allv %.4f s\n",
-              moe.dispatch_combine, moe.a2a_seconds, moe.dispatch_combine - moe.a2a_seconds, moe.bare);
+  std::printf("exchange path: %s\n", moe.node_exchange ? "node-shared rows" : "all_to_allv");
+  std::printf("bare all_to_allv / (dispatch + combine) of the same bytes, each block after a barrier: %.3f (target >= 0.9)\n",
+              moe.replay > 0 ? moe.bare / moe.replay : 0.0);
+  std::printf("  in the training steps: dispatch + combine %.4f s per step, of which %.4f s in the exchanges (with the "
+              "wait for the slowest peer's experts)\n",
+              moe.dispatch_combine, moe.a2a_seconds);
   return 0;
 }

@@ -7,8 +7,10 @@
 // whole ranks without tokens, and nothing changes; ExpertDataParallel with
 // train_step follows the single-process loss curve under each DP policy;
 // and the configuration errors name what works.
+#include <cstdlib>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -181,6 +183,10 @@ TEST_CASE("Experts<4> on every dp x ep mesh: the single-process loss, gradients 
         CHECK(test::rel(p.stats.z_loss, ref.stats.z_loss) < 1e-12);
         CHECK(std::abs(p.stats.entropy() - ref.stats.entropy()) < 1e-12);
         CHECK((ep == 1) == (p.stats.a2a_bytes == 0));
+        // Ranks of one node take the node-shared exchange unless WEFT_MOE_EXCHANGE=mpi (the ctest
+        // cases test_expert_parallel_mpi.*) sends them through all_to_allv.
+        const char* path = std::getenv("WEFT_MOE_EXCHANGE");
+        CHECK(split.moe_layer(0)->node_exchange() == (ep > 1 && !(path && std::string(path) == "mpi")));
         CHECK(grad_diff(p, ref, data, W / ep > 1 ? &mesh.axis<DP>() : nullptr, mesh.axis<EP>(), 2 * 4 * 4) < 1e-10);
       }
     }

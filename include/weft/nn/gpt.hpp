@@ -304,8 +304,9 @@ class GPTModel {
   MoE<T, Space>* moe_layer(std::size_t l) { return blocks_.at(l).moe(); }
   /// The routing saved by block l's last forward (block l must be a MoE
   /// block; under recompute the blocks share one set, which holds the last
-  /// block that ran).
-  const typename MoE<T, Space>::Saved& moe_saved(std::size_t l) { return last_moe_saved(blocks_.at(l)); }
+  /// block that ran). Not const: a benchmark may replay its exchange
+  /// (MoE::replay_exchange).
+  typename MoE<T, Space>::Saved& moe_saved(std::size_t l) { return last_moe_saved(blocks_.at(l)); }
 
   /// Installs hooks called around each group's forward and backward (null removes them).
   void set_hooks(GroupHooks* h) { hooks_ = h; }
@@ -372,7 +373,7 @@ class GPTModel {
     return sequence_sum(sum) / double(global_.tokens());
   }
 
-  static const typename MoE<T, Space>::Saved& last_moe_saved(Block<T, Space>& b) { return *b.saved()->moe; }
+  static typename MoE<T, Space>::Saved& last_moe_saved(Block<T, Space>& b) { return *b.saved()->moe; }
 
   // The loss sum of whole sequences: this rank's tokens' sum, summed over CP.
   double sequence_sum(double local) const {

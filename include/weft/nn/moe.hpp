@@ -9,13 +9,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <weft/comm/comm.hpp>
+#include <weft/comm/node_local.hpp>
 #include <weft/nn/linear.hpp>
 #include <weft/nn/mlp.hpp>
 #include <weft/parallel/strategy.hpp>
@@ -34,6 +40,147 @@ void moe_permute_rows(const M& src, const P& perm, const M& dst, std::size_t row
         const std::size_t a = gather ? g : std::size_t(perm(g)), b = gather ? std::size_t(perm(g)) : g;
         for (std::size_t j = 0; j < D; ++j) dst(a, j) = src(b, j);
       });
+}
+
+// ------------------------------------------------------------ node-shared exchange
+// Expert parallelism between the ranks of one node, on host memory: every
+// forward pass's expert-side rows live in one MPI shared-memory window per
+// MoE::Saved (each EP rank's segment holds its grouped inputs gx, outputs gy,
+// output gradients dgy and input gradients dgx), so a token's rank writes its
+// rows straight into the rows of the expert's rank that hold them, and reads
+// the experts' outputs from there for the gate-weighted sum: the gather, the
+// exchange and the permutation by expert are one pass, and so are the
+// exchange back and the combine (docs/moe.md, "Exchange").
+struct MoEWindow {
+  std::unique_ptr<weft::detail::SharedSegment> seg;
+  std::vector<char*> data;  // every rank's segment from its first 64-byte boundary
+  std::size_t rows = 0, cols = 0, elem = 0;
+  weft::detail::SyncSite site;
+
+  MoEWindow(const MoEWindow&) = delete;
+  MoEWindow& operator=(const MoEWindow&) = delete;
+  // Collective over `comm` (every rank with the same rows and cols).
+  MoEWindow(Comm& comm, std::size_t rows_, std::size_t cols_, std::size_t elem_)
+      : rows(rows_), cols(cols_), elem(elem_), site(weft::detail::sync_site(comm)) {
+    bool aligned = true;
+    seg = weft::detail::allocate_shared_segment(comm.native(), comm.name(), 4 * rows * cols * elem + 64, 1,
+                                                "weft::nn::MoE exchange rows", aligned);
+    for (char* b : seg->bases) {
+      const auto a = reinterpret_cast<std::uintptr_t>(b);
+      data.push_back(b + (64 - a % 64) % 64);
+    }
+    // Every owner has zero-filled its segment before anyone writes into it.
+    weft::detail::shared_barrier(site, "the barrier after allocating the MoE exchange window");
+  }
+  // Collective over the EP ranks (they destroy their passes' buffers at the
+  // same points of the program); left allocated when MPI is finalised or the
+  // process is leaving with an error, as the staging window is.
+  ~MoEWindow() {
+    if (!seg) return;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin || std::uncaught_exceptions() > 0 || weft::detail::comm_poisoned()) return;
+    weft::detail::free_shared_segment(*seg);
+  }
+  std::size_t bytes() const { return seg ? seg->bytes : 0; }
+  // Matrix m (0 gx, 1 gy, 2 dgy, 3 dgx) of EP rank r.
+  template <class T>
+  T* mat(std::size_t r, int m) const {
+    return reinterpret_cast<T*>(data[r]) + std::size_t(m) * rows * cols;
+  }
+  // Makes this rank's writes visible to its peers and theirs to it, once every
+  // rank has arrived (the unified memory model's rule for load/store access).
+  void sync(const char* what) {
+    MPI_Win_sync(seg->win);
+    weft::detail::shared_barrier(site, what);
+    MPI_Win_sync(seg->win);
+  }
+};
+
+// Row pointers of a host matrix whose rows are contiguous.
+template <class V>
+auto moe_rows(const V& v, const char* what) {
+  WEFT_REQUIRE(v.extent(0) == 0 || v.extent(1) <= 1 || v.stride(1) == 1, ShapeError, "nn::MoE: the ", what,
+               " must have contiguous rows for the node-shared exchange (stride ", v.stride(1), ")");
+  return std::pair{v.data(), std::size_t(v.stride(0))};
+}
+
+// Row r of the rows this rank routes goes to row dest[r] of EP rank peer[r]'s
+// matrix m: dst = src(row_token(r)), times row_gate(r) when `gated`. With
+// `dgate` (the backward of the combine), also dgate(slot(r)) = src(t) . that
+// row of the peer's outputs (matrix 1), in the same pass over the row.
+template <class T, class SV, class IV, class GV, class DG>
+void moe_push_rows(const SV& src, const IV& row_token, const GV& row_gate, bool gated, const MoEWindow& w, int m,
+                   const int* peer, const int* dest, std::size_t rows, const DG* dgate, const int* row_slot) {
+  const std::size_t D = w.cols;
+  std::vector<T*> base(w.data.size()), outs(w.data.size());
+  for (std::size_t r = 0; r < base.size(); ++r) {
+    base[r] = w.mat<T>(r, m);
+    outs[r] = w.mat<T>(r, 1);
+  }
+  T* const* b = base.data();
+  T* const* y = outs.data();
+  const auto [sp, ss] = moe_rows(src, "rows sent");
+  const bool grad = dgate != nullptr;
+  DG dg = grad ? *dgate : DG();
+  Kokkos::parallel_for(
+      "weft::moe_push_rows", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, rows), [=](std::size_t r) {
+        const T* __restrict x = sp + std::size_t(row_token(r)) * ss;
+        T* __restrict dst = b[peer[r]] + std::size_t(dest[r]) * D;
+        if (gated)
+          ops::detail::row_scale_to(dst, x, T(row_gate(r)), D);
+        else
+          std::memcpy(dst, x, D * sizeof(T));
+        if (grad) {
+          const T* __restrict yr = y[peer[r]] + std::size_t(dest[r]) * D;
+          dg(row_slot[r]) = ops::detail::lane_sum<T>(D, [=](std::size_t j) { return x[j] * yr[j]; });
+        }
+      });
+  Kokkos::DefaultHostExecutionSpace().fence();
+}
+
+// out(t) = sum over token t's kept slots, in choice order, of (row_gate when
+// `gated`) x row dest[r] of EP rank peer[r]'s matrix m, r = slot_row(t K + q).
+template <class T, class OV, class IV, class GV>
+void moe_pull_sum(const OV& out, const IV& slot_row, const GV& row_gate, bool gated, const MoEWindow& w, int m,
+                  const int* peer, const int* dest, std::size_t n, std::size_t K) {
+  const std::size_t D = w.cols;
+  std::vector<const T*> base(w.data.size());
+  for (std::size_t r = 0; r < base.size(); ++r) base[r] = w.mat<T>(r, m);
+  const T* const* b = base.data();
+  const auto [op, os] = moe_rows(out, "output");
+  Kokkos::parallel_for(
+      "weft::moe_pull_sum", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, n), [=](std::size_t t) {
+        T* __restrict o = op + t * os;
+        bool first = true;
+        for (std::size_t q = 0; q < K; ++q) {
+          const int r = slot_row(t * K + q);
+          if (r < 0) continue;
+          const T* __restrict src = b[peer[r]] + std::size_t(dest[r]) * D;
+          const T g = gated ? T(row_gate(r)) : T(1);
+          if (first)
+            ops::detail::row_scale_to(o, src, g, D);
+          else
+            ops::detail::row_axpy(o, src, g, D);
+          first = false;
+        }
+        if (first)
+          for (std::size_t j = 0; j < D; ++j) o[j] = T(0);
+      });
+  Kokkos::DefaultHostExecutionSpace().fence();
+}
+
+// Which exchange EP takes between host ranks of one node: the node-shared
+// rows (default) or MPI's all_to_allv; WEFT_MOE_EXCHANGE=mpi forces the
+// latter (every rank must see the same value). Read once.
+inline bool moe_node_exchange_allowed() {
+  static const bool v = [] {
+    const char* e = std::getenv("WEFT_MOE_EXCHANGE");
+    if (e == nullptr || std::strcmp(e, "node") == 0) return true;
+    WEFT_REQUIRE(std::strcmp(e, "mpi") == 0, ConfigError, "WEFT_MOE_EXCHANGE must be 'node' or 'mpi', got '", e, "'");
+    return false;
+  }();
+  return v;
 }
 }  // namespace detail
 
@@ -139,6 +286,12 @@ class MoE {
     Kokkos::View<int*, Space> perm;      ///< [R] grouped row g arrived as row perm(g)
     std::vector<std::size_t> goffsets;   ///< [local experts + 1] first grouped row of each local expert
     std::vector<int> send_rows, recv_rows;  ///< [ep] rows sent to / received from each EP rank
+    /// The node-shared exchange (EP ranks of one node, host memory): the
+    /// window that holds gx, gy and their gradients on every EP rank, and,
+    /// for each of this rank's grouped rows, the EP rank and the row there
+    /// that hold it. Null / empty on the all_to_allv path.
+    std::shared_ptr<detail::MoEWindow> window;
+    std::vector<int> row_peer, row_dest, row_slot;  ///< row_slot: the slot t k + j of each grouped row
 
     Saved() = default;
     /// For config c (its tokens per forward pass).
@@ -161,6 +314,7 @@ class MoE {
                       detail::bytes_of(up) + detail::bytes_of(act) + detail::bytes_of(row_token) +
                       detail::bytes_of(row_gate) + detail::bytes_of(slot_row) + detail::bytes_of(shared_out);
       if (xrecv.extent(0)) b += detail::bytes_of(gx) + detail::bytes_of(gy) + detail::bytes_of(xrecv) + detail::bytes_of(perm);
+      if (window) b += window->bytes();
       for (const auto& s : shared) b += s.bytes();
       return b;
     }
@@ -252,57 +406,18 @@ class MoE {
   /// shared experts), filling s. h, out: [tokens, D].
   template <class HV, class OV>
   void forward(const HV& h, Saved& s, const OV& out) {
-    const std::size_t n = h.extent(0), N = cfg_.experts, K = cfg_.top_k, D = cfg_.d_model;
+    const std::size_t n = h.extent(0);
     WEFT_REQUIRE(s.logits.extent(0) == n && out.extent(0) == n, ShapeError, "nn::MoE: input has ", n,
                  " tokens but the saved activations hold ", s.logits.extent(0), " and the output ", out.extent(0));
     sync_inner();
     router_.forward(h, s.logits);
     route(s, n);
-    // Gather each kept slot's input into its expert's group.
-    const std::size_t rows = s.offsets[N];
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "moe_dispatch");
-      auto xin = s.xin;
-      auto row_token = s.row_token;
-      Kokkos::parallel_for(
-          "weft::moe_gather", Kokkos::RangePolicy<exec>(0, rows), KOKKOS_LAMBDA(std::size_t r) {
-            const std::size_t t = std::size_t(row_token(r));
-            for (std::size_t j = 0; j < D; ++j) xin(r, j) = h(t, j);
-          });
-    }
-    if (ctx_->ep.active()) {
-      metrics::Profiler::Scope sc(ctx_->profiler, "moe_dispatch");
-      dispatch(s);
-    } else {
-      s.gx = s.xin;
-      s.gy = s.eout;
-      s.goffsets = s.offsets;
-    }
+    dispatch_rows(h, s);
     for (std::size_t l = 0; l < local_; ++l) {
       const auto g = group(s, l);
       experts_[l].forward(rows_of(s.gx, g), expert_saved(s, g), rows_of(s.gy, g));
     }
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "moe_combine");
-      if (ctx_->ep.active()) {
-        // Outputs back to the slots' ranks, in the order they were sent.
-        permute_rows(s.gy, s.perm, s.xrecv, s.goffsets[local_], false);
-        exchange(s.xrecv, s.recv_rows, s.eout, s.send_rows);
-      }
-      auto eout = s.eout;
-      auto slot_row = s.slot_row;
-      auto row_gate = s.row_gate;
-      Kokkos::parallel_for(
-          "weft::moe_combine", Kokkos::RangePolicy<exec>(0, n), KOKKOS_LAMBDA(std::size_t t) {
-            for (std::size_t j = 0; j < D; ++j) out(t, j) = T(0);
-            for (std::size_t q = 0; q < K; ++q) {  // in choice order: the same sum on every run
-              const int r = slot_row(t * K + q);
-              if (r < 0) continue;
-              const T g = row_gate(r);
-              for (std::size_t j = 0; j < D; ++j) out(t, j) += g * eout(r, j);
-            }
-          });
-    }
+    combine_rows(s, out);
     for (std::size_t i = 0; i < shared_.size(); ++i) {
       shared_[i].forward(h, s.shared[i], s.shared_out);
       ops::add(out, out, s.shared_out);
@@ -313,46 +428,11 @@ class MoE {
   /// parameter gradients accumulate.
   template <class HV, class DOV, class DHV>
   void backward(const HV& h, const Saved& s, const DOV& dout, const DHV& dh, Workspace& w) {
-    const std::size_t n = h.extent(0), N = cfg_.experts, K = cfg_.top_k, D = cfg_.d_model;
-    const std::size_t rows = s.offsets[N];
+    const std::size_t n = h.extent(0);
     sync_inner();
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "moe_combine");
-      auto dslot = w.dslot;
-      auto dgate = w.dgate;
-      auto eout = s.eout;
-      auto row_token = s.row_token;
-      auto row_gate = s.row_gate;
-      auto slot_row = s.slot_row;
-      Kokkos::parallel_for(
-          "weft::moe_combine_backward", Kokkos::RangePolicy<exec>(0, rows), KOKKOS_LAMBDA(std::size_t r) {
-            const std::size_t t = std::size_t(row_token(r));
-            const T g = row_gate(r);
-            for (std::size_t j = 0; j < D; ++j) dslot(r, j) = g * dout(t, j);
-          });
-      Kokkos::parallel_for(
-          "weft::moe_gate_backward", Kokkos::RangePolicy<exec>(0, n * K), KOKKOS_LAMBDA(std::size_t q) {
-            const int r = slot_row(q);
-            T acc = 0;
-            if (r >= 0)
-              for (std::size_t j = 0; j < D; ++j) acc += dout(q / K, j) * eout(r, j);
-            dgate(q) = acc;
-          });
-    }
-    Mat dgy = w.dslot, dgx = w.dxin;
-    const std::size_t grows = s.goffsets[local_];
-    if (ctx_->ep.active()) {
-      metrics::Profiler::Scope sc(ctx_->profiler, "moe_combine");
-      grow(w.drecv, "moe.drecv", grows, D);
-      grow(w.dgx, "moe.dgx", grows, D);
-      grow(w.dgy, "moe.dgy", grows, D);
-      exchange(w.dslot, s.send_rows, w.drecv, s.recv_rows);
-      permute_rows(w.drecv, s.perm, w.dgy, grows, true);
-      dgy = w.dgy;
-      dgx = w.dgx;
-    }
-    grow(w.dup, "moe.dup", grows, up_cols());
-    grow(w.dact, "moe.dact", grows, cfg_.expert_width());
+    const auto [dgy, dgx] = combine_rows_backward(s, dout, w);
+    grow(w.dup, "moe.dup", s.goffsets[local_], up_cols());
+    grow(w.dact, "moe.dact", s.goffsets[local_], cfg_.expert_width());
     for (std::size_t l = 0; l < local_; ++l) {
       const auto g = group(s, l);
       typename Expert::Workspace ew;
@@ -360,30 +440,190 @@ class MoE {
       ew.dact = rows_of(w.dact, g);
       experts_[l].backward(rows_of(s.gx, g), expert_saved(s, g), rows_of(dgy, g), rows_of(dgx, g), ew);
     }
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "moe_dispatch");
-      if (ctx_->ep.active()) {
-        permute_rows(w.dgx, s.perm, w.drecv, grows, false);
-        exchange(w.drecv, s.recv_rows, w.dxin, s.send_rows);
-      }
-      auto dxin = w.dxin;
-      auto slot_row = s.slot_row;
-      Kokkos::parallel_for(
-          "weft::moe_scatter", Kokkos::RangePolicy<exec>(0, n), KOKKOS_LAMBDA(std::size_t t) {
-            for (std::size_t j = 0; j < D; ++j) dh(t, j) = T(0);
-            for (std::size_t q = 0; q < K; ++q) {
-              const int r = slot_row(t * K + q);
-              if (r < 0) continue;
-              for (std::size_t j = 0; j < D; ++j) dh(t, j) += dxin(r, j);
-            }
-          });
-    }
+    dispatch_rows_backward(s, w, dh);
     for (std::size_t i = 0; i < shared_.size(); ++i) {
       shared_[i].backward(h, s.shared[i], dout, w.dtmp, w.shared);
       ops::add(dh, dh, w.dtmp);
     }
     router_logits_backward(s, n, w);
     router_.backward(h, w.du, dh, true);
+  }
+
+  /// Runs the four exchanges of the pass in `s` again -- dispatch of h,
+  /// combine into out, the output gradient dout's dispatch and the input
+  /// gradient's combine into dh -- with the routing and the expert-side rows
+  /// that pass left and no expert in between, as forward and backward run
+  /// them (gathers, counts, permutations and gate sums included). For
+  /// benchmarks that time the exchange alone (bench_moe); collective over
+  /// the EP ranks. h, out, dout, dh: [tokens, D]. The expert-side gradients
+  /// it leaves are not those of any pass.
+  template <class HV, class OV>
+  void replay_exchange(const HV& h, Saved& s, const OV& out, const HV& dout, const OV& dh, Workspace& w) {
+    dispatch_rows(h, s);
+    combine_rows(s, out);
+    combine_rows_backward(s, dout, w);
+    dispatch_rows_backward(s, w, dh);
+  }
+
+  /// Internal (public because nvcc refuses device lambdas in private
+  /// members), the four phases of the exchange that forward, backward and
+  /// replay_exchange run. Forward, dispatch: the kept slots' rows of h to their experts' grouped
+  /// rows s.gx (this rank's experts' inputs, grouped by local expert, source
+  /// EP rank inner, token order within).
+  template <class HV>
+  void dispatch_rows(const HV& h, Saved& s) {
+    metrics::Profiler::Scope sc(ctx_->profiler, "moe_dispatch");
+    const std::size_t rows = s.offsets[cfg_.experts], D = cfg_.d_model;
+    if (ctx_->ep.active() && node_exchange()) {
+      if constexpr (host_space) dispatch_node(h, s);
+      return;
+    }
+    auto xin = s.xin;
+    auto row_token = s.row_token;
+    Kokkos::parallel_for(
+        "weft::moe_gather", Kokkos::RangePolicy<exec>(0, rows), KOKKOS_LAMBDA(std::size_t r) {
+          const std::size_t t = std::size_t(row_token(r));
+          for (std::size_t j = 0; j < D; ++j) xin(r, j) = h(t, j);
+        });
+    if (ctx_->ep.active()) {
+      dispatch(s);
+    } else {
+      s.gx = s.xin;
+      s.gy = s.eout;
+      s.goffsets = s.offsets;
+    }
+  }
+
+  /// Internal. Forward, combine: out(t) = sum over t's kept slots of gate x expert output.
+  template <class OV>
+  void combine_rows(Saved& s, const OV& out) {
+    metrics::Profiler::Scope sc(ctx_->profiler, "moe_combine");
+    const std::size_t n = out.extent(0), K = cfg_.top_k, D = cfg_.d_model;
+    if (ctx_->ep.active() && node_exchange()) {
+      if constexpr (host_space) {
+        const auto t0 = std::chrono::steady_clock::now();
+        s.window->sync("the barrier before the MoE combine");
+        detail::moe_pull_sum<T>(out, s.slot_row, s.row_gate, true, *s.window, 1, s.row_peer.data(), s.row_dest.data(), n, K);
+        count_node_exchange(s, t0);
+      }
+      return;
+    }
+    if (ctx_->ep.active()) {
+      // Outputs back to the slots' ranks, in the order they were sent.
+      permute_rows(s.gy, s.perm, s.xrecv, s.goffsets[local_], false);
+      exchange(s.xrecv, s.recv_rows, s.eout, s.send_rows);
+    }
+    auto eout = s.eout;
+    auto slot_row = s.slot_row;
+    auto row_gate = s.row_gate;
+    Kokkos::parallel_for(
+        "weft::moe_combine", Kokkos::RangePolicy<exec>(0, n), KOKKOS_LAMBDA(std::size_t t) {
+          for (std::size_t j = 0; j < D; ++j) out(t, j) = T(0);
+          for (std::size_t q = 0; q < K; ++q) {  // in choice order: the same sum on every run
+            const int r = slot_row(t * K + q);
+            if (r < 0) continue;
+            const T g = row_gate(r);
+            for (std::size_t j = 0; j < D; ++j) out(t, j) += g * eout(r, j);
+          }
+        });
+  }
+
+  /// Internal. Backward of the combine: the gates' gradients (w.dgate) and the experts'
+  /// output gradients, grouped as s.gx; returns (output gradients, where the
+  /// input gradients go), both [R, D] in the experts' grouped order.
+  template <class DOV>
+  std::pair<Mat, Mat> combine_rows_backward(const Saved& s, const DOV& dout, Workspace& w) {
+    metrics::Profiler::Scope sc(ctx_->profiler, "moe_combine");
+    const std::size_t n = dout.extent(0), K = cfg_.top_k, D = cfg_.d_model;
+    const std::size_t rows = s.offsets[cfg_.experts], grows = s.goffsets[local_];
+    if (ctx_->ep.active() && node_exchange()) {
+      if constexpr (host_space) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto& win = *s.window;
+        Kokkos::deep_copy(w.dgate, T(0));  // dropped slots
+        detail::moe_push_rows<T>(dout, s.row_token, s.row_gate, true, win, 2, s.row_peer.data(), s.row_dest.data(), rows,
+                                 &w.dgate, s.row_slot.data());
+        win.sync("the barrier after sending the MoE output gradients");
+        count_node_exchange(s, t0);
+        const std::size_t me = ctx_->ep.ep_rank();
+        return {Mat(win.template mat<T>(me, 2), grows, D), Mat(win.template mat<T>(me, 3), grows, D)};
+      }
+    }
+    auto dslot = w.dslot;
+    auto dgate = w.dgate;
+    auto eout = s.eout;
+    auto row_token = s.row_token;
+    auto row_gate = s.row_gate;
+    auto slot_row = s.slot_row;
+    Kokkos::parallel_for(
+        "weft::moe_combine_backward", Kokkos::RangePolicy<exec>(0, rows), KOKKOS_LAMBDA(std::size_t r) {
+          const std::size_t t = std::size_t(row_token(r));
+          const T g = row_gate(r);
+          for (std::size_t j = 0; j < D; ++j) dslot(r, j) = g * dout(t, j);
+        });
+    Kokkos::parallel_for(
+        "weft::moe_gate_backward", Kokkos::RangePolicy<exec>(0, n * K), KOKKOS_LAMBDA(std::size_t q) {
+          const int r = slot_row(q);
+          T acc = 0;
+          if (r >= 0) {
+            const std::size_t t = q / K;
+            acc = ops::detail::lane_sum<T>(D, [=](std::size_t j) { return dout(t, j) * eout(r, j); });
+          }
+          dgate(q) = acc;
+        });
+    if (!ctx_->ep.active()) return {w.dslot, w.dxin};
+    grow(w.drecv, "moe.drecv", grows, D);
+    grow(w.dgx, "moe.dgx", grows, D);
+    grow(w.dgy, "moe.dgy", grows, D);
+    exchange(w.dslot, s.send_rows, w.drecv, s.recv_rows);
+    permute_rows(w.drecv, s.perm, w.dgy, grows, true);
+    return {w.dgy, w.dgx};
+  }
+
+  /// Internal. Backward of the dispatch: dh(t) = sum over t's kept slots of the input
+  /// gradient of its expert row (overwritten).
+  template <class DHV>
+  void dispatch_rows_backward(const Saved& s, Workspace& w, const DHV& dh) {
+    metrics::Profiler::Scope sc(ctx_->profiler, "moe_dispatch");
+    const std::size_t n = dh.extent(0), K = cfg_.top_k, D = cfg_.d_model, grows = s.goffsets[local_];
+    if (ctx_->ep.active() && node_exchange()) {
+      if constexpr (host_space) {
+        const auto t0 = std::chrono::steady_clock::now();
+        s.window->sync("the barrier before gathering the MoE input gradients");
+        detail::moe_pull_sum<T>(dh, s.slot_row, s.row_gate, false, *s.window, 3, s.row_peer.data(), s.row_dest.data(), n, K);
+        count_node_exchange(s, t0);
+      }
+      return;
+    }
+    if (ctx_->ep.active()) {
+      permute_rows(w.dgx, s.perm, w.drecv, grows, false);
+      exchange(w.drecv, s.recv_rows, w.dxin, s.send_rows);
+    }
+    auto dxin = w.dxin;
+    auto slot_row = s.slot_row;
+    Kokkos::parallel_for(
+        "weft::moe_scatter", Kokkos::RangePolicy<exec>(0, n), KOKKOS_LAMBDA(std::size_t t) {
+          for (std::size_t j = 0; j < D; ++j) dh(t, j) = T(0);
+          for (std::size_t q = 0; q < K; ++q) {
+            const int r = slot_row(t * K + q);
+            if (r < 0) continue;
+            for (std::size_t j = 0; j < D; ++j) dh(t, j) += dxin(r, j);
+          }
+        });
+  }
+
+  /// Whether this layer's expert-parallel exchange takes the node-shared
+  /// path (every EP rank on one node, host memory; see docs/moe.md) rather
+  /// than all_to_allv. Collective over the EP ranks the first time.
+  bool node_exchange() {
+    if (exchange_path_ < 0) {
+      exchange_path_ = 0;
+      if constexpr (host_space) {
+        if (ctx_->ep.active() && detail::moe_node_exchange_allowed() && weft::detail::comm_within_node(*ctx_->ep.ep))
+          exchange_path_ = 1;
+      }
+    }
+    return exchange_path_ == 1;
   }
 
   /// The weight of the auxiliary losses' gradients in backward: the model
@@ -461,6 +701,8 @@ class MoE {
 
  private:
   using exec = typename Kokkos::View<T*, Space>::execution_space;
+  static constexpr bool host_space =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename Kokkos::View<T*, Space>::memory_space>::accessible;
 
   static ContextPtr checked(ContextPtr ctx, const std::string& name, const GPTConfig& c) {
     WEFT_REQUIRE(c.experts > 0 && c.top_k >= 1 && c.top_k <= c.experts, ConfigError, "nn::MoE '", name, "': ",
@@ -500,6 +742,83 @@ class MoE {
                            bool gather) {
     detail::moe_permute_rows(src, perm, dst, rows, gather);
   }
+  // One node-shared exchange's time and the bytes it moved to or from other
+  // EP ranks (as exchange() counts an all_to_allv's).
+  void count_node_exchange(const Saved& s, std::chrono::steady_clock::time_point t0) {
+    stats_.a2a_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double rows = 0;
+    for (std::size_t d = 0; d < s.send_rows.size(); ++d)
+      if (d != ctx_->ep.ep_rank()) rows += double(s.send_rows[d]);
+    stats_.a2a_bytes += rows * double(cfg_.d_model) * double(sizeof(T));
+  }
+
+  // Expert parallelism on the node-shared path, forward: every EP rank's
+  // kept-slot counts per expert go to every EP rank (one all_gather), from
+  // which each rank knows where its rows go in its peers' grouped buffers;
+  // it writes them there straight from h, and a barrier makes them visible.
+  // The window (allocated at the first pass, collectively) has room for the
+  // most rows an EP rank can receive: min(cap, tokens x ep) per local expert
+  // and tokens x ep x k in all, with cap the capacity of the microbatch.
+  template <class HV>
+  void dispatch_node(const HV& h, Saved& s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t N = cfg_.experts, E = ctx_->ep.ep_size(), L = local_, D = cfg_.d_model, K = cfg_.top_k;
+    const std::size_t me = ctx_->ep.ep_rank(), n = h.extent(0), rows = s.offsets[N];
+    std::vector<int> mine(N), all(E * N);
+    for (std::size_t e = 0; e < N; ++e) mine[e] = int(s.offsets[e + 1] - s.offsets[e]);
+    using HostInts = Kokkos::View<int*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    // Also the point after which every peer is done with this pass's previous
+    // buffers (they entered this dispatch), so its rows may be overwritten.
+    ctx_->ep.ep->all_gather(HostInts(mine.data(), N), HostInts(all.data(), E * N));
+    const auto count = [&](std::size_t src, std::size_t e) { return std::size_t(all[src * N + e]); };
+    s.send_rows.assign(E, 0);
+    s.recv_rows.assign(E, 0);
+    s.goffsets.assign(L + 1, 0);
+    for (std::size_t l = 0; l < L; ++l) {
+      std::size_t g = 0;
+      for (std::size_t d = 0; d < E; ++d) {
+        g += count(d, me * L + l);
+        s.recv_rows[d] += int(count(d, me * L + l));
+      }
+      s.goffsets[l + 1] = s.goffsets[l] + g;
+    }
+    s.row_peer.resize(rows);
+    s.row_dest.resize(rows);
+    s.row_slot.resize(rows);
+    for (std::size_t q = 0; q < n * K; ++q)
+      if (s.slot_row(q) >= 0) s.row_slot[std::size_t(s.slot_row(q))] = int(q);
+    for (std::size_t r = 0; r < E; ++r) {
+      std::size_t start = 0;  // first row of expert r L + l in rank r's buffers
+      for (std::size_t l = 0; l < L; ++l) {
+        const std::size_t e = r * L + l;
+        std::size_t at = start;
+        for (std::size_t d = 0; d < me; ++d) at += count(d, e);
+        for (std::size_t i = 0; i < count(me, e); ++i) {
+          s.row_peer[s.offsets[e] + i] = int(r);
+          s.row_dest[s.offsets[e] + i] = int(at + i);
+        }
+        s.send_rows[r] += int(count(me, e));
+        for (std::size_t d = 0; d < E; ++d) start += count(d, e);
+      }
+    }
+    const std::size_t R = s.goffsets[L];
+    if (!s.window) {
+      const std::size_t per_expert = std::min(capacity(n * ctx_->ep.data_size()), n * E);
+      const std::size_t most = std::max<std::size_t>(1, std::min(L * per_expert, n * E * K));
+      s.window = std::make_shared<detail::MoEWindow>(*ctx_->ep.ep, most, D, sizeof(T));
+    }
+    WEFT_REQUIRE(R <= s.window->rows, ShapeError, "nn::MoE: EP rank ", me, " receives ", R,
+                 " rows but its exchange window holds ", s.window->rows, " (internal error)");
+    s.gx = Mat(s.window->template mat<T>(me, 0), R, D);
+    s.gy = Mat(s.window->template mat<T>(me, 1), R, D);
+    grow(s.up, "moe.up", R, up_cols());
+    grow(s.act, "moe.act", R, cfg_.expert_width());
+    detail::moe_push_rows<T>(h, s.row_token, s.row_gate, false, *s.window, 0, s.row_peer.data(), s.row_dest.data(), rows,
+                             static_cast<const Kokkos::View<T*, Space>*>(nullptr), nullptr);
+    s.window->sync("the barrier after dispatching the MoE rows");
+    count_node_exchange(s, t0);
+  }
+
   // all_to_allv over EP of whole rows (send_rows[d] rows to rank d), timed.
   void exchange(const Mat& send, const std::vector<int>& send_rows, const Mat& recv, const std::vector<int>& recv_rows) {
     const std::size_t D = cfg_.d_model, E = ctx_->ep.ep_size();
@@ -802,6 +1121,7 @@ class MoE {
   double loss_weight_ = 1;
   double last_aux_ = 0, last_z_ = 0;
   bool recording_ = true;
+  int exchange_path_ = -1;  // node_exchange(): -1 not decided yet, 0 all_to_allv, 1 node-shared
 };
 
 /// The ExpertSplit a strategy S gives a MoE model of config c on `mesh`:
