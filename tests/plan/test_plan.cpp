@@ -347,6 +347,13 @@ TEST_CASE("enumeration: each rejection names its reason") {
   CHECK(reasons({.dp = 2, .mode = DPMode::fsdp}) == "");
   CHECK(reasons({.mode = DPMode::zero1}) == "dp 1: nothing to shard with zero1;");
   CHECK(reasons({.dp = 2, .ep = 2}) == "ep 2 does not divide experts 0;");
+  // weft runs no MoE block under context parallelism, so no MoE layout with cp > 1 is ranked.
+  ModelSpec moe = g;
+  moe.experts = 8;
+  CHECK(reasons({.cp = 2}) == "");
+  CHECK(weft::plan::rejection_reasons(moe, {.cp = 2}, t) ==
+        std::vector<std::string>{"cp 2: mixture-of-experts blocks do not run under context parallelism (docs/moe.md)"});
+  CHECK(weft::plan::rejection_reasons(moe, {.dp = 2, .ep = 2}, t).empty());
   ModelSpec few = g;
   few.global_batch = 4;
   CHECK(weft::plan::rejection_reasons(few, {.pp = 6}, t).front() == "pp 6 exceeds the 4 microbatches per step");
