@@ -166,6 +166,9 @@ TEST_CASE("Experts<4> on every dp x ep mesh: the single-process loss, gradients 
         Mesh<DP, EP> mesh(w, W / ep, ep);
         nn::GPTConfig local = whole;
         local.batch = 1;
+        // The llama-shaped runs recompute each block's forward in backward, so the
+        // blocks share one set of saved activations (and one exchange window).
+        local.recompute = llama;
         auto split_of = nn::expert_split_of<S>(mesh, local);
         nn::GPT<double, S> split(mesh, local, split_of);
         CHECK(split.expert_split().ep_size() == std::size_t(ep));
@@ -175,7 +178,8 @@ TEST_CASE("Experts<4> on every dp x ep mesh: the single-process loss, gradients 
         double loss = p.loss;
         data.all_reduce(HostD(&loss, 1), ReduceOp::avg);
         CHECK(test::rel(loss, ref.loss) < 1e-12);
-        CHECK(gather_dropped(p, data) == ref.dropped);
+        // (Under recompute the shared set holds only the last block's routing.)
+        if (!local.recompute) CHECK(gather_dropped(p, data) == ref.dropped);
         // The statistics are the whole microbatch's on every rank.
         CHECK(p.stats.selected == ref.stats.selected);
         CHECK(p.stats.dropped == ref.stats.dropped);
