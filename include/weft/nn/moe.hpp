@@ -120,7 +120,9 @@ void moe_push_rows(const SV& src, const IV& row_token, const GV& row_gate, bool 
   }
   T* const* b = base.data();
   T* const* y = outs.data();
-  const auto [sp, ss] = moe_rows(src, "rows sent");
+  const auto src_rows = moe_rows(src, "rows sent");  // (no structured binding: lambdas cannot capture one in C++20)
+  const auto sp = src_rows.first;
+  const std::size_t ss = src_rows.second;
   const bool grad = dgate != nullptr;
   DG dg = grad ? *dgate : DG();
   Kokkos::parallel_for(
@@ -148,7 +150,9 @@ void moe_pull_sum(const OV& out, const IV& slot_row, const GV& row_gate, bool ga
   std::vector<const T*> base(w.data.size());
   for (std::size_t r = 0; r < base.size(); ++r) base[r] = w.mat<T>(r, m);
   const T* const* b = base.data();
-  const auto [op, os] = moe_rows(out, "output");
+  const auto out_rows = moe_rows(out, "output");
+  const auto op = out_rows.first;
+  const std::size_t os = out_rows.second;
   Kokkos::parallel_for(
       "weft::moe_pull_sum", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, n), [=](std::size_t t) {
         T* __restrict o = op + t * os;
