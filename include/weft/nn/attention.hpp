@@ -292,7 +292,10 @@ class Attention {
     using V = Kokkos::View<typename M::value_type***, Kokkos::LayoutStride, typename M::device_type,
                            Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     const std::size_t hd = cfg_.head_dim();
-    return V(&m(b * cfg_.seq, first_col), Kokkos::LayoutStride(count, hd, cfg_.seq, m.stride(0), hd, 1));
+    // Pointer arithmetic, not &m(i, j): the host must not evaluate an element
+    // of a view that may live in device memory.
+    return V(m.data() + b * cfg_.seq * m.stride(0) + first_col * m.stride(1),
+             Kokkos::LayoutStride(count, hd, cfg_.seq, m.stride(0), hd, 1));
   }
   /// The context-parallel attention of every sequence whose activations are
   /// `s`: one set per Saved (a pipeline keeps one per in-flight microbatch,
@@ -309,7 +312,7 @@ class Attention {
   typename SequenceAttention<T, Space>::View2 lse_of(const M& m, std::size_t b) const {
     const std::size_t H = cfg_.heads;
     return typename SequenceAttention<T, Space>::View2(
-        &m(b * H, 0), Kokkos::LayoutStride(H, m.stride(0), cfg_.seq, m.stride(1)));
+        m.data() + b * H * m.stride(0), Kokkos::LayoutStride(H, m.stride(0), cfg_.seq, m.stride(1)));
   }
   using Pair = std::pair<std::size_t, std::size_t>;
   Pair rows(std::size_t b) const { return {b * cfg_.seq, (b + 1) * cfg_.seq}; }
