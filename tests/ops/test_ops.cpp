@@ -26,13 +26,24 @@ using Vec = ops::Vector<T, Space>;
 
 constexpr double kTol = 1e-6;
 
+// A host copy of a matrix that may be a strided subview in device memory:
+// Kokkos copies between memory spaces only contiguous views, so the matrix is
+// first made contiguous in its own space.
+template <class V>
+auto host_copy(const V& v) {
+  Kokkos::View<typename V::non_const_value_type**, Kokkos::LayoutRight, typename V::memory_space> packed(
+      "packed", v.extent(0), v.extent(1));
+  Kokkos::deep_copy(packed, v);
+  return Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), packed);
+}
+
 // Naive C = alpha op(A) op(B) + beta C on host copies.
 template <class T, class AV, class BV, class CV>
 std::vector<double> naive_gemm(ops::Trans ta, ops::Trans tb, double alpha, const AV& A, const BV& B, double beta,
                                const CV& C) {
-  auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A);
-  auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B);
-  auto c = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
+  auto a = host_copy(A);
+  auto b = host_copy(B);
+  auto c = host_copy(C);
   const std::size_t m = c.extent(0), n = c.extent(1), k = ta == ops::Trans::T ? a.extent(0) : a.extent(1);
   std::vector<double> out(m * n);
   for (std::size_t i = 0; i < m; ++i)
@@ -50,7 +61,7 @@ std::vector<double> naive_gemm(ops::Trans ta, ops::Trans tb, double alpha, const
 
 template <class CV>
 std::vector<double> host_matrix(const CV& C) {
-  auto c = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
+  auto c = host_copy(C);
   std::vector<double> out;
   for (std::size_t i = 0; i < c.extent(0); ++i)
     for (std::size_t j = 0; j < c.extent(1); ++j) out.push_back(double(c(i, j)));
