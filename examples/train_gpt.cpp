@@ -96,7 +96,7 @@ struct Options {
   double tolerance = 1e-5;
   weft::parallel::DPMode dp_mode = weft::parallel::DPMode::replicate;  // --dp: selects the compiled DP policy type
   weft::parallel::DPOptions dp_options;
-  double memory_limit = 0;  // --memory-limit: per-rank bytes (0: MemAvailable shared by the node's ranks)
+  double memory_limit = 0;  // --memory-limit: per-rank bytes (0: MemAvailable, or a GPU's free memory, shared by its ranks)
   train_gpt_checkpoint::Flags ckpt;  // --checkpoint, --save-every, --keep, --resume
 };
 
@@ -140,7 +140,8 @@ const char* kUsage =
     "  --baseline FILE   loss parity: fail unless the loss curve follows FILE's (a --record of another run)\n"
     "                    to --tolerance; the record gets the comparison (--compare FILE: the same)\n"
     "  --tolerance X     relative difference allowed per step by --baseline (1e-5)\n"
-    "  --memory-limit X  per-rank memory limit, e.g. 2G or 512M (default: MemAvailable / ranks on the node);\n"
+    "  --memory-limit X  per-rank memory limit, e.g. 2G or 512M (default: MemAvailable / ranks on the node,\n"
+    "                    or on a GPU its free memory / the ranks that share it);\n"
     "                    a run whose estimated peak (weft/plan) exceeds it is refused before anything is allocated\n"
     "  --check           validate the flags (mesh, modes, batch split, files, memory estimate) and exit without training\n"
     "Each flag may be given once. Exit status: 0 done; 2 a bad flag or input, found before step 0;\n"
@@ -1398,8 +1399,9 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
   if (rank == 0 && !o.record.empty()) train_gpt_checks::check_record_path(o.record);
   if (rank == 0 && !o.compare.empty()) train_gpt_checks::check_baseline(o.compare, o.steps);
   // Memory: the planner's per-rank peak against --memory-limit or this
-  // node's MemAvailable shared by its ranks (with --check: by the ranks the
-  // mesh needs, as a launch on this machine would share it).
+  // node's MemAvailable (on a GPU: the device's free memory) shared by its
+  // ranks (with --check: by the ranks the mesh needs, as a launch on this
+  // machine would share it).
   train_gpt_checks::RunShape shape;
   shape.model = o.model;
   shape.batch = o.batch;

@@ -18,6 +18,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -266,11 +267,40 @@ inline void check_memory(const RunShape& r, double limit, const std::string& lim
                          : std::to_string(std::size_t(std::ceil(est / 1073741824.0))) + "G");
 }
 
+/// Where the model lives in device memory (a CUDA or HIP default execution
+/// space): the free memory of this rank's device, shared by the node's ranks
+/// that use the same device (Kokkos gives rank r device r mod devices).
+/// nullopt for host memory spaces or when the runtime cannot tell.
+inline std::optional<std::pair<double, std::string>> device_memory(int ranks_per_node) {
+#if defined(KOKKOS_ENABLE_CUDA) || defined(KOKKOS_ENABLE_HIP)
+  std::size_t free = 0, total = 0;
+  int devices = 0;
+  bool known = false;
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace, Kokkos::Cuda>)
+    known = cudaMemGetInfo(&free, &total) == cudaSuccess && cudaGetDeviceCount(&devices) == cudaSuccess;
+#else
+  if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace, Kokkos::HIP>)
+    known = hipMemGetInfo(&free, &total) == hipSuccess && hipGetDeviceCount(&devices) == hipSuccess;
+#endif
+  if (!known || devices < 1) return std::nullopt;
+  const int share = (ranks_per_node + devices - 1) / devices;
+  return std::pair<double, std::string>{double(free) / double(share),
+                                        "GPU free memory " + human_bytes(double(free)) + " / " + std::to_string(share) +
+                                            " rank" + (share == 1 ? "" : "s") + " per GPU"};
+#else
+  (void)ranks_per_node;
+  return std::nullopt;
+#endif
+}
+
 /// The limit check_memory compares with: --memory-limit when given (per
-/// rank), else MemAvailable shared by the `ranks_per_node` ranks of a node.
-/// Returns {bytes, source}; bytes < 0 when neither is known.
+/// rank), else the device's free memory when the model lives on a GPU
+/// (device_memory), else MemAvailable shared by the `ranks_per_node` ranks
+/// of a node. Returns {bytes, source}; bytes < 0 when none is known.
 inline std::pair<double, std::string> memory_limit(double flag_bytes, int ranks_per_node) {
   if (flag_bytes > 0) return {flag_bytes, "--memory-limit"};
+  if (auto dev = device_memory(ranks_per_node)) return *dev;
   const auto avail = mem_available_bytes();
   if (!avail) return {-1.0, "unknown"};
   return {*avail / double(ranks_per_node), "MemAvailable " + human_bytes(*avail) + " / " + std::to_string(ranks_per_node) +
