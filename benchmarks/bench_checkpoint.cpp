@@ -97,9 +97,10 @@ int main(int argc, char** argv) {
     weft::plan::LocalLayout l{rows, cols, local_rows, cols, {{std::size_t(rank) * local_rows, 0, local_rows, cols, 0}}};
     data.emplace_back("w", local);
     back.emplace_back("w.back", local);
+    auto d = data.back();  // the kernel captures the view, not the host vector
     Kokkos::parallel_for(
         "fill", Kokkos::RangePolicy<Space>(0, local),
-        KOKKOS_LAMBDA(std::size_t i) { data.back()(i) = float((i * 2654435761u + t) % 1000003) * 1e-3f; });
+        KOKKOS_LAMBDA(std::size_t i) { d(i) = float((i * 2654435761u + t) % 1000003) * 1e-3f; });
     // The targets hold other values, different in every page (as a freshly
     // initialised model's do), written before anything is timed.
     auto b = back.back();

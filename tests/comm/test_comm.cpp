@@ -354,7 +354,7 @@ TEST_CASE("bad arguments raise CommError before MPI is called") {
   Kokkos::View<int*> ints("ints", 4);
   m = msg([&] { c.all_reduce(ints, ReduceOp::avg); });
   CHECK(m.find("ReduceOp::avg needs a floating-point") != std::string::npos);
-  Kokkos::View<float**> m2("m2", 4, 3);
+  Kokkos::View<float**, Kokkos::LayoutRight> m2("m2", 4, 3);  // LayoutRight: CUDA's default layout is LayoutLeft
   auto column = Kokkos::subview(m2, Kokkos::ALL, 1);
   m = msg([&] { c.all_reduce(column); });
   CHECK(m.find("is not contiguous") != std::string::npos);
@@ -424,8 +424,8 @@ TEST_CASE("checked mode: all_to_allv counts that do not match the peers' are an 
 
 TEST_CASE("a strided but contiguous view is accepted") {
   Comm c = fresh(false);
-  Kokkos::View<double**> m("m", 4, 3);
-  auto row = Kokkos::subview(m, 2, Kokkos::ALL);  // contiguous in LayoutRight
+  Kokkos::View<double**, Kokkos::LayoutRight> m("m", 4, 3);
+  auto row = Kokkos::subview(m, 2, Kokkos::ALL);  // contiguous in LayoutRight (CUDA's default is LayoutLeft)
   Kokkos::deep_copy(row, 1.0);
   c.all_reduce(row);
   auto h = host(m);

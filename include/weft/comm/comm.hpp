@@ -88,8 +88,9 @@ struct real_of<std::complex<U>> {
 
 // Multiplies every element by a real scale. A named functor rather than a
 // KOKKOS_LAMBDA in a member function (nvcc refuses extended lambdas in
-// private members); complex elements are scaled part by part, since
-// std::complex's operator*= is a host-only function.
+// private members); complex elements are scaled part by part through their
+// two reals (std::complex is layout-compatible with Real[2]), since every
+// member function of std::complex is host-only.
 template <class Flat>
 struct ScaleElements {
   using T = typename Flat::non_const_value_type;
@@ -100,8 +101,9 @@ struct ScaleElements {
     if constexpr (std::is_same_v<Real, T>) {
       flat(i) *= scale;
     } else {
-      const T v = flat(i);
-      flat(i) = T(v.real() * scale, v.imag() * scale);
+      Real* parts = reinterpret_cast<Real*>(&flat(i));
+      parts[0] *= scale;
+      parts[1] *= scale;
     }
   }
 };
