@@ -198,12 +198,12 @@ TEST_CASE("creating a NcclComm without a usable device raises a CommError on eve
 namespace {
 using DevView = Kokkos::View<double*, Kokkos::CudaSpace>;
 // v[r block + i] = base + stride_block r + i
-void fill_blocks(const DevView& v, double base, double stride_block, int block) {
+void fill(const DevView& v, double base, double stride_block, int block) {
   Kokkos::parallel_for("fill", Kokkos::RangePolicy<Kokkos::Cuda>(0, v.extent(0)), KOKKOS_LAMBDA(std::size_t j) {
     v(j) = base + stride_block * double(int(j) / block) + double(int(j) % block);
   });
 }
-std::vector<double> on_host(const DevView& v) {
+std::vector<double> host(const DevView& v) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace{}, v);
   return std::vector<double>(h.data(), h.data() + h.extent(0));
 }
@@ -221,8 +221,6 @@ TEST_CASE("on a GPU, every NCCL collective moves the right values") {
   using Dev = DevView;
   const int p = c.size(), me = c.rank();
   const int n = 5;
-  auto fill = fill_blocks;
-  auto host = on_host;
 
   Dev a("a", n), ar("ar", n);
   fill(a, me + 1, 0, n);  // a[i] = me + 1 + i
