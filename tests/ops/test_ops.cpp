@@ -100,6 +100,36 @@ TEST_CASE("gemm on head slices of a fused matrix keeps LayoutRight and is exact"
   CHECK(relative_error(host_matrix(C), expect) < 1e-14);
 }
 
+TEST_CASE_TEMPLATE("gemm_few_rows equals the naive product for few rows and falls back to gemm for many", T, float,
+                   double) {
+  // Rows around the register blocks of 4 and the limit few_rows_max (32), columns around the tiles of 64.
+  for (std::size_t m : {1, 2, 3, 4, 5, 8, 17, 32, 33, 40})
+    for (std::size_t n : {1, 63, 64, 65, 130})
+      for (std::size_t k : {1, 7, 70}) {
+        Mat<T> A("A", m, k), B("B", k, n), C("C", m, n);
+        fill_uniform(A, 7 + m);
+        fill_uniform(B, 8 + n);
+        fill_uniform(C, 9);  // overwritten: C = A B, no beta
+        const auto expect = naive_gemm<T>(ops::Trans::N, ops::Trans::N, 1.0, A, B, 0.0, C);
+        ops::gemm_few_rows(A, B, C);
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(k);
+        CHECK(relative_error(host_matrix(C), expect) < (std::is_same_v<T, float> ? 1e-6 : 1e-14));
+      }
+  // Column ranges of wider matrices: leading dimensions that are not the row lengths.
+  Mat<T> big_a("big_a", 6, 90), B("B", 70, 66), big_c("big_c", 6, 200);
+  fill_uniform(big_a, 10);
+  fill_uniform(B, 11);
+  auto A = Kokkos::subview(big_a, Kokkos::ALL, std::make_pair(10, 80));
+  auto C = Kokkos::subview(big_c, Kokkos::ALL, std::make_pair(100, 166));
+  const auto expect = naive_gemm<T>(ops::Trans::N, ops::Trans::N, 1.0, A, B, 0.0, C);
+  ops::gemm_few_rows(A, B, C);
+  CHECK(relative_error(host_matrix(C), expect) < (std::is_same_v<T, float> ? 1e-6 : 1e-14));
+  Mat<T> bad("bad", 71, 66);
+  CHECK_THROWS_AS(ops::gemm_few_rows(A, bad, C), ShapeError);
+}
+
 std::vector<std::string>* g_regions = nullptr;
 void record_region(const char* name) {
   if (g_regions) g_regions->push_back(name);

@@ -11,6 +11,17 @@
 #include <weft/core/error.hpp>
 #include <weft/core/kokkos_compat.hpp>
 
+/// WEFT_UNROLL(n) before a loop asks GCC and Clang to unroll it n times
+/// (`#pragma GCC unroll n`), which host kernels use to keep small
+/// accumulator arrays in registers at -O2. nvcc and hipcc reject that
+/// pragma, so under them it expands to nothing.
+#if defined(__NVCC__) || defined(__CUDACC__) || defined(__HIPCC__)
+#define WEFT_UNROLL(n)
+#else
+#define WEFT_PRAGMA_(x) _Pragma(#x)
+#define WEFT_UNROLL(n) WEFT_PRAGMA_(GCC unroll n)
+#endif
+
 namespace weft::ops {
 
 /// A row-major matrix: rows are tokens (or heads x tokens), columns features.
@@ -162,6 +173,19 @@ inline constexpr std::size_t column_chunk = 32;
 /// thread count.
 inline constexpr std::size_t row_lanes = 16;
 
+/// acc[k] += acc[k + W] for k < W, then the same for W / 2, ..., 1: the
+/// partial sums folded in a fixed order. Each step has a constant trip
+/// count, so a compiler vectorises it; a loop over W it left scalar, which
+/// cost a short dot product (a head's 32 or 64 elements) more than its
+/// multiplies.
+template <std::size_t W, class T>
+KOKKOS_INLINE_FUNCTION void fold_lanes(T* acc) {
+  if constexpr (W > 0) {
+    for (std::size_t k = 0; k < W; ++k) acc[k] += acc[k + W];
+    fold_lanes<W / 2>(acc);
+  }
+}
+
 /// sum_j f(j) for j in [0, n) with row_lanes partial sums.
 template <class T, class F>
 KOKKOS_INLINE_FUNCTION T lane_sum(std::size_t n, const F& f) {
@@ -170,8 +194,7 @@ KOKKOS_INLINE_FUNCTION T lane_sum(std::size_t n, const F& f) {
   for (; j + row_lanes <= n; j += row_lanes)
     for (std::size_t k = 0; k < row_lanes; ++k) acc[k] += f(j + k);
   for (std::size_t k = 0; j + k < n; ++k) acc[k] += f(j + k);
-  for (std::size_t w = row_lanes / 2; w > 0; w /= 2)
-    for (std::size_t k = 0; k < w; ++k) acc[k] += acc[k + w];
+  fold_lanes<row_lanes / 2>(acc);
   return acc[0];
 }
 

@@ -59,6 +59,113 @@ void gemm(Trans ta, Trans tb, typename CV::const_value_type alpha, const AV& A, 
   KokkosBlas::gemm(tas, tbs, alpha, A, B, beta, C);
 }
 
+namespace detail {
+/// Columns of C one work item of gemm_few_rows computes: four AVX-512
+/// registers of floats.
+inline constexpr std::size_t few_rows_cols = 64;
+/// Rows of C kept in registers together while B's rows stream past.
+inline constexpr std::size_t few_rows_block = 4;
+
+/// Rows of B fetched ahead of the one being multiplied.
+inline constexpr std::size_t few_rows_ahead = 8;
+
+/// c[r][0..W) = sum_k a[r][k] b[k][0..W) for R rows: a is R rows of
+/// leading dimension lda, b a column tile of k rows of leading dimension
+/// ldb, c R rows of leading dimension ldc. The sums run over k in order.
+template <std::size_t R, std::size_t W, class T>
+inline void few_rows_tile(const T* __restrict a, std::size_t lda, const T* __restrict b,
+                                          std::size_t ldb, T* __restrict c, std::size_t ldc, std::size_t k) {
+  T acc[R][W];
+WEFT_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r)
+WEFT_UNROLL(64)
+    for (std::size_t j = 0; j < W; ++j) acc[r][j] = 0;
+  for (std::size_t q = 0; q < k; ++q) {
+    const T* bq = b + q * ldb;
+    // B's rows are a page or more apart, which the hardware prefetcher does
+    // not follow: fetch the row a few ahead, one cache line at a time.
+    if (q + few_rows_ahead < k)
+WEFT_UNROLL(16)
+      for (std::size_t j = 0; j < W; j += 64 / sizeof(T)) __builtin_prefetch(bq + few_rows_ahead * ldb + j);
+WEFT_UNROLL(16)
+    for (std::size_t r = 0; r < R; ++r) {
+      const T ar = a[r * lda + q];
+WEFT_UNROLL(64)
+      for (std::size_t j = 0; j < W; ++j) acc[r][j] += ar * bq[j];
+    }
+  }
+WEFT_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r)
+WEFT_UNROLL(64)
+    for (std::size_t j = 0; j < W; ++j) c[r * ldc + j] = acc[r][j];
+}
+
+/// The same for a tile narrower than few_rows_cols (the last one), w columns.
+template <class T>
+inline void few_rows_edge(const T* a, std::size_t lda, const T* b, std::size_t ldb, T* c,
+                                          std::size_t ldc, std::size_t k, std::size_t rows, std::size_t w) {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < w; ++j) {
+      T acc = 0;
+      for (std::size_t q = 0; q < k; ++q) acc += a[r * lda + q] * b[q * ldb + j];
+      c[r * ldc + j] = acc;
+    }
+}
+}  // namespace detail
+
+/// Most rows of A for which gemm_few_rows streams B itself on a host
+/// execution space; above it, and on a device, it calls gemm.
+inline constexpr std::size_t few_rows_max = 32;
+
+/// C = A B for row-major A [m, k], B [k, n] and C [m, n]: the products of a
+/// decode step, where A has a few rows (one per sequence) and B is a weight
+/// matrix. A BLAS packs B into its own buffer before multiplying, which for a
+/// few rows costs more than the product: it reads and writes all of B and
+/// then reads it again. With m <= few_rows_max on a host execution space,
+/// this kernel reads B once instead, in column tiles, with blocks of A's
+/// rows accumulated in registers; each element of C sums over k in order.
+/// Otherwise (more rows, or a device, where cuBLAS handles few rows well) it
+/// is gemm(N, N, 1, A, B, 0, C).
+template <class AV, class BV, class CV>
+void gemm_few_rows(const AV& A, const BV& B, const CV& C) {
+  static_assert(AV::rank == 2 && BV::rank == 2 && CV::rank == 2, "weft::ops::gemm_few_rows takes rank-2 views");
+  using T = typename CV::non_const_value_type;
+  using Exec = detail::exec_t<CV>;
+  const std::size_t m = A.extent(0), k = A.extent(1), n = B.extent(1);
+  if constexpr (Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible &&
+                std::is_same_v<typename AV::array_layout, Kokkos::LayoutRight> &&
+                std::is_same_v<typename BV::array_layout, Kokkos::LayoutRight> &&
+                std::is_same_v<typename CV::array_layout, Kokkos::LayoutRight>) {
+    if (m <= few_rows_max && m > 0 && k > 0 && n > 0) {
+      WEFT_REQUIRE(B.extent(0) == k && C.extent(0) == m && C.extent(1) == n, ShapeError,
+                   "weft::ops::gemm_few_rows: A is ", detail::shape_string(A), ", B ", detail::shape_string(B), " and C ",
+                   detail::shape_string(C), "; expected A m x k, B k x n and C m x n");
+      detail::require_contiguous_rows("weft::ops::gemm_few_rows", "A", A, 1);
+      detail::require_contiguous_rows("weft::ops::gemm_few_rows", "B", B, 1);
+      detail::require_contiguous_rows("weft::ops::gemm_few_rows", "C", C, 1);
+      constexpr std::size_t W = detail::few_rows_cols, RB = detail::few_rows_block;
+      const std::size_t tiles = (n + W - 1) / W;
+      const std::size_t lda = A.stride(0), ldb = B.stride(0), ldc = C.stride(0);
+      const T* a = A.data();
+      const T* b = B.data();
+      T* c = C.data();
+      Kokkos::parallel_for(
+          "weft::gemm_few_rows", Kokkos::RangePolicy<Exec>(0, tiles), [=](std::size_t t) {  // host code: a host execution space
+            const std::size_t j0 = t * W, w = n - j0 < W ? n - j0 : W;
+            std::size_t r = 0;
+            if (w == W) {
+              for (; r + RB <= m; r += RB) detail::few_rows_tile<RB, W>(a + r * lda, lda, b + j0, ldb, c + r * ldc + j0, ldc, k);
+              for (; r < m; ++r) detail::few_rows_tile<1, W>(a + r * lda, lda, b + j0, ldb, c + r * ldc + j0, ldc, k);
+            } else {
+              detail::few_rows_edge(a, lda, b + j0, ldb, c + j0, ldc, k, m, w);
+            }
+          });
+      return;
+    }
+  }
+  gemm(Trans::N, Trans::N, T(1), A, B, T(0), C);
+}
+
 /// The same product for every matrix of a stack: C[b] = alpha op(A[b]) op(B[b])
 /// + beta C[b], for rank-3 views [batch, rows, cols]. It loops over the batch
 /// and calls the vendor gemm on each slice; on one CPU thread that is as fast

@@ -252,7 +252,7 @@ class ModelRunner {
     for (std::size_t l = 0; l < cfg_.layers; ++l) {
       const auto& w = blocks_[l];
       norm(x, w.ln1_w, w.ln1_b, h, mean, rstd);
-      ops::gemm(ops::Trans::N, ops::Trans::N, T(1), h, w.qkv_w->matrix(), T(0), qkv);
+      ops::gemm_few_rows(h, w.qkv_w->matrix(), qkv);
       ops::bias_add(qkv, w.qkv_b->value);
       if (cfg_.position == nn::PositionKind::rotary) rotate(qkv, N);
       store_kv(qkv, l, N);
@@ -281,7 +281,7 @@ class ModelRunner {
     norm(hl, lnf_w_, lnf_b_, hn, Kokkos::subview(mean_, std::make_pair(std::size_t(0), R)),
          Kokkos::subview(rstd_, std::make_pair(std::size_t(0), R)));
     auto local = rows(logits_local_, R);
-    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), hn, head_->matrix(), T(0), local);
+    ops::gemm_few_rows(hn, head_->matrix(), local);
     if (!tp_.active()) {
       Kokkos::deep_copy(result, local);
     } else {
@@ -309,7 +309,7 @@ class ModelRunner {
   // act = activation(h up + b): GELU, or SwiGLU of the gate | value halves (as nn::MLP).
   template <class HV, class UV, class AV>
   void mlp_up(const HV& h, const ExpertWeights& w, const UV& up, const AV& act) const {
-    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), h, w.up_w->matrix(), T(0), up);
+    ops::gemm_few_rows(h, w.up_w->matrix(), up);
     if (cfg_.mlp == nn::MlpKind::gelu) {
       ops::bias_gelu_forward(up, w.up_b->value, act);
     } else {
@@ -328,7 +328,7 @@ class ModelRunner {
     auto act = Kokkos::subview(moe_act_, r, Kokkos::ALL);
     auto o = Kokkos::subview(moe_out_, r, Kokkos::ALL);
     mlp_up(in, w, up, act);
-    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), act, w.down_w->matrix(), T(0), o);
+    ops::gemm_few_rows(act, w.down_w->matrix(), o);
     ops::bias_add(o, w.down_b->value);
   }
 
@@ -397,7 +397,7 @@ class ModelRunner {
   template <class HV, class YV>
   void moe_forward(const MoEWeights& m, const HV& h, const YV& y, std::size_t n) {
     auto logits = Kokkos::subview(moe_logits_, std::make_pair(std::size_t(0), n), Kokkos::ALL);
-    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), h, m.router->matrix(), T(0), logits);
+    ops::gemm_few_rows(h, m.router->matrix(), logits);
     const auto offsets = route(m, n);
     moe_gather(h, offsets[cfg_.experts]);
     for (std::size_t e = 0; e < cfg_.experts; ++e) {
@@ -451,7 +451,7 @@ class ModelRunner {
   // out = in W (+ b), the partial sums of a row-parallel product joined over TP first (as detail::row_parallel_forward).
   template <class XV, class OV>
   void row_parallel(const XV& in, const nn::Parameter<T, Space>& w, nn::Parameter<T, Space>* b, const OV& out) const {
-    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), in, w.matrix(), T(0), out);
+    ops::gemm_few_rows(in, w.matrix(), out);
     if (tp_.active()) tp_.comm->all_reduce(out);
     if (b) ops::bias_add(out, b->value);
   }
@@ -543,46 +543,83 @@ class ModelRunner {
         });
   }
 
+  /// Internal: query heads one work item of attend() takes: on a host
+  /// execution space all of a token's heads, up to this many, so that each
+  /// cached position's keys (and values) of those heads are read as one
+  /// contiguous run of the block, position after position; on a device one
+  /// head per work item, where parallelism is worth more than that locality.
+  static constexpr std::size_t attend_host_heads = 16;
+  /// Internal: positions scored together before one softmax rescale.
+  static constexpr std::size_t attend_tile = 16;
+
   /// Internal: causal attention of each token's query heads over its
-  /// sequence's cached keys and values, positions 0..its own, in one pass with
-  /// a running maximum (no [tokens, context] scores are stored);
-  /// grouped-query heads share a key/value head.
+  /// sequence's cached keys and values, positions 0..its own, in one pass
+  /// with a running maximum per head (no [tokens, context] scores are
+  /// stored): positions in tiles of attend_tile, each tile's scores first,
+  /// then one rescale per head, then the tile's values. Grouped-query heads
+  /// share a key/value head.
   template <class QV, class HV>
   void attend(const QV& qkv, std::size_t layer, const HV& heads, std::size_t N) const {
+    using Exec = typename Space::execution_space;
+    constexpr std::size_t HG = Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible ? attend_host_heads : 1;
+    constexpr std::size_t TL = attend_tile;
     const std::size_t hd = cfg_.head_dim(), Hq = l_.heads, group = l_.heads / l_.kv(), bs = cache_.block_size;
+    const std::size_t G = (Hq + HG - 1) / HG;  // work items per token
     const T scale = T(1) / std::sqrt(T(hd));
     const auto K = cache_.k, V = cache_.v;
     const auto pv = posv_, sv = seqv_;
     const auto bt = tables_;
     Kokkos::parallel_for(
-        "weft::serve::attention", Kokkos::RangePolicy<typename Space::execution_space>(0, N * Hq),
-        KOKKOS_LAMBDA(std::size_t i) {
-          const std::size_t r = i / Hq, h = i % Hq, kvc = (h / group) * hd, p = std::size_t(pv(r)), s = std::size_t(sv(r));
-          const std::size_t q0 = h * hd;
-          // Rows are contiguous (LayoutRight): the head's query, output and each
-          // cached key and value row are hd consecutive elements.
-          const T* q = &qkv(r, q0);
-          T* o = &heads(r, q0);
-          T mx = 0, sum = 0;
-          for (std::size_t d = 0; d < hd; ++d) o[d] = 0;
-          for (std::size_t j = 0; j <= p; ++j) {
-            const std::size_t blk = std::size_t(bt(s, j / bs)), slot = j % bs;
-            const T* k = &K(layer, blk, slot, kvc);
-            const T* v = &V(layer, blk, slot, kvc);
-            // Interleaved partial sums: the dot product vectorises.
-            const T dot = ops::detail::lane_sum<T>(hd, [=](std::size_t d) { return q[d] * k[d]; }) * scale;
-            if (j == 0 || dot > mx) {  // a new maximum: rescale what is summed so far
-              const T c = j == 0 ? T(0) : ops::math::fast_exp(mx - dot);
-              sum *= c;
-              ops::detail::row_scale(o, c, hd);
-              mx = dot;
-            }
-            const T e = ops::math::fast_exp(dot - mx);
-            sum += e;
-            ops::detail::row_axpy(o, v, e, hd);  // o (the heads' output) and v (the cache) do not overlap
+        "weft::serve::attention", Kokkos::RangePolicy<Exec>(0, N * G), KOKKOS_LAMBDA(std::size_t i) {
+          const std::size_t r = i / G, h0 = (i % G) * HG, nh = Hq - h0 < HG ? Hq - h0 : HG;
+          const std::size_t p = std::size_t(pv(r)), s = std::size_t(sv(r));
+          // Rows are contiguous (LayoutRight): a head's query and output, and
+          // a cached position's keys or values of every key/value head, are
+          // consecutive elements.
+          const T* q = &qkv(r, 0);
+          T* o = &heads(r, 0);
+          T mx[HG], sum[HG], e[TL][HG];
+          for (std::size_t hh = 0; hh < nh; ++hh) {
+            sum[hh] = 0;
+            mx[hh] = 0;
+            for (std::size_t d = 0; d < hd; ++d) o[(h0 + hh) * hd + d] = 0;
           }
-          const T inv = T(1) / sum;
-          ops::detail::row_scale(o, inv, hd);
+          for (std::size_t j0 = 0; j0 <= p; j0 += TL) {
+            const std::size_t n = p + 1 - j0 < TL ? p + 1 - j0 : TL;
+            for (std::size_t t = 0; t < n; ++t) {  // the tile's scores
+              const std::size_t j = j0 + t;
+              const T* kr = &K(layer, std::size_t(bt(s, j / bs)), j % bs, 0);
+              for (std::size_t hh = 0; hh < nh; ++hh) {
+                const T* qh = q + (h0 + hh) * hd;
+                const T* k = kr + ((h0 + hh) / group) * hd;
+                // Interleaved partial sums: the dot product vectorises.
+                e[t][hh] = ops::detail::lane_sum<T>(hd, [=](std::size_t d) { return qh[d] * k[d]; }) * scale;
+              }
+            }
+            for (std::size_t hh = 0; hh < nh; ++hh) {  // each head's new maximum, one rescale, the weights
+              T m = e[0][hh];
+              for (std::size_t t = 1; t < n; ++t) m = e[t][hh] > m ? e[t][hh] : m;
+              if (j0 == 0) {
+                mx[hh] = m;
+              } else if (m > mx[hh]) {  // what is summed so far shrinks by exp(old - new maximum)
+                const T c = ops::math::fast_exp(mx[hh] - m);
+                sum[hh] *= c;
+                ops::detail::row_scale(o + (h0 + hh) * hd, c, hd);
+                mx[hh] = m;
+              }
+              for (std::size_t t = 0; t < n; ++t) {
+                e[t][hh] = ops::math::fast_exp(e[t][hh] - mx[hh]);
+                sum[hh] += e[t][hh];
+              }
+            }
+            for (std::size_t t = 0; t < n; ++t) {  // the tile's values
+              const std::size_t j = j0 + t;
+              const T* vr = &V(layer, std::size_t(bt(s, j / bs)), j % bs, 0);
+              for (std::size_t hh = 0; hh < nh; ++hh)  // o (the heads' output) and v (the cache) do not overlap
+                ops::detail::row_axpy(o + (h0 + hh) * hd, vr + ((h0 + hh) / group) * hd, e[t][hh], hd);
+            }
+          }
+          for (std::size_t hh = 0; hh < nh; ++hh) ops::detail::row_scale(o + (h0 + hh) * hd, T(1) / sum[hh], hd);
         });
   }
 
