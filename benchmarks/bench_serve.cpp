@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -91,7 +92,8 @@ int main(int argc, char** argv) {
   std::size_t layers = 4, d_model = 256, heads = 8, seq = 256, vocab = 256, requests = 64, prompt_lo = 16,
               prompt_hi = 128, out_lo = 16, out_hi = 96, max_seqs = 16, block_size = 16, token_budget = 256,
               decode_batch = 16, decode_steps = 32, decode_context = 128, copy_mb = 256, seed = 11;
-  double rate = 40;
+  double rate = 40, prompt_scale = 0, output_scale = 0;
+  std::string prompt_dist = "uniform", output_dist = "uniform";
   weft::bench::Flags flags("bench_serve");
   flags.add("--layers", layers, "transformer blocks", 1)
       .add("--d-model", d_model, "model width", 1)
@@ -104,6 +106,10 @@ int main(int argc, char** argv) {
       .add("--prompt-max", prompt_hi, "longest prompt", 1)
       .add("--output-min", out_lo, "fewest generated tokens", 1)
       .add("--output-max", out_hi, "most generated tokens", 1)
+      .add("--prompt-dist", prompt_dist, "prompt lengths: uniform or exponential (docs/serving.md)")
+      .add("--prompt-scale", prompt_scale, "exponential prompts: mean excess over --prompt-min (0: a quarter of the range)")
+      .add("--output-dist", output_dist, "output lengths: uniform or exponential (docs/serving.md)")
+      .add("--output-scale", output_scale, "exponential outputs: mean excess over --output-min (0: a quarter of the range)")
       .add("--max-seqs", max_seqs, "sequences per step (both policies)", 1)
       .add("--block-size", block_size, "tokens per KV block", 1)
       .add("--token-budget", token_budget, "tokens per step (both policies)", 1)
@@ -125,16 +131,21 @@ int main(int argc, char** argv) {
     WEFT_REQUIRE(prompt_lo <= prompt_hi && out_lo <= out_hi && prompt_hi + out_hi <= seq, weft::ConfigError,
                  "bench_serve: prompts of ", prompt_lo, "-", prompt_hi, " and outputs of ", out_lo, "-", out_hi,
                  " tokens must fit the context --seq ", seq);
+    const weft::serve::LengthDist prompt_len{prompt_lo, prompt_hi, weft::serve::parse_length_shape("--prompt-dist", prompt_dist),
+                                             prompt_scale},
+        output_len{out_lo, out_hi, weft::serve::parse_length_shape("--output-dist", output_dist), output_scale};
+    prompt_len.validate("--prompt-min/--prompt-max");
+    output_len.validate("--output-min/--output-max");
     Model model(c, world);
-    // The traffic: Poisson arrivals and uniform lengths, the same for both policies.
+    // The traffic: Poisson arrivals and the lengths' distributions, the same for both policies.
     std::vector<weft::serve::Request> reqs;
     std::vector<double> arrival;
     double clock = 0;
     for (std::size_t i = 0; i < requests; ++i) {
       const weft::ops::Philox p(seed, 77, i);
       weft::serve::Request r;
-      const std::size_t np = prompt_lo + p.x[0] % (prompt_hi - prompt_lo + 1);
-      r.max_new_tokens = out_lo + p.x[1] % (out_hi - out_lo + 1);
+      const std::size_t np = prompt_len.draw((std::uint64_t(p.x[2]) << 32) ^ p.x[0]);
+      r.max_new_tokens = output_len.draw((std::uint64_t(p.x[3]) << 32) ^ p.x[1]);
       for (std::size_t k = 0; k < np; ++k) r.prompt.push_back(int(weft::ops::Philox(seed, 78 + i, k).x[0] % vocab));
       clock += -std::log(weft::ops::Philox(seed, 79, i).uniform()) / rate;
       arrival.push_back(clock);
@@ -147,9 +158,10 @@ int main(int argc, char** argv) {
     ec.blocks = weft::serve::blocks_for(max_seqs * seq, block_size);
     const bool root = world.rank() == 0;
     if (root)
-      std::printf("bench_serve: L=%zu D=%zu H=%zu context=%zu V=%zu tp=%d; %zu requests at %.1f/s, prompts %zu-%zu, outputs %zu-%zu; "
-                  "max %zu sequences, %zu tokens per step\n",
-                  layers, d_model, heads, seq, vocab, world.size(), requests, rate, prompt_lo, prompt_hi, out_lo, out_hi,
+      std::printf("bench_serve: L=%zu D=%zu H=%zu context=%zu V=%zu tp=%d; %zu requests at %.1f/s, prompts %zu-%zu (%s, mean "
+                  "%.1f), outputs %zu-%zu (%s, mean %.1f); max %zu sequences, %zu tokens per step\n",
+                  layers, d_model, heads, seq, vocab, world.size(), requests, rate, prompt_lo, prompt_hi,
+                  prompt_len.shape_name(), prompt_len.mean(), out_lo, out_hi, output_len.shape_name(), output_len.mean(),
                   max_seqs, token_budget);
     ec.batching = weft::serve::Batching::continuous;
     const Result cont = serve(model, world, ec, reqs, arrival);
@@ -188,47 +200,57 @@ int main(int argc, char** argv) {
     // Pure decode: decode_batch sequences of decode_context prompt tokens, then timed steps of one token each.
     WEFT_REQUIRE(decode_context + decode_steps + 2 <= seq, weft::ConfigError, "bench_serve: --decode-context ",
                  decode_context, " + --decode-steps ", decode_steps, " + 2 exceed the context --seq ", seq);
-    weft::serve::EngineConfig dc = ec;
-    dc.batching = weft::serve::Batching::continuous;
-    dc.max_seqs = decode_batch;
-    dc.token_budget = decode_batch * decode_context;  // every prompt in one step, so all sequences decode together
-    dc.blocks = weft::serve::blocks_for(decode_batch * seq, block_size);
-    Engine e(model, dc);
-    for (std::size_t i = 0; i < decode_batch; ++i) {
-      weft::serve::Request r;
-      for (std::size_t k = 0; k < decode_context; ++k) r.prompt.push_back(int((i * 31 + k * 7) % vocab));
-      r.max_new_tokens = decode_steps + 2;
-      WEFT_REQUIRE(e.submit(r).accepted, weft::Error, "bench_serve: decode request rejected");
-    }
-    // Prefill (untimed) until every sequence is decoding.
-    std::size_t guard = 0;
-    for (;;) {
-      const auto st = e.step();
-      if (st.tokens == decode_batch && st.sampled == decode_batch) break;
-      WEFT_REQUIRE(++guard < 10000, weft::Error, "bench_serve: the decode batch never formed");
-    }
-    world.barrier();
-    const auto t = std::chrono::steady_clock::now();
-    for (std::size_t s = 0; s < decode_steps; ++s) e.step();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-    const auto mem = e.runner().memory();
-    // Bytes a decode step reads on this rank: every weight except the embedding tables (it reads decode_batch
-    // rows of those), and each sequence's keys and values of every layer at its mean context in the timed steps.
+    // Bytes of the weights a decode step reads on this rank: every weight except the embedding tables (it
+    // reads one row of those per sequence).
     std::size_t tables = 0;
     for (auto* p : model.parameters())
       if (p->name() == "tok_emb.weight" || p->name() == "pos_emb.weight") tables += p->size() * sizeof(float);
-    const double ctx = double(decode_context) + 1.0 + double(decode_steps) / 2.0;
-    const double kv_width = double(c.kv() / std::size_t(world.size()) * c.head_dim());
-    const double kv_read = double(decode_batch) * double(layers) * 2.0 * ctx * kv_width * sizeof(float);
-    const double step_bytes = double(mem.weights - tables) + kv_read;
-    const double tokens_per_s = double(decode_batch * decode_steps) / dt;
-    const double limit = bandwidth / (step_bytes / double(decode_batch));
-    if (root) {
+    if (root)
       std::printf("  copy bandwidth %.2f GB/s (read + written, best of 5 copies of %zu MiB)\n", bandwidth / 1e9, copy_mb);
-      std::printf("  decode: %zu sequences x %zu steps at context ~%.0f: %.1f tokens/s; a step reads %.2f MB (weights %.2f, KV %.2f) "
-                  "= %.3f MB per token; bandwidth limit %.1f tokens/s; measured / limit %.3f\n",
-                  decode_batch, decode_steps, ctx, tokens_per_s, step_bytes / 1e6, double(mem.weights - tables) / 1e6,
-                  kv_read / 1e6, step_bytes / double(decode_batch) / 1e6, limit, tokens_per_s / limit);
+    // A step of one sequence first (when --decode-batch is more): how a step's time grows with its sequences is
+    // what continuous batching's gain depends on.
+    double one_seq_step = 0;
+    for (const std::size_t batch : decode_batch > 1 ? std::vector<std::size_t>{1, decode_batch} : std::vector<std::size_t>{1}) {
+      weft::serve::EngineConfig dc = ec;
+      dc.batching = weft::serve::Batching::continuous;
+      dc.max_seqs = batch;
+      dc.token_budget = batch * decode_context;  // every prompt in one step, so all sequences decode together
+      dc.blocks = weft::serve::blocks_for(batch * seq, block_size);
+      Engine e(model, dc);
+      for (std::size_t i = 0; i < batch; ++i) {
+        weft::serve::Request r;
+        for (std::size_t k = 0; k < decode_context; ++k) r.prompt.push_back(int((i * 31 + k * 7) % vocab));
+        r.max_new_tokens = decode_steps + 2;
+        WEFT_REQUIRE(e.submit(r).accepted, weft::Error, "bench_serve: decode request rejected");
+      }
+      // Prefill (untimed) until every sequence is decoding.
+      std::size_t guard = 0;
+      for (;;) {
+        const auto st = e.step();
+        if (st.tokens == batch && st.sampled == batch) break;
+        WEFT_REQUIRE(++guard < 10000, weft::Error, "bench_serve: the decode batch never formed");
+      }
+      world.barrier();
+      const auto t = std::chrono::steady_clock::now();
+      for (std::size_t s = 0; s < decode_steps; ++s) e.step();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      const auto mem = e.runner().memory();
+      // Each sequence's keys and values of every layer at its mean context in the timed steps.
+      const double ctx = double(decode_context) + 1.0 + double(decode_steps) / 2.0;
+      const double kv_width = double(c.kv() / std::size_t(world.size()) * c.head_dim());
+      const double kv_read = double(batch) * double(layers) * 2.0 * ctx * kv_width * sizeof(float);
+      const double step_bytes = double(mem.weights - tables) + kv_read;
+      const double tokens_per_s = double(batch * decode_steps) / dt;
+      const double limit = bandwidth / (step_bytes / double(batch));
+      const double step = dt / double(decode_steps);
+      if (batch == 1) one_seq_step = step;
+      if (root)
+        std::printf("  decode: %zu sequences x %zu steps at context ~%.0f: %.1f tokens/s, %.2f ms a step (%.2fx a step of one "
+                    "sequence); a step reads %.2f MB (weights %.2f, KV %.2f) = %.3f MB per token; bandwidth limit %.1f "
+                    "tokens/s; measured / limit %.3f\n",
+                    batch, decode_steps, ctx, tokens_per_s, step * 1e3, step / one_seq_step, step_bytes / 1e6,
+                    double(mem.weights - tables) / 1e6, kv_read / 1e6, step_bytes / double(batch) / 1e6, limit,
+                    tokens_per_s / limit);
     }
   } catch (const weft::Error& err) {
     return weft::report_error_once(env, err, "bench_serve", 2);

@@ -2,8 +2,9 @@
 // train_gpt initialises it, or loaded from a train_gpt --checkpoint -- under
 // a traffic model: Poisson arrivals at --rate requests per second, or a
 // closed loop of --concurrency clients that each send the next request when
-// their last one ends. Prompt and output lengths are drawn uniformly from
-// the --prompt-len and --output-len ranges (prompt tokens uniformly from the
+// their last one ends. Prompt and output lengths are drawn from the
+// --prompt-len and --output-len ranges, uniformly or with a long tail
+// (--prompt-dist, --output-dist; prompt tokens uniformly from the
 // vocabulary, all from --seed). It prints the latency and throughput
 // summary, and with --record FILE writes a JSON record (every request's
 // generated tokens under "outputs"; fields in docs/serving.md, schema in
@@ -61,6 +62,10 @@ const char* kUsage =
     "  --concurrency C     closed loop: C clients, each sends its next request when its last ends (default 4)\n"
     "  --prompt-len A[-B]  prompt tokens, uniform in [A, B] (default 8-32)\n"
     "  --output-len A[-B]  tokens to generate, uniform in [A, B] (default 8-32)\n"
+    "  --prompt-dist uniform|exponential, --output-dist uniform|exponential\n"
+    "                      the lengths' shape in their range (default uniform); exponential: the low end plus\n"
+    "                      an exponential excess, cut at the high end (most short, a few long)\n"
+    "  --prompt-scale S, --output-scale S  exponential: mean excess over the low end (default: a quarter of the range)\n"
     "  --temperature T --top-k K  sampling (default greedy); each request samples from its own seed\n"
     "Engine:\n"
     "  --block-size N      tokens per KV block (default 16)\n"
@@ -129,6 +134,11 @@ struct Options {
   std::size_t requests = 32, concurrency = 4, kv_blocks = 0;
   double rate = 0;
   Range prompt{8, 32}, output{8, 32};
+  weft::serve::LengthShape prompt_shape = weft::serve::LengthShape::uniform, output_shape = weft::serve::LengthShape::uniform;
+  double prompt_scale = 0, output_scale = 0;
+  /// The prompts' and outputs' length distributions.
+  weft::serve::LengthDist prompt_dist() const { return {prompt.lo, prompt.hi, prompt_shape, prompt_scale}; }
+  weft::serve::LengthDist output_dist() const { return {output.lo, output.hi, output_shape, output_scale}; }
   double temperature = 0;
   std::size_t top_k = 0;
   weft::serve::EngineConfig engine;
@@ -202,6 +212,10 @@ Options parse(int argc, char** argv) {
       {"--concurrency", [&](const std::string& v) { o.concurrency = parse_count("--concurrency", v); conc = true; }},
       {"--prompt-len", [&](const std::string& v) { o.prompt = parse_range("--prompt-len", v); }},
       {"--output-len", [&](const std::string& v) { o.output = parse_range("--output-len", v); }},
+      {"--prompt-dist", [&](const std::string& v) { o.prompt_shape = weft::serve::parse_length_shape("--prompt-dist", v); }},
+      {"--output-dist", [&](const std::string& v) { o.output_shape = weft::serve::parse_length_shape("--output-dist", v); }},
+      {"--prompt-scale", [&](const std::string& v) { o.prompt_scale = parse_real("--prompt-scale", v, false); }},
+      {"--output-scale", [&](const std::string& v) { o.output_scale = parse_real("--output-scale", v, false); }},
       {"--temperature", [&](const std::string& v) { o.temperature = parse_real("--temperature", v, false); }},
       {"--top-k", [&](const std::string& v) { o.top_k = parse_count("--top-k", v, true); }},
       {"--block-size", [&](const std::string& v) { o.engine.block_size = parse_count("--block-size", v); }},
@@ -262,8 +276,8 @@ Traffic traffic(const Options& o) {
   double clock = 0;
   for (std::size_t i = 0; i < o.requests; ++i) {
     weft::serve::Request r;
-    const std::size_t np = o.prompt.lo + draw(seed, 1, i) % (o.prompt.hi - o.prompt.lo + 1);
-    r.max_new_tokens = o.output.lo + draw(seed, 2, i) % (o.output.hi - o.output.lo + 1);
+    const std::size_t np = o.prompt_dist().draw(draw(seed, 1, i));
+    r.max_new_tokens = o.output_dist().draw(draw(seed, 2, i));
     for (std::size_t k = 0; k < np; ++k) r.prompt.push_back(int(draw(seed, 3 + i, k) % o.model.vocab));
     r.sampling = {o.temperature, o.top_k, seed + i};
     if (o.rate > 0) clock += -std::log(weft::ops::Philox(seed, 4, i).uniform()) / o.rate;
@@ -504,6 +518,10 @@ int run(int argc, char** argv, weft::Environment& env) {
   tr.set("concurrency", o.rate > 0 ? Json() : Json(o.concurrency));
   tr.set("prompt_len", Json(Json::Array{Json(o.prompt.lo), Json(o.prompt.hi)}));
   tr.set("output_len", Json(Json::Array{Json(o.output.lo), Json(o.output.hi)}));
+  tr.set("prompt_dist", o.prompt_dist().shape_name());
+  tr.set("output_dist", o.output_dist().shape_name());
+  tr.set("prompt_scale", o.prompt_shape == weft::serve::LengthShape::exponential ? Json(o.prompt_dist().effective_scale()) : Json());
+  tr.set("output_scale", o.output_shape == weft::serve::LengthShape::exponential ? Json(o.output_dist().effective_scale()) : Json());
   tr.set("temperature", o.temperature);
   tr.set("top_k", o.top_k);
   r.set("traffic", tr);

@@ -1,5 +1,6 @@
 # Runs serve_gpt at tp 1 and at tp 2 (closed loop, and Poisson with some
-# prompts too long for the context, and a mixture-of-experts model at tp 2)
+# prompts too long for the context, and a mixture-of-experts model at tp 2
+# with exponential output lengths)
 # and checks the records: they follow
 # docs/schema/serve_record.schema.json, "outputs" has one entry per request
 # with that request's number of tokens, the too-long prompts are rejected
@@ -11,7 +12,8 @@ set(model --layers 2 --d-model 32 --heads 4 --seq 64 --vocab 256 --seed 3 --requ
 set(run_tp1 1 --prompt-len 4-20 --concurrency 3)
 set(run_tp2 2 --prompt-len 4-20 --mesh tp=2 --rate 200)
 set(run_long 1 --prompt-len 40-70 --rate 500)
-set(run_moe 2 --prompt-len 4-20 --mesh tp=2 --concurrency 3 --experts 4 --moe-top-k 2 --shared-experts 1)
+set(run_moe 2 --prompt-len 4-20 --mesh tp=2 --concurrency 3 --experts 4 --moe-top-k 2 --shared-experts 1
+            --output-dist exponential --output-scale 1.5)
 foreach(run tp1 tp2 long moe)
   list(GET run_${run} 0 np)
   list(SUBLIST run_${run} 1 -1 args)
@@ -35,6 +37,14 @@ string(JSON experts GET "${json_moe}" model experts)
 string(JSON experts_tp1 GET "${json_tp1}" model experts)
 if(NOT experts EQUAL 4 OR NOT experts_tp1 EQUAL 0)
   message(FATAL_ERROR "model.experts is ${experts} in the MoE record and ${experts_tp1} in the dense one; expected 4 and 0")
+endif()
+# The moe run's outputs are exponential (still within 4-8), the others uniform.
+string(JSON dist GET "${json_moe}" traffic output_dist)
+string(JSON scale GET "${json_moe}" traffic output_scale)
+string(JSON dist_tp1 GET "${json_tp1}" traffic output_dist)
+if(NOT dist STREQUAL "exponential" OR NOT scale EQUAL 1.5 OR NOT dist_tp1 STREQUAL "uniform")
+  message(FATAL_ERROR "traffic.output_dist is '${dist}' (scale ${scale}) in the moe record and '${dist_tp1}' in tp1; "
+                      "expected exponential (1.5) and uniform")
 endif()
 # tp1, tp2 and moe: every request served, 4 to 8 tokens each.
 foreach(run tp1 tp2 moe)

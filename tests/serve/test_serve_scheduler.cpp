@@ -6,6 +6,7 @@
 // ever allocating a block that is not free. Also the block allocator and the
 // sampler.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <vector>
@@ -235,4 +236,55 @@ TEST_CASE("sampler: greedy, top-k and seeded sampling") {
   for (std::size_t i = 0; i < 50; ++i)
     differ += sample_token(l.data(), l.size(), k3, 3, i) != sample_token(l.data(), l.size(), other, 3, i);
   CHECK(differ > 5);  // another seed, another stream
+}
+
+TEST_CASE("traffic lengths: uniform and exponential stay in range and have the stated mean") {
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;  // splitmix64: independent 64-bit draws
+  auto next = [&] {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const LengthDist uni{8, 160, LengthShape::uniform, 0};
+  const LengthDist tail{8, 400, LengthShape::exponential, 48};
+  CHECK(uni.mean() == doctest::Approx(84.0));
+  CHECK(uni.draw(0) == 8);
+  CHECK(uni.draw(152) == 160);
+  CHECK(uni.draw(153) == 8);
+  CHECK(LengthDist{5, 5, LengthShape::exponential, 3}.draw(next()) == 5);
+  // The exponential's extremes: u near 0 gives lo, u near 1 gives hi.
+  CHECK(tail.draw(0) == 8);
+  CHECK(tail.draw(~std::uint64_t(0)) == 400);
+  const int n = 200000;
+  double su = 0, st = 0;
+  std::size_t lo_u = 1000, hi_u = 0, lo_t = 1000, hi_t = 0, short_t = 0;
+  for (int i = 0; i < n; ++i) {
+    const std::size_t a = uni.draw(next()), b = tail.draw(next());
+    su += double(a);
+    st += double(b);
+    lo_u = std::min(lo_u, a), hi_u = std::max(hi_u, a), lo_t = std::min(lo_t, b), hi_t = std::max(hi_t, b);
+    short_t += b < 8 + 48;
+  }
+  CHECK(lo_u == 8);
+  CHECK(hi_u == 160);
+  CHECK(lo_t == 8);
+  CHECK(hi_t <= 400);
+  CHECK(hi_t > 300);  // the tail is there
+  CHECK(su / n == doctest::Approx(uni.mean()).epsilon(0.01));
+  CHECK(st / n == doctest::Approx(tail.mean()).epsilon(0.01));
+  // Mean of the floored excess of Exp(48): 1 / (e^(1/48) - 1) = 47.5, barely truncated at 392.
+  CHECK(tail.mean() == doctest::Approx(8 + 47.5).epsilon(0.002));
+  // P(excess < scale) = 1 - 1/e under (almost) no truncation.
+  CHECK(double(short_t) / n == doctest::Approx(1 - std::exp(-1.0)).epsilon(0.01));
+  CHECK(tail.effective_scale() == 48);
+  CHECK(LengthDist{0, 100, LengthShape::exponential, 0}.effective_scale() == 25);
+}
+
+TEST_CASE("traffic lengths: bad ranges and shapes are refused") {
+  CHECK_THROWS_AS(LengthDist({9, 8, LengthShape::uniform, 0}).validate("--output-len"), weft::ConfigError);
+  CHECK_THROWS_AS(LengthDist({1, 8, LengthShape::exponential, -1}).validate("--output-scale"), weft::ConfigError);
+  CHECK_THROWS_WITH_AS(parse_length_shape("--output-dist", "gaussian"), doctest::Contains("uniform or exponential"),
+                       weft::ConfigError);
+  CHECK(parse_length_shape("--output-dist", "exponential") == LengthShape::exponential);
 }
