@@ -68,36 +68,72 @@ inline constexpr std::size_t few_rows_block = 4;
 
 /// Rows of B fetched ahead of the one being multiplied.
 inline constexpr std::size_t few_rows_ahead = 8;
+/// Rows of B one pass of few_rows_group takes.
+inline constexpr std::size_t few_rows_depth = 16;
+/// Column tiles one work item of gemm_few_rows takes.
+inline constexpr std::size_t few_rows_group_tiles = 8;
 
-/// c[r][0..W) = sum_k a[r][k] b[k][0..W) for R rows: a is R rows of
-/// leading dimension lda, b a column tile of k rows of leading dimension
-/// ldb, c R rows of leading dimension ldc. The sums run over k in order.
+/// c[r][0..W) (+)= sum_q a[r][q] b[q][0..W) for R rows and q in [0, k): a
+/// is R rows of leading dimension lda, b a column tile of k rows of leading
+/// dimension ldb, c R rows of leading dimension ldc. With `accumulate` the
+/// sums continue from c's values (the previous rows of B), so splitting k
+/// into consecutive passes adds in the same order as one pass.
 template <std::size_t R, std::size_t W, class T>
-inline void few_rows_tile(const T* __restrict a, std::size_t lda, const T* __restrict b,
-                                          std::size_t ldb, T* __restrict c, std::size_t ldc, std::size_t k) {
+inline void few_rows_tile(const T* __restrict a, std::size_t lda, const T* __restrict b, std::size_t ldb,
+                          T* __restrict c, std::size_t ldc, std::size_t k, bool accumulate) {
   T acc[R][W];
-WEFT_UNROLL(16)
+  WEFT_UNROLL(16)
   for (std::size_t r = 0; r < R; ++r)
-WEFT_UNROLL(64)
-    for (std::size_t j = 0; j < W; ++j) acc[r][j] = 0;
+    WEFT_UNROLL(64)
+    for (std::size_t j = 0; j < W; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : T(0);
   for (std::size_t q = 0; q < k; ++q) {
     const T* bq = b + q * ldb;
     // B's rows are a page or more apart, which the hardware prefetcher does
     // not follow: fetch the row a few ahead, one cache line at a time.
     if (q + few_rows_ahead < k)
-WEFT_UNROLL(16)
+      WEFT_UNROLL(16)
       for (std::size_t j = 0; j < W; j += 64 / sizeof(T)) __builtin_prefetch(bq + few_rows_ahead * ldb + j);
-WEFT_UNROLL(16)
+    WEFT_UNROLL(16)
     for (std::size_t r = 0; r < R; ++r) {
       const T ar = a[r * lda + q];
-WEFT_UNROLL(64)
+      WEFT_UNROLL(64)
       for (std::size_t j = 0; j < W; ++j) acc[r][j] += ar * bq[j];
     }
   }
-WEFT_UNROLL(16)
+  WEFT_UNROLL(16)
   for (std::size_t r = 0; r < R; ++r)
-WEFT_UNROLL(64)
+    WEFT_UNROLL(64)
     for (std::size_t j = 0; j < W; ++j) c[r * ldc + j] = acc[r][j];
+}
+
+/// One column group of gemm_few_rows (G tiles of W columns), all m rows:
+/// B's rows in passes of few_rows_depth; in each pass every tile of the
+/// group, and for each tile A's rows in blocks of few_rows_block and then
+/// one block of the 1-3 rows left. A pass reads few_rows_depth rows of B
+/// as that many runs of G x W contiguous elements, which the hardware
+/// prefetcher follows, while C's group stays in cache between passes.
+template <std::size_t W, class T>
+inline void few_rows_group(const T* a, std::size_t lda, const T* b, std::size_t ldb, T* c, std::size_t ldc,
+                           std::size_t m, std::size_t k, std::size_t tiles) {
+  constexpr std::size_t RB = few_rows_block;
+  static_assert(RB == 4, "the row remainder below is written for blocks of 4");
+  for (std::size_t q0 = 0; q0 < k; q0 += few_rows_depth) {
+    const std::size_t kq = k - q0 < few_rows_depth ? k - q0 : few_rows_depth;
+    const T* aq = a + q0;
+    const bool acc = q0 > 0;
+    for (std::size_t t = 0; t < tiles; ++t) {
+      const T* bq = b + q0 * ldb + t * W;
+      T* ct = c + t * W;
+      std::size_t r = 0;
+      for (; r + RB <= m; r += RB) few_rows_tile<RB, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc);
+      switch (m - r) {
+        case 3: few_rows_tile<3, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc); break;
+        case 2: few_rows_tile<2, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc); break;
+        case 1: few_rows_tile<1, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc); break;
+        default: break;
+      }
+    }
+  }
 }
 
 /// The same for a tile narrower than few_rows_cols (the last one), w columns.
@@ -122,8 +158,12 @@ inline constexpr std::size_t few_rows_max = 32;
 /// matrix. A BLAS packs B into its own buffer before multiplying, which for a
 /// few rows costs more than the product: it reads and writes all of B and
 /// then reads it again. With m <= few_rows_max on a host execution space,
-/// this kernel reads B once instead, in column tiles, with blocks of A's
-/// rows accumulated in registers; each element of C sums over k in order.
+/// this kernel reads B once instead. A work item is a group of 8 column
+/// tiles of 64; it goes down B in passes of 16 rows, and in each pass every
+/// tile is multiplied by blocks of 4 of A's rows kept in registers, so B is
+/// read as runs of 512 contiguous elements (which the hardware prefetcher
+/// follows) and C's group stays in cache between passes. Each element of C
+/// sums over k in order.
 /// Otherwise (more rows, or a device, where cuBLAS handles few rows well) it
 /// is gemm(N, N, 1, A, B, 0, C).
 template <class AV, class BV, class CV>
@@ -143,21 +183,22 @@ void gemm_few_rows(const AV& A, const BV& B, const CV& C) {
       detail::require_contiguous_rows("weft::ops::gemm_few_rows", "A", A, 1);
       detail::require_contiguous_rows("weft::ops::gemm_few_rows", "B", B, 1);
       detail::require_contiguous_rows("weft::ops::gemm_few_rows", "C", C, 1);
-      constexpr std::size_t W = detail::few_rows_cols, RB = detail::few_rows_block;
-      const std::size_t tiles = (n + W - 1) / W;
+      constexpr std::size_t W = detail::few_rows_cols;
+      constexpr std::size_t G = detail::few_rows_group_tiles;
+      const std::size_t full = n / W, groups = (full + G - 1) / G;  // whole tiles, in groups; then the edge
       const std::size_t lda = A.stride(0), ldb = B.stride(0), ldc = C.stride(0);
       const T* a = A.data();
       const T* b = B.data();
       T* c = C.data();
       Kokkos::parallel_for(
-          "weft::gemm_few_rows", Kokkos::RangePolicy<Exec>(0, tiles), [=](std::size_t t) {  // host code: a host execution space
-            const std::size_t j0 = t * W, w = n - j0 < W ? n - j0 : W;
-            std::size_t r = 0;
-            if (w == W) {
-              for (; r + RB <= m; r += RB) detail::few_rows_tile<RB, W>(a + r * lda, lda, b + j0, ldb, c + r * ldc + j0, ldc, k);
-              for (; r < m; ++r) detail::few_rows_tile<1, W>(a + r * lda, lda, b + j0, ldb, c + r * ldc + j0, ldc, k);
+          "weft::gemm_few_rows", Kokkos::RangePolicy<Exec>(0, groups + (n % W ? 1 : 0)),
+          [=](std::size_t g) {  // host code: a host execution space
+            if (g < groups) {
+              const std::size_t t0 = g * G, nt = full - t0 < G ? full - t0 : G;
+              detail::few_rows_group<W>(a, lda, b + t0 * W, ldb, c + t0 * W, ldc, m, k, nt);
             } else {
-              detail::few_rows_edge(a, lda, b + j0, ldb, c + j0, ldc, k, m, w);
+              const std::size_t j0 = full * W;
+              detail::few_rows_edge(a, lda, b + j0, ldb, c + j0, ldc, k, m, n - j0);
             }
           });
       return;
