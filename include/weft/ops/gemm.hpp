@@ -136,10 +136,11 @@ inline void few_rows_group(const T* a, std::size_t lda, const T* b, std::size_t 
   }
 }
 
-/// The same for a tile narrower than few_rows_cols (the last one), w columns.
+/// The w < few_rows_cols columns after the last whole tile, all rows: a
+/// plain loop, each element summed over k in order.
 template <class T>
-inline void few_rows_edge(const T* a, std::size_t lda, const T* b, std::size_t ldb, T* c,
-                                          std::size_t ldc, std::size_t k, std::size_t rows, std::size_t w) {
+inline void few_rows_edge(const T* a, std::size_t lda, const T* b, std::size_t ldb, T* c, std::size_t ldc,
+                          std::size_t k, std::size_t rows, std::size_t w) {
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t j = 0; j < w; ++j) {
       T acc = 0;
@@ -165,7 +166,8 @@ inline constexpr std::size_t few_rows_max = 32;
 /// follows) and C's group stays in cache between passes. Each element of C
 /// sums over k in order.
 /// Otherwise (more rows, or a device, where cuBLAS handles few rows well) it
-/// is gemm(N, N, 1, A, B, 0, C).
+/// is gemm(N, N, 1, A, B, 0, C). C must not overlap A or B (as for a BLAS);
+/// a shape mismatch throws ShapeError.
 template <class AV, class BV, class CV>
 void gemm_few_rows(const AV& A, const BV& B, const CV& C) {
   static_assert(AV::rank == 2 && BV::rank == 2 && CV::rank == 2, "weft::ops::gemm_few_rows takes rank-2 views");
