@@ -247,9 +247,20 @@ class Request {
   void complete_in_destructor() noexcept {
     if (!st_) return;
     if (std::uncaught_exceptions() > 0 || detail::comm_poisoned()) {
-      // Unwinding from an error: waiting could hang, and freeing the buffers
-      // could let MPI write into freed memory, so keep them alive for good.
-      (void)st_.release();
+      // Unwinding from an error: waiting could hang. An operation that is
+      // still posted is abandoned: its buffers stay alive for good (MPI could
+      // write into them), and the process must not call MPI_Finalize, which
+      // could block on it, so weft::Environment ends the job with MPI_Abort
+      // instead, as every other failing rank does.
+      int done = 0, fin = 0;
+      MPI_Finalized(&fin);
+      if (!fin) (void)MPI_Testall(static_cast<int>(st_->reqs.size()), st_->reqs.data(), &done, MPI_STATUSES_IGNORE);
+      if (done) {
+        st_.reset();
+      } else {
+        detail::comm_poisoned() = true;
+        (void)st_.release();
+      }
       return;
     }
     try {
