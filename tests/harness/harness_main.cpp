@@ -244,11 +244,17 @@ int main(int argc, char** argv) {
   const int rc = ctx.run();
   g_watchdog.finish();
 
-  // Every rank returns the same code.
-  int bad = (rc != 0 || g_totals.failed > 0) ? 1 : 0, any_bad = 0;
+  // Every rank returns the same code, and every rank leaves the same way: when
+  // one rank's communicators are unusable (a wait passed its deadline, an
+  // operation was abandoned), weft::Environment ends the job with MPI_Abort
+  // there, and a rank that called MPI_Finalize meanwhile can leave Open MPI's
+  // launcher hanging. So then every rank takes the aborting path.
+  int mine[2] = {(rc != 0 || g_totals.failed > 0) ? 1 : 0, weft::detail::comm_poisoned() ? 1 : 0}, any[2] = {0, 0};
   MPI_Request rq;
-  MPI_Iallreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, g_harness, &rq);
+  MPI_Iallreduce(mine, any, 2, MPI_INT, MPI_MAX, g_harness, &rq);
   wait_or_abort(rq, "(end of run)", "");
+  const int any_bad = any[0];
+  if (any[1]) weft::detail::comm_poisoned() = true;
   if (g_rank == 0 && !ctx.shouldExit()) {
     std::printf("[weft-test] %d ranks: %d passed, %d failed\n", g_size, g_totals.passed, g_totals.failed);
     std::fflush(stdout);
