@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   std::size_t layers = 4, d_model = 256, heads = 8, seq = 256, vocab = 256, requests = 64, prompt_lo = 16,
               prompt_hi = 128, out_lo = 16, out_hi = 96, max_seqs = 16, block_size = 16, token_budget = 256,
               decode_batch = 16, decode_steps = 32, decode_context = 128, copy_mb = 256, seed = 11;
-  double rate = 40, prompt_scale = 0, output_scale = 0;
+  double rate = 40, prompt_scale = 0, output_scale = 0, prompt_sigma = 1, output_sigma = 1;
   std::string prompt_dist = "uniform", output_dist = "uniform";
   weft::bench::Flags flags("bench_serve");
   flags.add("--layers", layers, "transformer blocks", 1)
@@ -106,10 +106,14 @@ int main(int argc, char** argv) {
       .add("--prompt-max", prompt_hi, "longest prompt", 1)
       .add("--output-min", out_lo, "fewest generated tokens", 1)
       .add("--output-max", out_hi, "most generated tokens", 1)
-      .add("--prompt-dist", prompt_dist, "prompt lengths: uniform or exponential (docs/serving.md)")
-      .add("--prompt-scale", prompt_scale, "exponential prompts: mean excess over --prompt-min (0: a quarter of the range)")
-      .add("--output-dist", output_dist, "output lengths: uniform or exponential (docs/serving.md)")
-      .add("--output-scale", output_scale, "exponential outputs: mean excess over --output-min (0: a quarter of the range)")
+      .add("--prompt-dist", prompt_dist, "prompt lengths: uniform, exponential or lognormal (docs/serving.md)")
+      .add("--prompt-scale", prompt_scale,
+           "prompts' excess over --prompt-min: its mean (exponential) or median (lognormal); 0: a quarter / an eighth of the range")
+      .add("--prompt-sigma", prompt_sigma, "lognormal prompts: deviation of the excess' logarithm", 1e-9)
+      .add("--output-dist", output_dist, "output lengths: uniform, exponential or lognormal (docs/serving.md)")
+      .add("--output-scale", output_scale,
+           "outputs' excess over --output-min: its mean (exponential) or median (lognormal); 0: a quarter / an eighth of the range")
+      .add("--output-sigma", output_sigma, "lognormal outputs: deviation of the excess' logarithm", 1e-9)
       .add("--max-seqs", max_seqs, "sequences per step (both policies)", 1)
       .add("--block-size", block_size, "tokens per KV block", 1)
       .add("--token-budget", token_budget, "tokens per step (both policies)", 1)
@@ -132,8 +136,8 @@ int main(int argc, char** argv) {
                  "bench_serve: prompts of ", prompt_lo, "-", prompt_hi, " and outputs of ", out_lo, "-", out_hi,
                  " tokens must fit the context --seq ", seq);
     const weft::serve::LengthDist prompt_len{prompt_lo, prompt_hi, weft::serve::parse_length_shape("--prompt-dist", prompt_dist),
-                                             prompt_scale},
-        output_len{out_lo, out_hi, weft::serve::parse_length_shape("--output-dist", output_dist), output_scale};
+                                             prompt_scale, prompt_sigma},
+        output_len{out_lo, out_hi, weft::serve::parse_length_shape("--output-dist", output_dist), output_scale, output_sigma};
     prompt_len.validate("--prompt-min/--prompt-max");
     output_len.validate("--output-min/--output-max");
     Model model(c, world);

@@ -4,7 +4,7 @@
 // closed loop of --concurrency clients that each send the next request when
 // their last one ends. Prompt and output lengths are drawn from the
 // --prompt-len and --output-len ranges, uniformly or with a long tail
-// (--prompt-dist, --output-dist; prompt tokens uniformly from the
+// (--prompt-dist, --output-dist: exponential or log-normal; prompt tokens uniformly from the
 // vocabulary, all from --seed). It prints the latency and throughput
 // summary, and with --record FILE writes a JSON record (every request's
 // generated tokens under "outputs"; fields in docs/serving.md, schema in
@@ -62,10 +62,12 @@ const char* kUsage =
     "  --concurrency C     closed loop: C clients, each sends its next request when its last ends (default 4)\n"
     "  --prompt-len A[-B]  prompt tokens, in [A, B] (default 8-32)\n"
     "  --output-len A[-B]  tokens to generate, in [A, B] (default 8-32)\n"
-    "  --prompt-dist uniform|exponential, --output-dist uniform|exponential\n"
-    "                      the lengths' shape in their range (default uniform); exponential: the low end plus\n"
-    "                      an exponential excess, cut at the high end (most short, a few long)\n"
-    "  --prompt-scale S, --output-scale S  exponential: mean excess over the low end (default: a quarter of the range)\n"
+    "  --prompt-dist uniform|exponential|lognormal, --output-dist (the same)\n"
+    "                      the lengths' shape in their range (default uniform); exponential, lognormal: the low\n"
+    "                      end plus a random excess, cut at the high end (most short, a few long)\n"
+    "  --prompt-scale S, --output-scale S  the excess' mean (exponential; default a quarter of the range)\n"
+    "                      or median (lognormal; default an eighth of the range)\n"
+    "  --prompt-sigma G, --output-sigma G  lognormal: deviation of the excess' logarithm (default 1)\n"
     "  --temperature T --top-k K  sampling (default greedy); each request samples from its own seed\n"
     "Engine:\n"
     "  --block-size N      tokens per KV block (default 16)\n"
@@ -135,10 +137,10 @@ struct Options {
   double rate = 0;
   Range prompt{8, 32}, output{8, 32};
   weft::serve::LengthShape prompt_shape = weft::serve::LengthShape::uniform, output_shape = weft::serve::LengthShape::uniform;
-  double prompt_scale = 0, output_scale = 0;
+  double prompt_scale = 0, output_scale = 0, prompt_sigma = 1.0, output_sigma = 1.0;
   /// The prompts' and outputs' length distributions.
-  weft::serve::LengthDist prompt_dist() const { return {prompt.lo, prompt.hi, prompt_shape, prompt_scale}; }
-  weft::serve::LengthDist output_dist() const { return {output.lo, output.hi, output_shape, output_scale}; }
+  weft::serve::LengthDist prompt_dist() const { return {prompt.lo, prompt.hi, prompt_shape, prompt_scale, prompt_sigma}; }
+  weft::serve::LengthDist output_dist() const { return {output.lo, output.hi, output_shape, output_scale, output_sigma}; }
   double temperature = 0;
   std::size_t top_k = 0;
   weft::serve::EngineConfig engine;
@@ -216,6 +218,8 @@ Options parse(int argc, char** argv) {
       {"--output-dist", [&](const std::string& v) { o.output_shape = weft::serve::parse_length_shape("--output-dist", v); }},
       {"--prompt-scale", [&](const std::string& v) { o.prompt_scale = parse_real("--prompt-scale", v, false); }},
       {"--output-scale", [&](const std::string& v) { o.output_scale = parse_real("--output-scale", v, false); }},
+      {"--prompt-sigma", [&](const std::string& v) { o.prompt_sigma = parse_real("--prompt-sigma", v, true); }},
+      {"--output-sigma", [&](const std::string& v) { o.output_sigma = parse_real("--output-sigma", v, true); }},
       {"--temperature", [&](const std::string& v) { o.temperature = parse_real("--temperature", v, false); }},
       {"--top-k", [&](const std::string& v) { o.top_k = parse_count("--top-k", v, true); }},
       {"--block-size", [&](const std::string& v) { o.engine.block_size = parse_count("--block-size", v); }},
@@ -520,8 +524,11 @@ int run(int argc, char** argv, weft::Environment& env) {
   tr.set("output_len", Json(Json::Array{Json(o.output.lo), Json(o.output.hi)}));
   tr.set("prompt_dist", o.prompt_dist().shape_name());
   tr.set("output_dist", o.output_dist().shape_name());
-  tr.set("prompt_scale", o.prompt_shape == weft::serve::LengthShape::exponential ? Json(o.prompt_dist().effective_scale()) : Json());
-  tr.set("output_scale", o.output_shape == weft::serve::LengthShape::exponential ? Json(o.output_dist().effective_scale()) : Json());
+  using weft::serve::LengthShape;
+  tr.set("prompt_scale", o.prompt_shape != LengthShape::uniform ? Json(o.prompt_dist().effective_scale()) : Json());
+  tr.set("output_scale", o.output_shape != LengthShape::uniform ? Json(o.output_dist().effective_scale()) : Json());
+  tr.set("prompt_sigma", o.prompt_shape == LengthShape::lognormal ? Json(o.prompt_sigma) : Json());
+  tr.set("output_sigma", o.output_shape == LengthShape::lognormal ? Json(o.output_sigma) : Json());
   tr.set("temperature", o.temperature);
   tr.set("top_k", o.top_k);
   r.set("traffic", tr);

@@ -1,6 +1,6 @@
 # Runs serve_gpt at tp 1 and at tp 2 (closed loop, and Poisson with some
 # prompts too long for the context, and a mixture-of-experts model at tp 2
-# with exponential output lengths)
+# with exponential output lengths; tp 2's are log-normal)
 # and checks the records: they follow
 # docs/schema/serve_record.schema.json, "outputs" has one entry per request
 # with that request's number of tokens, the too-long prompts are rejected
@@ -10,7 +10,7 @@ file(MAKE_DIRECTORY "${WORK}")
 set(model --layers 2 --d-model 32 --heads 4 --seq 64 --vocab 256 --seed 3 --requests 12 --output-len 4-8
           --block-size 8 --max-seqs 4 --token-budget 32)
 set(run_tp1 1 --prompt-len 4-20 --concurrency 3)
-set(run_tp2 2 --prompt-len 4-20 --mesh tp=2 --rate 200)
+set(run_tp2 2 --prompt-len 4-20 --mesh tp=2 --rate 200 --output-dist lognormal --output-scale 1 --output-sigma 0.75)
 set(run_long 1 --prompt-len 40-70 --rate 500)
 set(run_moe 2 --prompt-len 4-20 --mesh tp=2 --concurrency 3 --experts 4 --moe-top-k 2 --shared-experts 1
             --output-dist exponential --output-scale 1.5)
@@ -45,6 +45,14 @@ string(JSON dist_tp1 GET "${json_tp1}" traffic output_dist)
 if(NOT dist STREQUAL "exponential" OR NOT scale EQUAL 1.5 OR NOT dist_tp1 STREQUAL "uniform")
   message(FATAL_ERROR "traffic.output_dist is '${dist}' (scale ${scale}) in the moe record and '${dist_tp1}' in tp1; "
                       "expected exponential (1.5) and uniform")
+endif()
+string(JSON dist GET "${json_tp2}" traffic output_dist)
+string(JSON scale GET "${json_tp2}" traffic output_scale)
+string(JSON sigma GET "${json_tp2}" traffic output_sigma)
+string(JSON sigma_moe GET "${json_moe}" traffic output_sigma)
+if(NOT dist STREQUAL "lognormal" OR NOT scale EQUAL 1 OR NOT sigma EQUAL 0.75 OR NOT sigma_moe STREQUAL "")
+  message(FATAL_ERROR "tp2: traffic.output_dist is '${dist}' (scale ${scale}, sigma ${sigma}), moe's sigma '${sigma_moe}'; "
+                      "expected lognormal (1, 0.75) and null")
 endif()
 # tp1, tp2 and moe: every request served, 4 to 8 tokens each.
 foreach(run tp1 tp2 moe)

@@ -281,10 +281,50 @@ TEST_CASE("traffic lengths: uniform and exponential stay in range and have the s
   CHECK(LengthDist{0, 100, LengthShape::exponential, 0}.effective_scale() == 25);
 }
 
+TEST_CASE("traffic lengths: the log-normal stays in range, has its median and the stated mean") {
+  std::uint64_t state = 0x2545f4914f6cdd1dull;  // splitmix64
+  auto next = [&] {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const LengthDist ln{4, 516, LengthShape::lognormal, 16, 1.5};
+  CHECK(std::string(ln.shape_name()) == "lognormal");
+  CHECK(ln.draw(0) == 4);
+  CHECK(ln.draw(~std::uint64_t(0)) == 516);
+  const int n = 200000;
+  double sum = 0;
+  std::size_t lo = 1000, hi = 0, below_median = 0, over_8x = 0;
+  for (int i = 0; i < n; ++i) {
+    const std::size_t b = ln.draw(next());
+    sum += double(b);
+    lo = std::min(lo, b), hi = std::max(hi, b);
+    below_median += b < 4 + 16;
+    over_8x += b >= 4 + 128;
+  }
+  CHECK(lo == 4);
+  CHECK(hi <= 516);
+  CHECK(hi > 450);
+  CHECK(sum / n == doctest::Approx(ln.mean()).epsilon(0.01));
+  // P(X < 16) = 1/2 before truncation; the truncation at 513 removes
+  // P(X > 513) = P(Z > ln(513/16)/1.5) = 0.0104 of the mass.
+  CHECK(double(below_median) / n == doctest::Approx(0.5 / (1 - 0.0104)).epsilon(0.01));
+  // The heavy tail: P(X >= 8 x median) = P(Z >= ln 8 / 1.5) = 0.0828 before
+  // truncation (an exponential of the same mean would give 2e-4).
+  CHECK(double(over_8x) / n == doctest::Approx((0.0828 - 0.0104) / (1 - 0.0104)).epsilon(0.03));
+  // Barely truncated, the mean is the log-normal's, median x e^(sigma^2 / 2):
+  // 16 e^0.5 = 26.38 for sigma 1, less about half a token for the floor.
+  CHECK(LengthDist{0, 200000, LengthShape::lognormal, 16, 1.0}.mean() == doctest::Approx(26.38 - 0.5).epsilon(0.003));
+  CHECK(LengthDist{0, 800, LengthShape::lognormal, 0}.effective_scale() == 100);
+  CHECK_THROWS_AS(LengthDist({1, 8, LengthShape::lognormal, 2, 0.0}).validate("--output-sigma"), weft::ConfigError);
+}
+
 TEST_CASE("traffic lengths: bad ranges and shapes are refused") {
   CHECK_THROWS_AS(LengthDist({9, 8, LengthShape::uniform, 0}).validate("--output-len"), weft::ConfigError);
   CHECK_THROWS_AS(LengthDist({1, 8, LengthShape::exponential, -1}).validate("--output-scale"), weft::ConfigError);
-  CHECK_THROWS_WITH_AS(parse_length_shape("--output-dist", "gaussian"), doctest::Contains("uniform or exponential"),
+  CHECK_THROWS_WITH_AS(parse_length_shape("--output-dist", "gaussian"), doctest::Contains("uniform, exponential or lognormal"),
                        weft::ConfigError);
   CHECK(parse_length_shape("--output-dist", "exponential") == LengthShape::exponential);
+  CHECK(parse_length_shape("--output-dist", "lognormal") == LengthShape::lognormal);
 }
