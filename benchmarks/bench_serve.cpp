@@ -66,7 +66,7 @@ Result serve(Model& model, weft::Comm& world, const weft::serve::EngineConfig& e
     world.broadcast(nv, 0);
     for (long k = 0; k < n; ++k, ++next) {
       const auto s = e.submit(reqs[next]);
-      WEFT_REQUIRE(s.accepted, weft::ConfigError, "bench_serve: request ", next, " rejected: ", s.error);
+      WEFT_REQUIRE(s.accepted, weft::ConfigError, "request ", next, " rejected: ", s.error);
       at[s.id] = t0 + arrival[next];
     }
     if (e.idle()) continue;
@@ -132,14 +132,13 @@ int main(int argc, char** argv) {
     c.vocab = vocab;
     c.batch = 1;
     c.seed = seed;
-    WEFT_REQUIRE(prompt_lo <= prompt_hi && out_lo <= out_hi && prompt_hi + out_hi <= seq, weft::ConfigError,
-                 "bench_serve: prompts of ", prompt_lo, "-", prompt_hi, " and outputs of ", out_lo, "-", out_hi,
-                 " tokens must fit the context --seq ", seq);
     const weft::serve::LengthDist prompt_len{prompt_lo, prompt_hi, weft::serve::parse_length_shape("--prompt-dist", prompt_dist),
                                              prompt_scale, prompt_sigma},
         output_len{out_lo, out_hi, weft::serve::parse_length_shape("--output-dist", output_dist), output_scale, output_sigma};
-    prompt_len.validate("--prompt-min/--prompt-max");
+    prompt_len.validate("--prompt-min/--prompt-max");  // each range in order
     output_len.validate("--output-min/--output-max");
+    WEFT_REQUIRE(prompt_hi + out_hi <= seq, weft::ConfigError, "prompts of ", prompt_lo, "-", prompt_hi,
+                 " and outputs of ", out_lo, "-", out_hi, " tokens must fit the context --seq ", seq);
     Model model(c, world);
     // The traffic: Poisson arrivals and the lengths' distributions, the same for both policies.
     std::vector<weft::serve::Request> reqs;
@@ -202,7 +201,7 @@ int main(int argc, char** argv) {
     const double bandwidth = 2.0 * double(n * sizeof(float)) / best;
 
     // Pure decode: decode_batch sequences of decode_context prompt tokens, then timed steps of one token each.
-    WEFT_REQUIRE(decode_context + decode_steps + 2 <= seq, weft::ConfigError, "bench_serve: --decode-context ",
+    WEFT_REQUIRE(decode_context + decode_steps + 2 <= seq, weft::ConfigError, "--decode-context ",
                  decode_context, " + --decode-steps ", decode_steps, " + 2 exceed the context --seq ", seq);
     // Bytes of the weights a decode step reads on this rank: every weight except the embedding tables (it
     // reads one row of those per sequence).
@@ -225,14 +224,14 @@ int main(int argc, char** argv) {
         weft::serve::Request r;
         for (std::size_t k = 0; k < decode_context; ++k) r.prompt.push_back(int((i * 31 + k * 7) % vocab));
         r.max_new_tokens = decode_steps + 2;
-        WEFT_REQUIRE(e.submit(r).accepted, weft::Error, "bench_serve: decode request rejected");
+        WEFT_REQUIRE(e.submit(r).accepted, weft::Error, "decode request rejected");
       }
       // Prefill (untimed) until every sequence is decoding.
       std::size_t guard = 0;
       for (;;) {
         const auto st = e.step();
         if (st.tokens == batch && st.sampled == batch) break;
-        WEFT_REQUIRE(++guard < 10000, weft::Error, "bench_serve: the decode batch never formed");
+        WEFT_REQUIRE(++guard < 10000, weft::Error, "the decode batch never formed");
       }
       world.barrier();
       const auto t = std::chrono::steady_clock::now();

@@ -25,6 +25,17 @@ StepLimits limits(std::size_t budget, std::size_t seqs, std::size_t bs = 4) {
   return l;
 }
 
+// splitmix64: independent 64-bit draws from a seed, for the length distributions' draw().
+struct SplitMix64 {
+  std::uint64_t state;
+  std::uint64_t operator()() {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("scheduler: decodes first, then a prompt chunked into the rest of the budget") {
@@ -239,13 +250,7 @@ TEST_CASE("sampler: greedy, top-k and seeded sampling") {
 }
 
 TEST_CASE("traffic lengths: uniform and exponential stay in range and have the stated mean") {
-  std::uint64_t state = 0x9e3779b97f4a7c15ull;  // splitmix64: independent 64-bit draws
-  auto next = [&] {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
+  SplitMix64 next{0x9e3779b97f4a7c15ull};
   const LengthDist uni{8, 160, LengthShape::uniform, 0};
   const LengthDist tail{8, 400, LengthShape::exponential, 48};
   CHECK(uni.mean() == doctest::Approx(84.0));
@@ -282,13 +287,7 @@ TEST_CASE("traffic lengths: uniform and exponential stay in range and have the s
 }
 
 TEST_CASE("traffic lengths: the log-normal stays in range, has its median and the stated mean") {
-  std::uint64_t state = 0x2545f4914f6cdd1dull;  // splitmix64
-  auto next = [&] {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
+  SplitMix64 next{0x2545f4914f6cdd1dull};
   const LengthDist ln{4, 516, LengthShape::lognormal, 16, 1.5};
   CHECK(std::string(ln.shape_name()) == "lognormal");
   CHECK(ln.draw(0) == 4);

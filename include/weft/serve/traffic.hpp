@@ -25,7 +25,7 @@ enum class LengthShape {
 /// hi (the distribution conditioned on the excess being at most hi - lo):
 /// - exponential, of mean `scale` before truncation;
 /// - log-normal, of median `scale` and log-space deviation `sigma` before
-///   truncation, the shape measured for the answer lengths of chat traffic:
+///   truncation, a common model of the answer lengths of chat traffic:
 ///   most answers short, a few far longer than the median.
 /// For batching the difference matters: a static batch runs as long as its
 /// longest member, and under a long tail its longest member is several
@@ -82,10 +82,13 @@ struct LengthDist {
   double mean() const {
     if (hi <= lo) return double(lo);
     if (shape == LengthShape::uniform) return (double(lo) + double(hi)) / 2.0;
-    const double span = double(hi - lo + 1), total = cdf(span);
-    double m = 0;
-    for (std::size_t j = 0; j <= hi - lo; ++j)  // P(excess = j) = P(j <= X < j + 1) under truncation
-      m += double(j) * (cdf(double(j + 1)) - cdf(double(j))) / total;
+    const double total = cdf(double(hi - lo + 1));
+    double m = 0, below = 0;  // below = F(j)
+    for (std::size_t j = 0; j <= hi - lo; ++j) {  // P(excess = j) = P(j <= X < j + 1) under truncation
+      const double upto = cdf(double(j + 1));
+      m += double(j) * (upto - below) / total;
+      below = upto;
+    }
     return double(lo) + m;
   }
 
