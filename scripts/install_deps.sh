@@ -47,6 +47,16 @@ if ! command -v dpkg-query > /dev/null || ! command -v apt-get > /dev/null; then
   exit 1
 fi
 
+# nvcc is not a Debian package here (the CUDA toolkit comes with the machine's
+# image): only reported. With it, CI's gcc variant compiles weft.hpp with nvcc
+# (cuda.nvcc_extended_lambdas), and tests/CMakeLists.txt finds it the same way.
+nvcc="$(PATH="$PATH:${CUDA_PATH:+$CUDA_PATH/bin:}/usr/local/cuda/bin" command -v nvcc || true)"
+if [[ -n "$nvcc" ]]; then
+  echo "install_deps.sh: nvcc $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $nvcc: the nvcc pass over weft.hpp runs in CI's gcc variant."
+else
+  echo "install_deps.sh: no nvcc (PATH, \$CUDA_PATH/bin, /usr/local/cuda/bin): the nvcc pass over weft.hpp will not run; install the CUDA toolkit for it."
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2> /dev/null || true)
