@@ -114,3 +114,24 @@ if(NOT weft_FIND_QUIETLY)
   message(STATUS "weft: Kokkos ${Kokkos_VERSION} (${WEFT_KOKKOS_FLAVOR}) at ${Kokkos_DIR}; "
                  "Kokkos Kernels ${WEFT_KOKKOSKERNELS_VERSION} at ${KokkosKernels_DIR}; MPI ${MPI_CXX_VERSION}")
 endif()
+
+# oneDNN, the host GEMM provider for float and bf16 products
+# (weft/ops/gemm_onednn.hpp). WEFT_ENABLE_ONEDNN: AUTO (default) uses it when
+# its CMake package (DNNL::dnnl) is found, ON requires it, OFF never uses it
+# (products then go to Kokkos Kernels, and so to the system BLAS).
+# WEFT_HAVE_ONEDNN says what was decided; weftConfig.cmake passes weft's own
+# decision here, so a consumer links the oneDNN that weft was built with.
+if(NOT DEFINED WEFT_ENABLE_ONEDNN)
+  set(WEFT_ENABLE_ONEDNN AUTO)
+endif()
+set(WEFT_HAVE_ONEDNN OFF)
+if(WEFT_ENABLE_ONEDNN STREQUAL "AUTO" OR WEFT_ENABLE_ONEDNN)
+  find_package(dnnl CONFIG QUIET)
+  if(dnnl_FOUND AND TARGET DNNL::dnnl)
+    set(WEFT_HAVE_ONEDNN ON)
+  elseif(NOT WEFT_ENABLE_ONEDNN STREQUAL "AUTO")
+    message(FATAL_ERROR "weft: WEFT_ENABLE_ONEDNN=${WEFT_ENABLE_ONEDNN} but oneDNN's CMake package (dnnl, target DNNL::dnnl) "
+                        "was not found. Install it (Debian/Ubuntu: apt-get install libdnnl-dev), point -Ddnnl_DIR=<prefix>/lib/cmake/dnnl "
+                        "at another install, or configure with -DWEFT_ENABLE_ONEDNN=OFF to use Kokkos Kernels for every product.")
+  endif()
+endif()

@@ -22,6 +22,8 @@ packages=(
   cmake ninja-build make g++ clang
   # Kokkos and Kokkos Kernels (Debian's Trilinos packaging), their BLAS
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev
+  # oneDNN: the host GEMM provider of float and bf16 products (WEFT_ENABLE_ONEDNN)
+  libdnnl-dev
   # MPI: headers and libraries, and mpirun
   libopenmpi-dev openmpi-bin
   # the test framework

@@ -135,7 +135,7 @@ void record_region(const char* name) {
   if (g_regions) g_regions->push_back(name);
 }
 
-TEST_CASE("gemm on host float and double reaches the vendor BLAS") {
+TEST_CASE("gemm on host: double reaches the vendor BLAS, float the configured provider") {
 #if defined(KOKKOSKERNELS_ENABLE_TPL_BLAS)
   if constexpr (std::is_same_v<typename Space::memory_space, Kokkos::HostSpace>) {
     std::vector<std::string> regions;
@@ -143,13 +143,23 @@ TEST_CASE("gemm on host float and double reaches the vendor BLAS") {
     Kokkos::Tools::Experimental::set_push_region_callback(&record_region);
     Mat<float> A("A", 8, 8), B("B", 8, 8), C("C", 8, 8);
     Mat<double> big("big", 8, 24), Bd("Bd", 8, 8), Cd("Cd", 8, 8);
+    auto& counters = ops::gemm_counters();
+    const auto onednn0 = counters.calls_of(ops::GemmProviderId::onednn);
     ops::gemm(ops::Trans::T, ops::Trans::N, 1.0f, A, B, 0.0f, C);
     ops::gemm(ops::Trans::N, ops::Trans::T, 1.0, Kokkos::subview(big, Kokkos::ALL, std::make_pair(8, 16)), Bd, 0.0, Cd);
     Kokkos::Tools::Experimental::set_push_region_callback(nullptr);
     g_regions = nullptr;
+#if WEFT_ENABLE_ONEDNN
+    // float went to oneDNN (no Kokkos Kernels region), double to the BLAS.
+    CHECK(counters.calls_of(ops::GemmProviderId::onednn) == onednn0 + 1);
+    REQUIRE(regions.size() == 1);
+    CHECK(regions[0].find("TPL_BLAS") != std::string::npos);
+#else
+    CHECK(counters.calls_of(ops::GemmProviderId::onednn) == onednn0);
     REQUIRE(regions.size() == 2);
     CHECK(regions[0].find("TPL_BLAS") != std::string::npos);
     CHECK(regions[1].find("TPL_BLAS") != std::string::npos);
+#endif
   }
 #else
   MESSAGE("Kokkos Kernels built without a BLAS TPL: nothing to check");

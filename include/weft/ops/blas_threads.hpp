@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include <weft/config.hpp>
 #include <weft/core/error.hpp>
 
 namespace weft::ops {
@@ -112,6 +113,19 @@ inline BlasThreads set_blas_threads(int requested, int ranks_per_node) {
     out.threads = 1;
     out.reason += "; this BLAS exposes no thread setter, so its own default applies";
   }
+#if WEFT_ENABLE_ONEDNN
+  // oneDNN (the float provider) runs on the OpenMP runtime it was built
+  // with: its threads are that runtime's, set from this (the calling) thread.
+  // Looked up at run time, as for OpenBLAS: weft itself is not built with
+  // -fopenmp. Kokkos' OpenMP backend keeps its own pool size either way.
+  using omp_set_fn = void (*)(int);
+  if (auto omp_set = reinterpret_cast<omp_set_fn>(detail::blas_symbol("omp_set_num_threads"))) {
+    const int n = setter ? out.threads : choose_blas_threads(in).threads;
+    omp_set(n);
+    if (!setter) out.threads = n;
+    out.controlled = true;
+  }
+#endif
   return out;
 }
 

@@ -1,41 +1,34 @@
-// Matrix products through Kokkos Kernels: C = alpha op(A) op(B) + beta C for
-// every transpose case, and a batched form over stacks of matrices (attention
-// heads). Operands must share one layout so Kokkos Kernels can hand the call
-// to the vendor BLAS (OpenBLAS, cuBLAS) instead of its own generic kernel.
+// Matrix products: C = alpha op(A) op(B) + beta C for every transpose case,
+// a batched form over stacks of matrices (attention heads), and the few-row
+// products of a decode step. Every product goes to the GEMM provider that
+// gemm_provider_t picks at compile time (weft/ops/gemm_provider.hpp): oneDNN
+// for float on the host when weft is built with it, Kokkos Kernels (and so
+// the vendor BLAS) otherwise.
 #pragma once
 
-#include <KokkosBlas3_gemm.hpp>
 #include <type_traits>
 
 #include <weft/ops/common.hpp>
+#include <weft/ops/gemm_onednn.hpp>
+#include <weft/ops/gemm_provider.hpp>
 
 namespace weft::ops {
 
-/// Whether a gemm on these view types can reach the vendor BLAS in Kokkos
-/// Kernels: in 3.4 its BLAS specialisations exist only when A, B and C are all
-/// LayoutRight or all LayoutLeft (a LayoutStride operand silently falls back
-/// to a generic kernel several times slower).
-template <class AV, class BV, class CV>
-inline constexpr bool blas_layouts_v =
-    std::is_same_v<typename AV::array_layout, typename BV::array_layout> &&
-    std::is_same_v<typename AV::array_layout, typename CV::array_layout> &&
-    (std::is_same_v<typename AV::array_layout, Kokkos::LayoutRight> ||
-     std::is_same_v<typename AV::array_layout, Kokkos::LayoutLeft>);
-
-/// Transpose selector of one gemm operand.
-enum class Trans : char { N = 'N', T = 'T' };
-
-/// C = alpha * op(A) * op(B) + beta * C, with op = identity or transpose.
+/// C = alpha * op(A) * op(B) + beta * C, with op = identity or transpose,
+/// computed by gemm_provider_t<AV, BV, CV> and counted in gemm_counters().
 /// Row slices of a LayoutRight matrix (and column ranges of them) stay
 /// LayoutRight with their leading dimension, so heads inside a fused QKV
-/// matrix can be multiplied without a copy.
+/// matrix can be multiplied without a copy. m == 0 or n == 0 does nothing;
+/// k == 0 leaves beta * C (0 where beta == 0, whatever C held). C must not
+/// overlap A or B. A shape mismatch throws ShapeError before any work.
 template <class AV, class BV, class CV>
 void gemm(Trans ta, Trans tb, typename CV::const_value_type alpha, const AV& A, const BV& B,
           typename CV::const_value_type beta, const CV& C) {
   static_assert(AV::rank == 2 && BV::rank == 2 && CV::rank == 2, "weft::ops::gemm takes rank-2 views");
   static_assert(blas_layouts_v<AV, BV, CV>,
-                "weft::ops::gemm needs A, B and C in one layout (all LayoutRight or all LayoutLeft) so that Kokkos "
-                "Kernels reaches the vendor BLAS; copy the LayoutStride operand into a LayoutRight view first");
+                "weft::ops::gemm needs A, B and C in one layout (all LayoutRight or all LayoutLeft) so that every "
+                "provider takes them as they are (Kokkos Kernels reaches the vendor BLAS only then); copy the "
+                "LayoutStride operand into a LayoutRight view first");
   const bool at = ta == Trans::T, bt = tb == Trans::T;
   const std::size_t m = at ? A.extent(1) : A.extent(0);
   const std::size_t k = at ? A.extent(0) : A.extent(1);
@@ -54,9 +47,9 @@ void gemm(Trans ta, Trans tb, typename CV::const_value_type alpha, const AV& A, 
         });
     return;
   }
-  const char tas[2] = {static_cast<char>(ta), '\0'};
-  const char tbs[2] = {static_cast<char>(tb), '\0'};
-  KokkosBlas::gemm(tas, tbs, alpha, A, B, beta, C);
+  using P = gemm_provider_t<AV, BV, CV>;
+  gemm_counters().add(P::id, 2.0 * double(m) * double(n) * double(k));
+  gemm_provider_runner<P>::run(ta, tb, alpha, A, B, beta, C);
 }
 
 namespace detail {
@@ -192,6 +185,7 @@ void gemm_few_rows(const AV& A, const BV& B, const CV& C) {
       const T* a = A.data();
       const T* b = B.data();
       T* c = C.data();
+      gemm_counters().add(GemmProviderId::few_rows, 2.0 * double(m) * double(n) * double(k));
       Kokkos::parallel_for(
           "weft::gemm_few_rows", Kokkos::RangePolicy<Exec>(0, groups + (n % W ? 1 : 0)),
           [=](std::size_t g) {  // host code: a host execution space

@@ -1,0 +1,181 @@
+// Who computes a matrix product: the GEMM providers and the compile-time rule
+// that picks one from the operands' execution space and value types, plus the
+// counters that say which provider ran. ops::gemm (weft/ops/gemm.hpp) is the
+// one entry point; this header is what it dispatches on.
+#pragma once
+
+#include <KokkosBlas3_gemm.hpp>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include <weft/config.hpp>
+#include <weft/ops/common.hpp>
+
+namespace weft::ops {
+
+/// Transpose selector of one gemm operand.
+enum class Trans : char { N = 'N', T = 'T' };
+
+/// Whether a gemm on these view types can reach the vendor BLAS in Kokkos
+/// Kernels: in 3.4 its BLAS specialisations exist only when A, B and C are all
+/// LayoutRight or all LayoutLeft (a LayoutStride operand silently falls back
+/// to a generic kernel several times slower). weft's gemm requires it of
+/// every provider, so that a product never depends on which one runs.
+template <class AV, class BV, class CV>
+inline constexpr bool blas_layouts_v =
+    std::is_same_v<typename AV::array_layout, typename BV::array_layout> &&
+    std::is_same_v<typename AV::array_layout, typename CV::array_layout> &&
+    (std::is_same_v<typename AV::array_layout, Kokkos::LayoutRight> ||
+     std::is_same_v<typename AV::array_layout, Kokkos::LayoutLeft>);
+
+// ---------------------------------------------------------------------------
+// The providers. Each is an empty tag type with
+//   static constexpr GemmProviderId id;   and   static constexpr const char* name;
+// and, where it is compiled in, a gemm_provider_runner specialisation below.
+// ---------------------------------------------------------------------------
+
+/// Stable numbering of the providers (indices into GemmCounters).
+enum class GemmProviderId : int { kokkos_kernels = 0, onednn = 1, few_rows = 2, cublas = 3, rocblas = 4 };
+/// Number of GemmProviderId values.
+inline constexpr int gemm_provider_count = 5;
+
+/// The provider's name as records and logs print it.
+constexpr const char* gemm_provider_name(GemmProviderId id) {
+  switch (id) {
+    case GemmProviderId::kokkos_kernels: return "kokkos-kernels";
+    case GemmProviderId::onednn: return "onednn";
+    case GemmProviderId::few_rows: return "weft-few-rows";
+    case GemmProviderId::cublas: return "cublas";
+    case GemmProviderId::rocblas: return "rocblas";
+  }
+  return "unknown";
+}
+
+/// Kokkos Kernels' KokkosBlas::gemm: the vendor BLAS (OpenBLAS on these
+/// machines, cuBLAS or rocBLAS in device builds of Kokkos Kernels) for float,
+/// double and complex, its own generic kernel for other types. The fallback
+/// of every case no other provider takes.
+struct KokkosKernelsGemm {
+  static constexpr GemmProviderId id = GemmProviderId::kokkos_kernels;
+  static constexpr const char* name = "kokkos-kernels";
+};
+
+/// oneDNN's matmul primitive (weft/ops/gemm_onednn.hpp): float, or bf16
+/// inputs with a float result, on a host execution space. Its runner exists
+/// only when weft is configured with oneDNN (WEFT_ENABLE_ONEDNN == 1).
+struct OneDnnGemm {
+  static constexpr GemmProviderId id = GemmProviderId::onednn;
+  static constexpr const char* name = "onednn";
+};
+
+/// cuBLAS (cublasGemmEx, fp32 compute, tensor cores for half inputs) on
+/// CUDA memory: see docs/architecture.md. A CUDA build of Kokkos Kernels
+/// already hands float and double products to cuBLAS through
+/// KokkosKernelsGemm; this tag names the path of the half types.
+struct CublasGemm {
+  static constexpr GemmProviderId id = GemmProviderId::cublas;
+  static constexpr const char* name = "cublas";
+};
+
+/// rocBLAS on HIP memory, on the plan of CublasGemm.
+struct RocblasGemm {
+  static constexpr GemmProviderId id = GemmProviderId::rocblas;
+  static constexpr const char* name = "rocblas";
+};
+
+/// The product of provider P: a static
+///   run(Trans ta, Trans tb, alpha, A, B, beta, C)
+/// computing C = alpha op(A) op(B) + beta C for operands that ops::gemm has
+/// already checked (shapes agree, m, n, k > 0, one layout). Specialised for
+/// each provider compiled into this build; a provider without one cannot be
+/// chosen by gemm_provider.
+template <class Provider>
+struct gemm_provider_runner;
+
+template <>
+struct gemm_provider_runner<KokkosKernelsGemm> {
+  template <class AV, class BV, class CV>
+  static void run(Trans ta, Trans tb, typename CV::const_value_type alpha, const AV& A, const BV& B,
+                  typename CV::const_value_type beta, const CV& C) {
+    const char tas[2] = {static_cast<char>(ta), '\0'};
+    const char tbs[2] = {static_cast<char>(tb), '\0'};
+    KokkosBlas::gemm(tas, tbs, alpha, A, B, beta, C);
+  }
+};
+
+namespace detail {
+template <class Exec>
+inline constexpr bool host_exec_v = Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible;
+
+/// Value types oneDNN's matmul takes in weft: A, B and C all float. (bf16
+/// inputs are added by the precision layer through onednn_inputs_v.)
+template <class TA, class TB, class TC>
+inline constexpr bool onednn_inputs_v =
+    std::is_same_v<TA, float> && std::is_same_v<TB, float> && std::is_same_v<TC, float>;
+}  // namespace detail
+
+/// The provider of a product whose operands have value types TA, TB, TC and
+/// run on execution space Exec, decided at compile time:
+///   host space, float (or bf16 inputs, float C), weft built with oneDNN -> OneDnnGemm
+///   anything else                                                        -> KokkosKernelsGemm
+/// (double products, every product of a build without oneDNN, and device
+/// products, which Kokkos Kernels hands to cuBLAS or rocBLAS for float and
+/// double). Specialise it for a type of your own to route its products.
+template <class Exec, class TA, class TB, class TC>
+struct gemm_provider {
+#if WEFT_ENABLE_ONEDNN
+  using type = std::conditional_t<detail::host_exec_v<Exec> && detail::onednn_inputs_v<TA, TB, TC>, OneDnnGemm,
+                                  KokkosKernelsGemm>;
+#else
+  using type = KokkosKernelsGemm;
+#endif
+};
+
+/// The provider ops::gemm uses for views AV, BV, CV (their execution space
+/// is CV's).
+template <class AV, class BV, class CV>
+using gemm_provider_t =
+    typename gemm_provider<typename CV::execution_space, typename AV::non_const_value_type,
+                           typename BV::non_const_value_type, typename CV::non_const_value_type>::type;
+
+/// The provider of float products on execution space Exec: what weft's fp32
+/// layers use, as the run records name it.
+template <class Exec = Kokkos::DefaultExecutionSpace>
+constexpr const char* float_gemm_provider_name() {
+  return gemm_provider<Exec, float, float, float>::type::name;
+}
+
+/// Calls and floating-point operations (2 m n k each) of every provider
+/// since the start of the process or the last reset(): how a test checks
+/// which provider ran, and how a record says it. Relaxed atomics: the
+/// counts are exact, their order with other memory is not promised.
+struct GemmCounters {
+  std::array<std::atomic<std::uint64_t>, gemm_provider_count> calls{};
+  std::array<std::atomic<double>, gemm_provider_count> flops{};
+
+  void add(GemmProviderId id, double f) {
+    calls[static_cast<int>(id)].fetch_add(1, std::memory_order_relaxed);
+    auto& a = flops[static_cast<int>(id)];
+    double cur = a.load(std::memory_order_relaxed);
+    while (!a.compare_exchange_weak(cur, cur + f, std::memory_order_relaxed)) {
+    }
+  }
+  std::uint64_t calls_of(GemmProviderId id) const { return calls[static_cast<int>(id)].load(std::memory_order_relaxed); }
+  double flops_of(GemmProviderId id) const { return flops[static_cast<int>(id)].load(std::memory_order_relaxed); }
+  void reset() {
+    for (auto& c : calls) c.store(0, std::memory_order_relaxed);
+    for (auto& f : flops) f.store(0, std::memory_order_relaxed);
+  }
+};
+
+/// The process's counters (one object; inline, so one across translation units).
+inline GemmCounters& gemm_counters() {
+  static GemmCounters c;
+  return c;
+}
+
+}  // namespace weft::ops
