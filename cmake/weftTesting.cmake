@@ -10,8 +10,19 @@ include_guard(GLOBAL)
 set(WEFT_TEST_RANKS "1;2;4;8" CACHE STRING "Rank counts at which every MPI test runs")
 set(WEFT_MPIEXEC_FLAGS "--oversubscribe;--bind-to;none;--mca;mpi_yield_when_idle;1" CACHE STRING
     "Flags of mpiexec for the tests (Open MPI spellings)")
+# OpenMP threads per rank of every test (Kokkos' OpenMP backend reads
+# OMP_NUM_THREADS; a test's ENVIRONMENT overrides the caller's, so this is the
+# only place where it can be set). CI's kokkos-openmp variant sets 2.
+set(WEFT_TEST_OMP_NUM_THREADS 1 CACHE STRING "OMP_NUM_THREADS of every test (Kokkos' OpenMP threads per rank)")
 # Running as root needs Open MPI's consent; the variables are harmless otherwise.
-set(WEFT_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1;WEFT_TEST_DEADLINE=60")
+set(WEFT_TEST_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=${WEFT_TEST_OMP_NUM_THREADS};WEFT_TEST_DEADLINE=60")
+if(NOT WEFT_TEST_OMP_NUM_THREADS EQUAL 1)
+  # Ranks x threads outnumber the 2 cores of a small machine: idle OpenMP
+  # threads must sleep, not spin (as idle MPI ranks yield), and must not be
+  # pinned (every rank would pin its thread 0 to the same core). Setting
+  # OMP_PROC_BIND also silences Kokkos' advice to set it.
+  string(APPEND WEFT_TEST_ENV ";OMP_WAIT_POLICY=passive;OMP_PROC_BIND=false")
+endif()
 
 function(weft_add_mpi_test name)
   cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;RANKS;ENV;ARGS" ${ARGN})
