@@ -698,6 +698,7 @@ class Comm {
   Request iall_reduce_impl(const S& send, const R& recv, ReduceOp op, bool in_place, bool nonblocking) {
     using T = checked_element_t<S>;
     static_assert(std::is_same_v<T, checked_element_t<R>>, "weft::Comm::all_reduce: send and receive views must have the same element type");
+    static_assert(detail::require_mpi_reducible<T>());
     const char* name = nonblocking ? "iall_reduce" : "all_reduce";
     check_op<T>(op, name);
     check_view(send, name, "send");
@@ -792,6 +793,7 @@ class Comm {
   Request ireduce_scatter_impl(const S& send, const R& recv, ReduceOp op, bool nonblocking) {
     using T = checked_element_t<S>;
     static_assert(std::is_same_v<T, checked_element_t<R>>, "weft::Comm::reduce_scatter: send and receive views must have the same element type");
+    static_assert(detail::require_mpi_reducible<T>());
     const char* name = nonblocking ? "ireduce_scatter" : "reduce_scatter";
     check_op<T>(op, name);
     check_view(send, name, "send");
