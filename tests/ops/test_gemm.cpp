@@ -39,7 +39,7 @@ double at(const V& h, bool trans, std::size_t i, std::size_t j) {
 // k eps of that sum; Higham, Accuracy and Stability, 3.1).
 template <class AV, class BV, class CV>
 void reference(ops::Trans ta, ops::Trans tb, double alpha, const AV& A, const BV& B, double beta, const CV& C0,
-               std::vector<double>& ref, std::vector<double>& bound, double eps) {
+               std::vector<double>& ref, std::vector<double>& bound, double eps, double out_eps = 0) {
   auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A);
   auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), B);
   auto c = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C0);
@@ -57,7 +57,9 @@ void reference(ops::Trans ta, ops::Trans tb, double alpha, const AV& A, const BV
       }
       const double c0 = beta == 0 ? 0.0 : double(c(i, j));
       ref[i * n + j] = alpha * s + beta * c0;
-      bound[i * n + j] = (double(k) + 2) * eps * (std::fabs(alpha) * sa + std::fabs(beta * c0)) + 1e-300;
+      // out_eps: one more rounding of the result into a 2-byte C.
+      bound[i * n + j] = (double(k) + 2) * eps * (std::fabs(alpha) * sa + std::fabs(beta * c0)) +
+                         out_eps * std::fabs(ref[i * n + j]) + 1e-300;
     }
 }
 
@@ -80,10 +82,15 @@ void check_within(const CV& C, const std::vector<double>& ref, const std::vector
 // Calls Provider's runner, or ops::gemm when Provider is void, on every
 // transpose case of one shape, in layout L, with A, B and C as column ranges
 // of wider matrices (pad > 0) or whole ones.
-template <class Provider, class T, class L>
+// T: A's and B's type; TC: C's. bf16 inputs are exact in float, so their
+// products accumulate with fp32 rounding (eps 2^-24); a bf16 C adds one
+// rounding to 8 significant bits (2^-8 relative) at the end.
+template <class Provider, class T, class L, class TC = T>
 void check_shape(std::size_t m, std::size_t n, std::size_t k, std::size_t pad, double alpha, double beta) {
   using M = Kokkos::View<T**, L, Space>;
-  const double eps = std::is_same_v<T, float> ? 0x1p-24 : 0x1p-53;
+  using MC = Kokkos::View<TC**, L, Space>;
+  const double eps = std::is_same_v<T, double> ? 0x1p-53 : 0x1p-24;
+  const double out_eps = std::is_same_v<TC, bf16> ? 0x1p-8 : 0.0;
   for (auto ta : {ops::Trans::N, ops::Trans::T})
     for (auto tb : {ops::Trans::N, ops::Trans::T}) {
       const std::size_t ar = ta == ops::Trans::T ? k : m, ac = ta == ops::Trans::T ? m : k;
@@ -91,12 +98,12 @@ void check_shape(std::size_t m, std::size_t n, std::size_t k, std::size_t pad, d
       // With LayoutRight a column range keeps row-major order with a longer
       // row (ld > cols); with LayoutLeft a row range does the same for columns.
       constexpr bool right = std::is_same_v<L, Kokkos::LayoutRight>;
-      M Aw("Aw", right ? ar : ar + pad, right ? ac + pad : ac), Bw("Bw", right ? br : br + pad, right ? bc + pad : bc),
-          Cw("Cw", right ? m : m + pad, right ? n + pad : n);
+      M Aw("Aw", right ? ar : ar + pad, right ? ac + pad : ac), Bw("Bw", right ? br : br + pad, right ? bc + pad : bc);
+      MC Cw("Cw", right ? m : m + pad, right ? n + pad : n);
       fill(Aw, unsigned(1 + m + 3 * k));
       fill(Bw, unsigned(2 + n + 5 * k));
       fill(Cw, unsigned(3 + m * n));
-      auto sub = [&](const M& w, std::size_t r, std::size_t c) {
+      auto sub = [&](const auto& w, std::size_t r, std::size_t c) {
         return right ? Kokkos::subview(w, std::make_pair(std::size_t(0), r), std::make_pair(pad / 2, pad / 2 + c))
                      : Kokkos::subview(w, std::make_pair(pad / 2, pad / 2 + r), std::make_pair(std::size_t(0), c));
       };
@@ -105,11 +112,11 @@ void check_shape(std::size_t m, std::size_t n, std::size_t k, std::size_t pad, d
       auto C = sub(Cw, m, n);
       static_assert(std::is_same_v<typename decltype(A)::array_layout, L>, "a range of a matrix keeps its layout");
       std::vector<double> ref, bound;
-      reference(ta, tb, alpha, A, B, beta, C, ref, bound, eps);
+      reference(ta, tb, alpha, A, B, beta, C, ref, bound, eps, out_eps);
       if constexpr (std::is_void_v<Provider>) {
-        ops::gemm(ta, tb, T(alpha), A, B, T(beta), C);
+        ops::gemm(ta, tb, TC(alpha), A, B, TC(beta), C);
       } else {
-        ops::gemm_provider_runner<Provider>::run(ta, tb, T(alpha), A, B, T(beta), C);
+        ops::gemm_provider_runner<Provider>::run(ta, tb, TC(alpha), A, B, TC(beta), C);
       }
       CAPTURE(m);
       CAPTURE(n);
@@ -123,40 +130,51 @@ void check_shape(std::size_t m, std::size_t n, std::size_t k, std::size_t pad, d
       // The columns (rows) around the range are untouched.
       if (pad > 0) {
         auto cw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Cw);
-        M Cw0("Cw0", Cw.extent(0), Cw.extent(1));
+        MC Cw0("Cw0", Cw.extent(0), Cw.extent(1));
         fill(Cw0, unsigned(3 + m * n));
         auto c0 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Cw0);
         std::size_t changed = 0;
         for (std::size_t i = 0; i < Cw.extent(0); ++i)
           for (std::size_t j = 0; j < Cw.extent(1); ++j) {
             const bool inside = right ? (j >= pad / 2 && j < pad / 2 + n) : (i >= pad / 2 && i < pad / 2 + m);
-            if (!inside && cw(i, j) != c0(i, j)) ++changed;
+            if (!inside && float(cw(i, j)) != float(c0(i, j))) ++changed;
           }
         CHECK(changed == 0);
       }
     }
 }
 
-template <class Provider, class T>
+template <class Provider, class T, class TC = T>
 void check_provider() {
   // Odd sizes around the vector widths (16 floats) and register blocks.
   const std::size_t sizes[][3] = {{1, 1, 1}, {1, 17, 33}, {7, 5, 3}, {17, 31, 15}, {33, 64, 65}, {64, 48, 129}};
   for (const auto& s : sizes)
     for (std::size_t pad : {0, 5}) {
-      check_shape<Provider, T, Kokkos::LayoutRight>(s[0], s[1], s[2], pad, 1.0, 0.0);
-      check_shape<Provider, T, Kokkos::LayoutLeft>(s[0], s[1], s[2], pad, 1.0, 0.0);
+      check_shape<Provider, T, Kokkos::LayoutRight, TC>(s[0], s[1], s[2], pad, 1.0, 0.0);
+      check_shape<Provider, T, Kokkos::LayoutLeft, TC>(s[0], s[1], s[2], pad, 1.0, 0.0);
     }
   // Coefficients: accumulate (beta 1, the weight gradient), scale both.
-  check_shape<Provider, T, Kokkos::LayoutRight>(9, 10, 11, 3, 1.0, 1.0);
-  check_shape<Provider, T, Kokkos::LayoutRight>(9, 10, 11, 3, 0.5, 2.0);
-  check_shape<Provider, T, Kokkos::LayoutRight>(9, 10, 11, 0, -1.25, 0.0);
-  check_shape<Provider, T, Kokkos::LayoutLeft>(9, 10, 11, 3, 0.5, -1.0);
+  check_shape<Provider, T, Kokkos::LayoutRight, TC>(9, 10, 11, 3, 1.0, 1.0);
+  check_shape<Provider, T, Kokkos::LayoutRight, TC>(9, 10, 11, 3, 0.5, 2.0);
+  check_shape<Provider, T, Kokkos::LayoutRight, TC>(9, 10, 11, 0, -1.25, 0.0);
+  check_shape<Provider, T, Kokkos::LayoutLeft, TC>(9, 10, 11, 3, 0.5, -1.0);
 }
 
 }  // namespace
 
 TEST_CASE_TEMPLATE("ops::gemm equals a double loop within fp32 (or fp64) rounding", T, float, double) {
   check_provider<void, T>();
+}
+
+TEST_CASE("bf16 inputs through ops::gemm, float or bf16 C: fp32 accumulation of the exact inputs") {
+  check_provider<void, bf16, float>();
+  check_provider<void, bf16, bf16>();
+}
+
+TEST_CASE("the widening provider, called directly, for bf16 and fp16 inputs") {
+  check_provider<ops::WidenGemm, bf16, float>();
+  check_provider<ops::WidenGemm, bf16, bf16>();
+  check_provider<ops::WidenGemm, fp16, float>();
 }
 
 TEST_CASE("Kokkos Kernels' provider, called directly, equals a double loop") {
@@ -168,6 +186,8 @@ TEST_CASE("Kokkos Kernels' provider, called directly, equals a double loop") {
 TEST_CASE("oneDNN's provider, called directly, equals a double loop, and caches its primitives") {
   if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
     check_provider<ops::OneDnnGemm, float>();
+    check_provider<ops::OneDnnGemm, bf16, float>();
+    check_provider<ops::OneDnnGemm, bf16, bf16>();
     // A product of a shape seen before builds nothing new.
     ops::Matrix<float, Space> A("A", 13, 7), B("B", 7, 11), C("C", 13, 11);
     ops::gemm_provider_runner<ops::OneDnnGemm>::run(ops::Trans::N, ops::Trans::N, 1.0f, A, B, 0.0f, C);
@@ -209,13 +229,19 @@ TEST_CASE("the provider is chosen by type, and the one chosen is the one that ru
   using F = ops::gemm_provider_t<ops::Matrix<float, Space>, ops::Matrix<float, Space>, ops::Matrix<float, Space>>;
   using D = ops::gemm_provider_t<ops::Matrix<double, Space>, ops::Matrix<double, Space>, ops::Matrix<double, Space>>;
   static_assert(std::is_same_v<D, ops::KokkosKernelsGemm>, "double products always go to Kokkos Kernels");
+  using H = ops::gemm_provider_t<ops::Matrix<bf16, Space>, ops::Matrix<bf16, Space>, ops::Matrix<float, Space>>;
+  using H16 = ops::gemm_provider_t<ops::Matrix<fp16, Space>, ops::Matrix<fp16, Space>, ops::Matrix<float, Space>>;
+  static_assert(std::is_same_v<H16, ops::WidenGemm>, "fp16 inputs are widened (no provider takes them on the host)");
   constexpr bool host = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
 #if WEFT_ENABLE_ONEDNN
   static_assert(std::is_same_v<F, std::conditional_t<host, ops::OneDnnGemm, ops::KokkosKernelsGemm>>,
                 "with oneDNN, host float products go to oneDNN");
+  static_assert(std::is_same_v<H, std::conditional_t<host, ops::OneDnnGemm, ops::WidenGemm>>,
+                "with oneDNN, host bf16 products go to oneDNN");
   CHECK(std::string(ops::float_gemm_provider_name<Host>()) == "onednn");
 #else
-  static_assert(std::is_same_v<F, ops::KokkosKernelsGemm>, "without oneDNN every product goes to Kokkos Kernels");
+  static_assert(std::is_same_v<F, ops::KokkosKernelsGemm>, "without oneDNN float products go to Kokkos Kernels");
+  static_assert(std::is_same_v<H, ops::WidenGemm>, "without oneDNN bf16 products are widened to float");
   CHECK(std::string(ops::float_gemm_provider_name<Host>()) == "kokkos-kernels");
 #endif
   (void)host;

@@ -41,9 +41,11 @@ void gemm(Trans ta, Trans tb, typename CV::const_value_type alpha, const AV& A, 
   if (m == 0 || n == 0) return;
   if (k == 0) {
     // BLAS leaves C untouched for k == 0; the product is still beta * C.
+    using TC = typename CV::non_const_value_type;
+    const float b = to_float(beta);
     Kokkos::parallel_for(
         "weft::gemm_scale", detail::range(C, m), KOKKOS_LAMBDA(std::size_t i) {
-          for (std::size_t j = 0; j < n; ++j) C(i, j) = beta == 0 ? 0 : beta * C(i, j);
+          for (std::size_t j = 0; j < n; ++j) C(i, j) = b == 0 ? TC(0) : TC(b * to_float(C(i, j)));
         });
     return;
   }
@@ -51,6 +53,44 @@ void gemm(Trans ta, Trans tb, typename CV::const_value_type alpha, const AV& A, 
   gemm_counters().add(P::id, 2.0 * double(m) * double(n) * double(k));
   gemm_provider_runner<P>::run(ta, tb, alpha, A, B, beta, C);
 }
+
+/// WidenGemm's product: op(A) and op(B) widened into float matrices (one
+/// kernel each, on C's execution space), multiplied by the float provider
+/// into C, or into a float scratch that is then rounded into C's 2-byte type.
+template <>
+struct gemm_provider_runner<WidenGemm> {
+  template <class AV, class BV, class CV>
+  static void run(Trans ta, Trans tb, typename CV::const_value_type alpha, const AV& A, const BV& B,
+                  typename CV::const_value_type beta, const CV& C) {
+    using Space = typename CV::execution_space;
+    using F = Kokkos::View<float**, Kokkos::LayoutRight, typename CV::memory_space>;
+    const bool at = ta == Trans::T, bt = tb == Trans::T;
+    const std::size_t m = C.extent(0), n = C.extent(1), k = at ? A.extent(0) : A.extent(1);
+    F a(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::gemm.widen.A"), m, k);
+    F b(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::gemm.widen.B"), k, n);
+    Kokkos::parallel_for(
+        "weft::gemm_widen_A", Kokkos::RangePolicy<Space>(0, m), KOKKOS_LAMBDA(std::size_t i) {
+          for (std::size_t q = 0; q < k; ++q) a(i, q) = to_float(at ? A(q, i) : A(i, q));
+        });
+    Kokkos::parallel_for(
+        "weft::gemm_widen_B", Kokkos::RangePolicy<Space>(0, k), KOKKOS_LAMBDA(std::size_t q) {
+          for (std::size_t j = 0; j < n; ++j) b(q, j) = to_float(bt ? B(j, q) : B(q, j));
+        });
+    using TC = typename CV::non_const_value_type;
+    if constexpr (std::is_same_v<TC, float> && std::is_same_v<typename CV::array_layout, Kokkos::LayoutRight>) {
+      gemm(Trans::N, Trans::N, to_float(alpha), a, b, to_float(beta), C);
+    } else {
+      F c(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::gemm.widen.C"), m, n);
+      gemm(Trans::N, Trans::N, to_float(alpha), a, b, 0.0f, c);
+      const float be = to_float(beta);
+      Kokkos::parallel_for(
+          "weft::gemm_widen_C", Kokkos::RangePolicy<Space>(0, m), KOKKOS_LAMBDA(std::size_t i) {
+            for (std::size_t j = 0; j < n; ++j)
+              C(i, j) = TC(c(i, j) + (be == 0 ? 0.0f : be * to_float(C(i, j))));
+          });
+    }
+  }
+};
 
 namespace detail {
 /// Columns of C one work item of gemm_few_rows computes: four AVX-512

@@ -22,12 +22,16 @@ namespace weft::ops {
 
 namespace detail::onednn {
 
-/// oneDNN's data type of value type T (float here; the precision layer adds bf16).
+/// oneDNN's data type of value type T.
 template <class T>
 struct data_type;
 template <>
 struct data_type<float> {
   static constexpr dnnl::memory::data_type value = dnnl::memory::data_type::f32;
+};
+template <>
+struct data_type<bf16> {
+  static constexpr dnnl::memory::data_type value = dnnl::memory::data_type::bf16;
 };
 
 /// Everything that decides a matmul primitive: shapes, the strides of each
@@ -151,8 +155,8 @@ inline Entry make_entry(const Key& key, dnnl::engine& eng) {
 }  // namespace detail::onednn
 
 /// The oneDNN provider's product (declared in weft/ops/gemm_provider.hpp).
-/// Operands are host views of float (or a 2-byte type the precision layer
-/// maps), in one layout; their strides go to oneDNN as they are, so row
+/// Operands are host views of float, or bf16 A and B with a float or bf16
+/// C (oneDNN accumulates in fp32), in one layout; their strides go to oneDNN as they are, so row
 /// slices of a wider matrix (a head inside fused QKV) need no copy. A
 /// dnnl::error becomes weft::Error naming the shapes.
 template <class AV, class BV, class CV>
@@ -196,7 +200,7 @@ struct gemm_provider_runner<OneDnnGemm> {
   template <class AV, class BV, class CV>
   static void run(Trans ta, Trans tb, typename CV::const_value_type alpha, const AV& A, const BV& B,
                   typename CV::const_value_type beta, const CV& C) {
-    onednn_gemm(ta, tb, static_cast<float>(alpha), A, B, static_cast<float>(beta), C);
+    onednn_gemm(ta, tb, to_float(alpha), A, B, to_float(beta), C);
   }
 };
 

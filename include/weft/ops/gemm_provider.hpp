@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include <weft/config.hpp>
+#include <weft/core/half.hpp>
 #include <weft/ops/common.hpp>
 
 namespace weft::ops {
@@ -39,9 +40,9 @@ inline constexpr bool blas_layouts_v =
 // ---------------------------------------------------------------------------
 
 /// Stable numbering of the providers (indices into GemmCounters).
-enum class GemmProviderId : int { kokkos_kernels = 0, onednn = 1, few_rows = 2, cublas = 3, rocblas = 4 };
+enum class GemmProviderId : int { kokkos_kernels = 0, onednn = 1, few_rows = 2, cublas = 3, rocblas = 4, widen = 5 };
 /// Number of GemmProviderId values.
-inline constexpr int gemm_provider_count = 5;
+inline constexpr int gemm_provider_count = 6;
 
 /// The provider's name as records and logs print it.
 constexpr const char* gemm_provider_name(GemmProviderId id) {
@@ -51,6 +52,7 @@ constexpr const char* gemm_provider_name(GemmProviderId id) {
     case GemmProviderId::few_rows: return "weft-few-rows";
     case GemmProviderId::cublas: return "cublas";
     case GemmProviderId::rocblas: return "rocblas";
+    case GemmProviderId::widen: return "widen-to-fp32";
   }
   return "unknown";
 }
@@ -70,6 +72,17 @@ struct KokkosKernelsGemm {
 struct OneDnnGemm {
   static constexpr GemmProviderId id = GemmProviderId::onednn;
   static constexpr const char* name = "onednn";
+};
+
+/// bf16 or fp16 inputs where no provider takes them as they are: op(A) and
+/// op(B) are widened to float in a kernel on the operands' execution space
+/// (exactly: every 2-byte value is a float) and multiplied by the float
+/// provider; C is float, or rounded to nearest even into C's 2-byte type.
+/// The result equals a product with fp32 accumulation of the same inputs
+/// (within fp32 rounding), at the cost of one float copy of A and B.
+struct WidenGemm {
+  static constexpr GemmProviderId id = GemmProviderId::widen;
+  static constexpr const char* name = "widen-to-fp32";
 };
 
 /// cuBLAS (cublasGemmEx, fp32 compute, tensor cores for half inputs) on
@@ -111,28 +124,37 @@ namespace detail {
 template <class Exec>
 inline constexpr bool host_exec_v = Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible;
 
-/// Value types oneDNN's matmul takes in weft: A, B and C all float. (bf16
-/// inputs are added by the precision layer through onednn_inputs_v.)
+/// Value types oneDNN's matmul takes in weft: A, B and C all float, or A and
+/// B both bf16 with C float or bf16 (fp32 accumulation inside oneDNN).
 template <class TA, class TB, class TC>
 inline constexpr bool onednn_inputs_v =
-    std::is_same_v<TA, float> && std::is_same_v<TB, float> && std::is_same_v<TC, float>;
+    (std::is_same_v<TA, float> && std::is_same_v<TB, float> && std::is_same_v<TC, float>) ||
+    (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && (std::is_same_v<TC, float> || std::is_same_v<TC, bf16>));
+
+/// Products of 2-byte inputs that WidenGemm computes where no provider takes them.
+template <class TA, class TB, class TC>
+inline constexpr bool widen_inputs_v = is_reduced_precision_v<TA> && std::is_same_v<TA, TB> &&
+                                       (std::is_same_v<TC, float> || std::is_same_v<TC, TA>);
 }  // namespace detail
 
 /// The provider of a product whose operands have value types TA, TB, TC and
 /// run on execution space Exec, decided at compile time:
-///   host space, float (or bf16 inputs, float C), weft built with oneDNN -> OneDnnGemm
-///   anything else                                                        -> KokkosKernelsGemm
-/// (double products, every product of a build without oneDNN, and device
-/// products, which Kokkos Kernels hands to cuBLAS or rocBLAS for float and
-/// double). Specialise it for a type of your own to route its products.
+///   host space, weft built with oneDNN, float x float -> float, or
+///     bf16 x bf16 -> float or bf16                          -> OneDnnGemm
+///   other bf16 / fp16 inputs (C float or the input type)   -> WidenGemm
+///   anything else                                           -> KokkosKernelsGemm
+/// (double products, float products of a build without oneDNN, and device
+/// float and double products, which Kokkos Kernels hands to cuBLAS or
+/// rocBLAS). Specialise it for a type of your own to route its products.
 template <class Exec, class TA, class TB, class TC>
 struct gemm_provider {
 #if WEFT_ENABLE_ONEDNN
-  using type = std::conditional_t<detail::host_exec_v<Exec> && detail::onednn_inputs_v<TA, TB, TC>, OneDnnGemm,
-                                  KokkosKernelsGemm>;
+  static constexpr bool onednn = detail::host_exec_v<Exec> && detail::onednn_inputs_v<TA, TB, TC>;
 #else
-  using type = KokkosKernelsGemm;
+  static constexpr bool onednn = false;
 #endif
+  using type = std::conditional_t<onednn, OneDnnGemm,
+                                  std::conditional_t<detail::widen_inputs_v<TA, TB, TC>, WidenGemm, KokkosKernelsGemm>>;
 };
 
 /// The provider ops::gemm uses for views AV, BV, CV (their execution space
