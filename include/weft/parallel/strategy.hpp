@@ -1,7 +1,8 @@
 // Strategies as types: weft::Strategy<On<Axis, Policy>...> names, for each
 // mesh axis, what that axis does (data parallelism with the placements of
 // parameters, gradients and optimizer state; tensor parallelism with or
-// without sequence parallelism; a pipeline schedule). Pure types and checks,
+// without sequence parallelism; a pipeline schedule), and optionally the
+// precision (weft::Precision, precision/policy.hpp). Pure types and checks,
 // no run time: the model (nn::GPT), DataParallel, the pipeline stage and
 // executor and train_step are all instantiated from one of these.
 #pragma once
@@ -17,6 +18,7 @@
 #include <weft/parallel/dp_mode.hpp>
 #include <weft/parallel/schedule.hpp>
 #include <weft/placement/placement.hpp>
+#include <weft/precision/policy.hpp>
 
 namespace weft {
 
@@ -251,12 +253,20 @@ std::string policy_name_of() {
 // Checks one On<Axis, X> of a Strategy; the messages name the fix.
 template <class O>
 constexpr bool check_strategy_entry() {
-  static_assert(is_on<O>::value,
+  static_assert(is_on<O>::value || is_precision_v<O>,
                 "weft::Strategy<...>: every argument must be weft::On<Axis, Policy>, e.g. "
-                "weft::On<weft::DP, weft::FullyShard> or weft::On<weft::TP, weft::TensorParallel<>>");
+                "weft::On<weft::DP, weft::FullyShard> or weft::On<weft::TP, weft::TensorParallel<>>, or the "
+                "precision, weft::Precision<Param, Reduce, LossScale>");
+  // Naming Precision<...> as an argument does not instantiate it; completing
+  // the type here runs its own checks (fp16 without a loss scaler, ...).
+  if constexpr (is_precision_v<O>) static_assert(sizeof(O) > 0);
   if constexpr (is_on<O>::value) {
     using Axis = typename O::axis;
     using X = typename normalise_policy<Axis, typename O::placement>::type;
+    static_assert(!is_precision_v<X>,
+                  "weft::Strategy: weft::Precision<...> is not the policy of a mesh axis -- it holds for the whole "
+                  "model; give it as an entry of its own: weft::Strategy<weft::On<weft::DP, weft::FullyShard>, "
+                  "weft::Precision<weft::BF16, weft::F32>>");
     static_assert(!std::is_same_v<X, SequenceParallel>,
                   "weft::Strategy: SequenceParallel is not a policy of its own -- it is an option of tensor "
                   "parallelism and needs the TP axis. Write weft::On<weft::TP, "
@@ -267,7 +277,7 @@ constexpr bool check_strategy_entry() {
     static_assert(!(Placement<X> && !std::is_same_v<Axis, DP>),
                   "weft::Strategy: a bare placement (Replicate, Shard<D>, Partial) is a policy only over DP; give "
                   "other axes their strategy: weft::TensorParallel<> on TP, weft::Pipeline<Schedule> on PP");
-    if constexpr (!Placement<X> && !std::is_same_v<X, SequenceParallel>) {
+    if constexpr (!Placement<X> && !std::is_same_v<X, SequenceParallel> && !is_precision_v<X>) {
       using Home = typename policy_axis_of<X>::type;
       static_assert(!std::is_void_v<Home>,
                     "weft::Strategy: the policy of an On<Axis, Policy> is not a strategy policy; use weft::Replicated, "
@@ -294,9 +304,27 @@ constexpr bool check_strategy_entry() {
   return true;
 }
 
+// The mesh axis of a Strategy entry; void for the Precision entry, which names none.
+template <class O>
+struct entry_axis {
+  using type = typename O::axis;
+};
+template <class P, class R, class L>
+struct entry_axis<Precision<P, R, L>> {
+  using type = void;
+};
+template <class O>
+using entry_axis_t = typename entry_axis<O>::type;
+
 template <class A, class... Os>
 constexpr std::size_t count_axis() {
-  return (std::size_t(0) + ... + std::size_t(std::is_same_v<typename Os::axis, A>));
+  return (std::size_t(0) + ... + std::size_t(std::is_same_v<entry_axis_t<Os>, A>));
+}
+// Whether entry O names an axis no other entry names (the Precision entry is counted apart).
+template <class O, class... Os>
+constexpr bool axis_named_once() {
+  if constexpr (is_precision_v<O>) return true;
+  else return count_axis<entry_axis_t<O>, Os...>() == 1;
 }
 
 template <class Axis, class... Os>
@@ -308,6 +336,20 @@ struct policy_on<Axis, O, Os...> {
   using type = std::conditional_t<std::is_same_v<typename O::axis, Axis>,
                                   typename normalise_policy<Axis, typename O::placement>::type,
                                   typename policy_on<Axis, Os...>::type>;
+};
+template <class Axis, class P, class R, class L, class... Os>
+struct policy_on<Axis, Precision<P, R, L>, Os...> : policy_on<Axis, Os...> {};
+
+// The Precision entry among a Strategy's entries; Precision<> (all fp32) when there is none.
+template <class... Os>
+struct precision_entry {
+  using type = Precision<>;
+};
+template <class O, class... Os>
+struct precision_entry<O, Os...> : precision_entry<Os...> {};
+template <class P, class R, class L, class... Os>
+struct precision_entry<Precision<P, R, L>, Os...> {
+  using type = Precision<P, R, L>;
 };
 }  // namespace detail
 
@@ -321,12 +363,21 @@ struct policy_on<Axis, O, Os...> {
 /// Axes the strategy leaves out must have extent 1 on the mesh (checked at
 /// construction of the runtime pieces); a policy on an axis the mesh lacks
 /// does not compile (weft::check_strategy_mesh).
+///
+/// One entry may instead be the precision, weft::Precision<Param, Reduce,
+/// LossScale>; without one the strategy is all fp32 (Precision<>). Only the
+/// type exists so far: the runtime pieces (DataParallel, the GPT, train_gpt)
+/// still compute in the model's own value type and do not read it yet.
 template <class... Entries>
 struct Strategy {
   static_assert((detail::check_strategy_entry<Entries>() && ...));
-  static_assert(((detail::count_axis<typename Entries::axis, Entries...>() == 1) && ...),
+  static_assert((detail::axis_named_once<Entries, Entries...>() && ...),
                 "weft::Strategy<...>: two policies name the same mesh axis; give each axis one policy (for ZeRO with "
                 "sequence-parallel TP write On<DP, ZeRO<1>>, On<TP, TensorParallel<SequenceParallel>>)");
+  static_assert((std::size_t(0) + ... + std::size_t(is_precision_v<Entries>)) <= 1,
+                "weft::Strategy<...>: two weft::Precision<...> entries; a strategy has one precision -- keep the one "
+                "you mean, e.g. weft::Strategy<weft::On<weft::DP, weft::FullyShard>, weft::Precision<weft::BF16, "
+                "weft::F32>>");
 
   /// The policy on Axis (NoPolicy when the strategy leaves Axis out).
   template <class Axis>
@@ -355,9 +406,12 @@ struct Strategy {
   using expert_parallel = policy<EP>;
   /// Whether MoE blocks' experts are split over EP.
   static constexpr bool expert_parallel_v = has<EP>;
+  /// The precision policy: the Precision entry, or Precision<> (all fp32) without one.
+  using precision = typename detail::precision_entry<Entries...>::type;
 
   /// The strategy's spelling: "Strategy<On<dp, FullyShard>, On<tp, TensorParallel<>>>"
-  /// ("Strategy<>" for the single-process model). Run records name it.
+  /// ("Strategy<>" for the single-process model; a Precision entry is spelled
+  /// where it stands, "Precision<BF16, F32>"). Run records name it.
   static std::string name() {
     std::string s = "Strategy<";
     [[maybe_unused]] bool first = true;
@@ -366,8 +420,12 @@ struct Strategy {
           if (!first) s += ", ";
           first = false;
           using E = Entries;
-          using X = typename detail::normalise_policy<typename E::axis, typename E::placement>::type;
-          s += "On<" + std::string(E::axis::name) + ", " + detail::policy_name_of<X>() + ">";
+          if constexpr (is_precision_v<E>) {
+            s += E::policy_name();
+          } else {
+            using X = typename detail::normalise_policy<typename E::axis, typename E::placement>::type;
+            s += "On<" + std::string(E::axis::name) + ", " + detail::policy_name_of<X>() + ">";
+          }
         }(),
         ...);
     return s + ">";
@@ -386,6 +444,13 @@ concept StrategyType = is_strategy_v<S>;
 
 /// The single-process strategy: no axis does anything.
 using SingleProcess = Strategy<>;
+
+/// A strategy's precision policy: its Precision entry, or Precision<> (all
+/// fp32) when it has none. precision_of_t<S>::param_type and ::reduce_type
+/// are the storage types of parameters and activations and of the gradient
+/// reduction.
+template <StrategyType S>
+using precision_of_t = typename S::precision;
 
 /// The schedule type of a pipelined strategy (its Pipeline<Schedule>'s Schedule).
 template <StrategyType S>
@@ -412,9 +477,10 @@ constexpr std::size_t static_extent_of() {
 
 template <class MeshT, class E>
 constexpr bool check_entry_in_mesh() {
-  static_assert(MeshT::template has_axis<typename E::axis>,
-                "weft::Strategy: a policy is on a mesh axis that the mesh lacks (see the On<Axis, Policy> in the "
-                "instantiation below); add that axis to the weft::Mesh<...> or drop the policy from the Strategy");
+  if constexpr (!is_precision_v<E>)  // the Precision entry names no axis
+    static_assert(MeshT::template has_axis<typename E::axis>,
+                  "weft::Strategy: a policy is on a mesh axis that the mesh lacks (see the On<Axis, Policy> in the "
+                  "instantiation below); add that axis to the weft::Mesh<...> or drop the policy from the Strategy");
   return true;
 }
 
