@@ -15,9 +15,28 @@
 #include <string>
 #include <vector>
 
+#include <weft/core/parse.hpp>
 #include <weft/nn/config.hpp>
 
 namespace weft::bench {
+
+namespace detail {
+// Parses s into v (an integer from min to T's largest value); on failure
+// err says why, with the value and the range ("out of range; expected an
+// integer from 0 to 18446744073709551615, got 99999999999999999999").
+template <class T>
+bool parse_into(const std::string& s, T& v, T min, std::string& err) {
+  try {
+    v = weft::parse_integer<T>("", s, min);
+    return true;
+  } catch (const weft::ConfigError& e) {
+    const std::string what = e.what();  // " <s>: <why>; expected an integer from <lo> to <hi>"
+    const std::size_t colon = what.find(": ");
+    err = (colon == std::string::npos ? what : what.substr(colon + 2)) + ", got '" + s + "'";
+    return false;
+  }
+}
+}  // namespace detail
 
 /// Named command-line flags bound to variables (see the file comment).
 class Flags {
@@ -25,41 +44,19 @@ class Flags {
   /// `program`: the name errors start with.
   explicit Flags(std::string program) : program_(std::move(program)) {}
 
-  /// A non-negative integer flag; `min` is the smallest value accepted.
+  /// A non-negative integer flag; `min` is the smallest value accepted. The
+  /// value is parsed strictly (weft::parse_integer): a value beyond the
+  /// type's range is refused naming the range, never wrapped.
   Flags& add(const std::string& name, std::size_t& v, const std::string& help, std::size_t min = 0) {
-    entries_.push_back({name, help, std::to_string(v), true, [&v, min, name](const std::string& s, std::string& err) {
-                          char* end = nullptr;
-                          errno = 0;
-                          const unsigned long long x = std::strtoull(s.c_str(), &end, 10);
-                          if (s.empty() || s[0] == '-' || *end != '\0' || errno == ERANGE) {
-                            err = "expects a non-negative integer, got '" + s + "'";
-                            return false;
-                          }
-                          if (x < min) {
-                            err = "must be at least " + std::to_string(min) + ", got " + s;
-                            return false;
-                          }
-                          v = static_cast<std::size_t>(x);
-                          return true;
+    entries_.push_back({name, help, std::to_string(v), true, [&v, min](const std::string& s, std::string& err) {
+                          return detail::parse_into(s, v, min, err);
                         }});
     return *this;
   }
-  /// An integer flag of type int; `min` is the smallest value accepted.
+  /// An integer flag of type int; `min` is the smallest value accepted (parsed as strictly).
   Flags& add(const std::string& name, int& v, const std::string& help, int min = 0) {
     entries_.push_back({name, help, std::to_string(v), true, [&v, min](const std::string& s, std::string& err) {
-                          char* end = nullptr;
-                          errno = 0;
-                          const long x = std::strtol(s.c_str(), &end, 10);
-                          if (s.empty() || *end != '\0' || errno == ERANGE || x > 2147483647L || x < -2147483647L) {
-                            err = "expects an integer, got '" + s + "'";
-                            return false;
-                          }
-                          if (x < min) {
-                            err = "must be at least " + std::to_string(min) + ", got " + s;
-                            return false;
-                          }
-                          v = static_cast<int>(x);
-                          return true;
+                          return detail::parse_into(s, v, min, err);
                         }});
     return *this;
   }

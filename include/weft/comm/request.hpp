@@ -21,6 +21,7 @@
 #include <weft/comm/watchdog.hpp>
 #include <weft/config.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/parse.hpp>
 
 namespace weft {
 
@@ -34,15 +35,24 @@ inline double now_seconds() {
 // the CMake option WEFT_ENABLE_CHECKED, overridden by the environment
 // variables WEFT_CHECKED (0/1) and WEFT_DEADLINE (seconds; 0 = waits are not
 // bounded), overridden by set_checked_default().
+// Both are parsed strictly: WEFT_DEADLINE is seconds with an optional unit
+// ("5", "5s", "500ms", "2min"; weft::parse_seconds) and WEFT_CHECKED 0 or 1.
+// A value that is neither keeps the default, and `env_error` says so, for
+// programs to refuse before they start (train_gpt and serve_gpt do).
 struct CheckedDefaults {
   bool checked = WEFT_CHECKED_DEFAULT != 0;
   double deadline_s = 60.0;
+  std::string env_error;  // empty: the environment's values were taken as given
   CheckedDefaults() {
-    if (const char* e = std::getenv("WEFT_CHECKED")) checked = std::atoi(e) != 0;
+    if (const char* e = std::getenv("WEFT_CHECKED")) {
+      if (std::string(e) == "0" || std::string(e) == "1") checked = e[0] == '1';
+      else env_error = std::string("WEFT_CHECKED=") + e + ": expected 0 or 1";
+    }
     if (const char* e = std::getenv("WEFT_DEADLINE")) {
-      char* end = nullptr;
-      const double d = std::strtod(e, &end);
-      if (end != e && *end == '\0' && d >= 0) deadline_s = d;
+      if (const auto d = parse_seconds(e)) deadline_s = *d;
+      else
+        env_error += (env_error.empty() ? "" : "; ") + std::string("WEFT_DEADLINE=") + e +
+                     ": expected a non-negative number of seconds such as 60, 5s, 500ms or 2min (0: waits are not bounded)";
     }
   }
 };
