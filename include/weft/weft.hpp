@@ -31,6 +31,7 @@
 #include <weft/optim/train_step.hpp>
 #include <weft/metrics/metrics.hpp>
 #include <weft/parallel/strategy.hpp>
+#include <weft/precision/loss_scale.hpp>
 #include <weft/parallel/context.hpp>
 #include <weft/parallel/data_parallel.hpp>
 #include <weft/parallel/expert_parallel.hpp>
