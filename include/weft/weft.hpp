@@ -32,6 +32,7 @@
 #include <weft/metrics/metrics.hpp>
 #include <weft/parallel/strategy.hpp>
 #include <weft/precision/loss_scale.hpp>
+#include <weft/precision/convert.hpp>
 #include <weft/parallel/context.hpp>
 #include <weft/parallel/data_parallel.hpp>
 #include <weft/parallel/expert_parallel.hpp>
