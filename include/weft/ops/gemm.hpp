@@ -10,6 +10,9 @@
 
 #include <weft/ops/common.hpp>
 #include <weft/ops/gemm_onednn.hpp>
+#if WEFT_ENABLE_CUBLAS
+#include <weft/ops/gemm_cublas.hpp>
+#endif
 #include <weft/ops/gemm_provider.hpp>
 
 namespace weft::ops {

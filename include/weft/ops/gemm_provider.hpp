@@ -85,16 +85,18 @@ struct WidenGemm {
   static constexpr const char* name = "widen-to-fp32";
 };
 
-/// cuBLAS (cublasGemmEx, fp32 compute, tensor cores for half inputs) on
-/// CUDA memory: see docs/architecture.md. A CUDA build of Kokkos Kernels
+/// cuBLAS (cublasGemmEx, fp32 compute, tensor cores for 2-byte inputs) on
+/// CUDA memory (weft/ops/gemm_cublas.hpp). A CUDA build of Kokkos Kernels
 /// already hands float and double products to cuBLAS through
-/// KokkosKernelsGemm; this tag names the path of the half types.
+/// KokkosKernelsGemm; this provider takes the bf16 and fp16 products, in
+/// CUDA builds of Kokkos with WEFT_ENABLE_CUBLAS.
 struct CublasGemm {
   static constexpr GemmProviderId id = GemmProviderId::cublas;
   static constexpr const char* name = "cublas";
 };
 
-/// rocBLAS on HIP memory, on the plan of CublasGemm.
+/// rocBLAS on HIP memory, on the plan of CublasGemm (no runner yet: 2-byte
+/// products on HIP take WidenGemm).
 struct RocblasGemm {
   static constexpr GemmProviderId id = GemmProviderId::rocblas;
   static constexpr const char* name = "rocblas";
@@ -141,6 +143,8 @@ inline constexpr bool widen_inputs_v = is_reduced_precision_v<TA> && std::is_sam
 /// run on execution space Exec, decided at compile time:
 ///   host space, weft built with oneDNN, float x float -> float, or
 ///     bf16 x bf16 -> float or bf16                          -> OneDnnGemm
+///   CUDA space, weft built with cuBLAS (WEFT_ENABLE_CUBLAS),
+///     bf16 or fp16 inputs, C float or the input type        -> CublasGemm
 ///   other bf16 / fp16 inputs (C float or the input type)   -> WidenGemm
 ///   anything else                                           -> KokkosKernelsGemm
 /// (double products, float products of a build without oneDNN, and device
@@ -153,8 +157,16 @@ struct gemm_provider {
 #else
   static constexpr bool onednn = false;
 #endif
-  using type = std::conditional_t<onednn, OneDnnGemm,
-                                  std::conditional_t<detail::widen_inputs_v<TA, TB, TC>, WidenGemm, KokkosKernelsGemm>>;
+#if defined(KOKKOS_ENABLE_CUDA) && WEFT_ENABLE_CUBLAS
+  // 2-byte inputs on CUDA: cublasGemmEx with fp32 compute (tensor cores).
+  static constexpr bool cublas = std::is_same_v<Exec, Kokkos::Cuda> && detail::widen_inputs_v<TA, TB, TC>;
+#else
+  static constexpr bool cublas = false;
+#endif
+  using type = std::conditional_t<
+      onednn, OneDnnGemm,
+      std::conditional_t<cublas, CublasGemm,
+                         std::conditional_t<detail::widen_inputs_v<TA, TB, TC>, WidenGemm, KokkosKernelsGemm>>>;
 };
 
 /// The provider ops::gemm uses for views AV, BV, CV (their execution space
