@@ -33,6 +33,8 @@
 #include <mpi.h>
 
 #include <weft/checkpoint/npy.hpp>
+#include <weft/comm/request.hpp>
+#include <weft/comm/watchdog.hpp>
 #include <weft/core/error.hpp>
 #include <weft/metrics/json.hpp>
 #include <weft/nn/parameter.hpp>
@@ -123,6 +125,12 @@ enum class Verify {
 struct LoadOptions {
   /// When the CRC-32 of each chunk is checked (see Verify).
   Verify verify = Verify::before_writing;
+  /// Tensors of the checkpoint whose name ends with one of these are left
+  /// out entirely: not required, not read, not verified (serve_gpt loads the
+  /// weights of a train_gpt checkpoint and has no use for the optimizer's
+  /// ".adam_m", ".adam_v" or ".momentum"). Every other tensor of the
+  /// checkpoint must still be one the state asks for.
+  std::vector<std::string> ignore_suffixes = {};
 };
 
 /// What load() did.
@@ -235,6 +243,116 @@ inline void flush_files(const std::vector<std::pair<std::string, std::string>>& 
   for (const auto& e : errors) WEFT_REQUIRE(e.empty(), IoError, e);
 }
 
+// The checksum of a manifest's own content (`manifest_crc32`): zlib's CRC-32
+// of a canonical text of what a load trusts -- "step=N;world_size=W;" and,
+// per tensor in the manifest's order, "name|dtype|rows|cols|" and per chunk
+// "file|row|col|rows|cols|byte_offset|bytes|crc32|" (integers in decimal) --
+// so that an edited step, shape or chunk is found like a corrupted chunk.
+// Fields that do not have the expected form contribute "?" (the load's own
+// checks name them).
+inline std::uint32_t manifest_digest(const plan::JsonValue& m) {
+  using K = plan::JsonValue::Kind;
+  std::string text;
+  auto put = [&](const plan::JsonValue* v) {
+    if (v && v->kind == K::number) {
+      char b[40];
+      std::snprintf(b, sizeof b, "%.17g", v->number);
+      text += b;
+    } else if (v && v->kind == K::string) {
+      text += v->string;
+    } else {
+      text += '?';
+    }
+    text += '|';
+  };
+  auto pair = [&](const plan::JsonValue* v) {
+    for (std::size_t i = 0; i < 2; ++i) put(v && v->kind == K::array && v->array.size() == 2 ? &v->array[i] : nullptr);
+  };
+  text += "step=";
+  put(m.find("step"));
+  text += "world_size=";
+  put(m.find("world_size"));
+  if (const plan::JsonValue* ts = m.find("tensors"); ts && ts->kind == K::array)
+    for (const auto& t : ts->array) {
+      put(t.find("name"));
+      put(t.find("dtype"));
+      pair(t.find("shape"));
+      if (const plan::JsonValue* cs = t.find("chunks"); cs && cs->kind == K::array)
+        for (const auto& c : cs->array) {
+          put(c.find("file"));
+          pair(c.find("offset"));
+          pair(c.find("shape"));
+          put(c.find("byte_offset"));
+          put(c.find("bytes"));
+          put(c.find("crc32"));
+        }
+    }
+  return crc32(text.data(), text.size());
+}
+
+// What the waits of the save or load running on this thread are part of:
+// the text the deadline message prints ("during the checkpoint save at step
+// 4"), the communicator's ranks in MPI_COMM_WORLD (for the watchdog's report
+// of who did not arrive) and the deadline (WEFT_DEADLINE, 60 s by default).
+struct WaitContext {
+  std::string during;
+  std::string axis = "checkpoint";
+  std::vector<int> world_ranks;
+  double deadline_s = 0;
+};
+inline WaitContext*& wait_context() {
+  static thread_local WaitContext* current = nullptr;
+  return current;
+}
+
+// Rank r of `comm` is world rank out[r].
+inline std::vector<int> world_ranks_of(MPI_Comm comm) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  std::vector<int> mine(static_cast<std::size_t>(size)), out(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) mine[std::size_t(r)] = r;
+  MPI_Group g = MPI_GROUP_NULL, w = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &g);
+  MPI_Comm_group(MPI_COMM_WORLD, &w);
+  MPI_Group_translate_ranks(g, size, mine.data(), w, out.data());
+  MPI_Group_free(&g);
+  MPI_Group_free(&w);
+  return out;
+}
+
+// Sets the WaitContext of one save() or load() for its duration (nested
+// phases restore the outer one).
+class Phase {
+ public:
+  Phase(MPI_Comm comm, std::string during) : outer_(wait_context()) {
+    ctx_.during = std::move(during);
+    ctx_.world_ranks = world_ranks_of(comm);
+    ctx_.deadline_s = weft::detail::checked_defaults().deadline_s;
+    wait_context() = &ctx_;
+  }
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+  ~Phase() { wait_context() = outer_; }
+
+ private:
+  WaitContext ctx_;
+  WaitContext* outer_;
+};
+
+// Marks one blocking MPI call or file-system flush of a save or load for
+// the watchdog of weft's default mode (weft/comm/watchdog.hpp), exactly as
+// Comm marks its collectives: past the deadline the job ends on every rank,
+// and the one rank elected on each node prints which rank did not arrive
+// (stopped, dead, or busy elsewhere) and "during the checkpoint save at step
+// N". Outside a Phase the wait is shown but not bounded.
+inline weft::detail::WaitScope bounded(const char* op) {
+  static const std::string none = "checkpoint";
+  static const std::vector<int> no_ranks;
+  const WaitContext* c = wait_context();
+  if (c == nullptr) return weft::detail::WaitScope(op, none, no_ranks, 0);
+  return weft::detail::WaitScope(op, c->axis, c->world_ranks, c->deadline_s, c->during.empty() ? nullptr : c->during.c_str());
+}
+
 // Removes the complete checkpoint `dir` with every rank of `comm` unlinking
 // a share of its files (freeing their pages and blocks is what costs), then
 // rank 0 the directory. Collective; errors are ignored (retention is best
@@ -252,9 +370,15 @@ inline void remove_checkpoint(const std::string& dir, MPI_Comm comm) {
   }
   std::sort(names.begin(), names.end());
   if (rank == 0) ::unlink((dir + "/manifest.json").c_str());  // first: it is no longer a complete checkpoint
-  MPI_Barrier(comm);
+  {
+    auto wait = bounded("barrier");
+    MPI_Barrier(comm);
+  }
   for (std::size_t i = std::size_t(rank); i < names.size(); i += std::size_t(size)) ::unlink((dir + "/" + names[i]).c_str());
-  MPI_Barrier(comm);
+  {
+    auto wait = bounded("barrier");
+    MPI_Barrier(comm);
+  }
   if (rank == 0) remove_tree(dir);
 }
 
@@ -266,13 +390,20 @@ inline void agree(MPI_Comm comm, const std::string& error) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   int mine = error.empty() ? size : rank, first = size;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  {
+    auto wait = bounded("all_reduce");
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  }
   if (first == size) return;
   int len = rank == first ? int(error.size()) : 0;
-  MPI_Bcast(&len, 1, MPI_INT, first, comm);
-  std::string msg(std::size_t(len), '\0');
-  if (rank == first) msg = error;
-  MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
+  std::string msg;
+  {
+    auto wait = bounded("broadcast");
+    MPI_Bcast(&len, 1, MPI_INT, first, comm);
+    msg.assign(std::size_t(len), '\0');
+    if (rank == first) msg = error;
+    MPI_Bcast(msg.data(), len, MPI_CHAR, first, comm);
+  }
   throw IoError(msg);
 }
 
@@ -293,14 +424,20 @@ inline std::vector<std::string> all_gather_strings(MPI_Comm comm, const std::str
   MPI_Comm_size(comm, &size);
   int len = int(mine.size());
   std::vector<int> lens(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
-  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
+  {
+    auto wait = bounded("all_gather");
+    MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
+  }
   int total = 0;
   for (int r = 0; r < size; ++r) {
     displs[std::size_t(r)] = total;
     total += lens[std::size_t(r)];
   }
   std::string all(std::size_t(total), '\0');
-  MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm);
+  {
+    auto wait = bounded("all_gather");
+    MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm);
+  }
   std::vector<std::string> out;
   for (int r = 0; r < size; ++r) out.push_back(all.substr(std::size_t(displs[std::size_t(r)]), std::size_t(lens[std::size_t(r)])));
   return out;
@@ -381,6 +518,8 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   const std::string name = step_dir_name(step), tmp = root + "/.tmp-" + name, final_dir = root + "/" + name;
+  // Every wait below is bounded by the deadline and named as part of this save.
+  const detail::Phase phase(comm, "during the checkpoint save at step " + std::to_string(step));
 
   // 1. This rank's chunks: the rectangles of each piece.
   struct Local {
@@ -549,6 +688,8 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
       m.set("format", "weft-checkpoint").set("format_version", 1).set("step", Json(step));
       m.set("files", "one .npy file per chunk: <tensor>.<k>.npy, float32 little-endian, C order; crc32 is zlib's over the data bytes");
       m.set("world_size", size).set("run", run).set("tensors", Json(tensors));
+      // The manifest's own checksum, over what a load trusts (detail::manifest_digest of the manifest as written).
+      m.set("manifest_crc32", Json(std::size_t(detail::manifest_digest(plan::parse_json(m.dump(), "manifest")))));
       const std::string mpath = tmp + "/manifest.json";
       {
         std::ofstream f(mpath);
@@ -570,12 +711,22 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
   // against 0.12 s without; syncfs would also flush whatever else the file
   // system holds; docs/checkpoint.md).
   err = detail::capture([&] {
-    if (options.durable) detail::flush_files(to_flush, 16);
+    if (options.durable) {
+      auto wait = detail::bounded("fdatasync");
+      detail::flush_files(to_flush, 16);
+    }
     // A crash in the middle of a save, on purpose (tests): this rank dies by
     // SIGKILL after writing its chunks, before the checkpoint is renamed into place.
     if (const char* kill = std::getenv("WEFT_CHECKPOINT_KILL_AT")) {
       std::size_t kr = 0, ks = 0;
       if (std::sscanf(kill, "%zu:%zu", &kr, &ks) == 2 && kr == std::size_t(rank) && ks == step) ::raise(SIGKILL);
+    }
+    // A rank stopped in the middle of a save (tests; SIGSTOP, as a debugger
+    // or a hung file system would): the others wait for it in the next
+    // agreement, under the deadline.
+    if (const char* stop = std::getenv("WEFT_CHECKPOINT_STOP_AT")) {
+      std::size_t kr = 0, ks = 0;
+      if (std::sscanf(stop, "%zu:%zu", &kr, &ks) == 2 && kr == std::size_t(rank) && ks == step) ::raise(SIGSTOP);
     }
   });
   detail::agree(comm, err);
@@ -598,16 +749,22 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
       for (std::size_t i = 0; i + options.keep < all.size(); ++i) old += all[i].second + '\n';
     }
     int len = int(old.size());
-    MPI_Bcast(&len, 1, MPI_INT, 0, comm);
-    old.resize(std::size_t(len));
-    MPI_Bcast(old.data(), len, MPI_CHAR, 0, comm);
+    {
+      auto wait = detail::bounded("broadcast");
+      MPI_Bcast(&len, 1, MPI_INT, 0, comm);
+      old.resize(std::size_t(len));
+      MPI_Bcast(old.data(), len, MPI_CHAR, 0, comm);
+    }
     std::istringstream in(old);
     for (std::string d; std::getline(in, d);) detail::remove_checkpoint(d, comm);
   }
   SaveStats st;
   st.path = final_dir;
   st.bytes = written;
-  MPI_Allreduce(&written, &st.total_bytes, 1, MPI_UNSIGNED_LONG, MPI_SUM, comm);
+  {
+    auto wait = detail::bounded("all_reduce");
+    MPI_Allreduce(&written, &st.total_bytes, 1, MPI_UNSIGNED_LONG, MPI_SUM, comm);
+  }
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }
@@ -629,6 +786,7 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm, c
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   LoadStats st;
+  const detail::Phase phase(comm, "during the checkpoint load of " + path);
   std::map<std::string, detail::ManifestTensor> tensors;
   std::vector<std::pair<std::string, std::size_t>> chunk_of;  // global chunk id -> tensor, index in tensor
   std::string mpath;
@@ -642,12 +800,26 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm, c
     const auto& m = st.manifest;
     WEFT_REQUIRE(m.kind == plan::JsonValue::Kind::object && m.find("format") && m.find("format")->string == "weft-checkpoint",
                  IoError, mpath, ": not a weft checkpoint manifest (no \"format\": \"weft-checkpoint\")");
+    // A manifest with a checksum (every one weft writes) must match it: an
+    // edited step or chunk is named like a corrupted chunk. Manifests
+    // written before the checksum existed have none and are read as they are.
+    if (const plan::JsonValue* sum = m.find("manifest_crc32")) {
+      const std::uint32_t want = std::uint32_t(detail::as_size(sum, mpath + ": \"manifest_crc32\""));
+      const std::uint32_t got = detail::manifest_digest(m);
+      WEFT_REQUIRE(got == want, IoError, "checkpoint: ", mpath, " is corrupted: the crc32 of its content (step, tensors, ",
+                   "chunks) is ", got, ", its \"manifest_crc32\" says ", want,
+                   " (edited or damaged); use another checkpoint (an older step-N directory) or restore this one");
+    }
     st.step = detail::as_size(m.find("step"), mpath + ": \"step\"");
     const plan::JsonValue* ts = m.find("tensors");
     WEFT_REQUIRE(ts && ts->kind == plan::JsonValue::Kind::array, IoError, mpath, ": no \"tensors\" array");
     for (const auto& t : ts->array) {
       const plan::JsonValue* nm = t.find("name");
       WEFT_REQUIRE(nm && nm->kind == plan::JsonValue::Kind::string, IoError, mpath, ": a tensor without a \"name\"");
+      const bool ignored = std::any_of(options.ignore_suffixes.begin(), options.ignore_suffixes.end(), [&](const std::string& x) {
+        return nm->string.size() >= x.size() && nm->string.compare(nm->string.size() - x.size(), x.size(), x) == 0;
+      });
+      if (ignored) continue;
       const std::string what = mpath + ", tensor '" + nm->string + "'";
       const plan::JsonValue* dt = t.find("dtype");
       WEFT_REQUIRE(dt && dt->string == "float32", IoError, what, ": dtype is not float32");
@@ -732,7 +904,10 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm, c
     const auto& [t, k] = chunk_of[c];
     whole[c] = needed[c] == tensors[t].chunks[k].bytes ? rank : size;
   }
-  if (nchunks) MPI_Allreduce(whole.data(), first_whole.data(), int(nchunks), MPI_INT, MPI_MIN, comm);
+  if (nchunks) {
+    auto wait = detail::bounded("all_reduce");
+    MPI_Allreduce(whole.data(), first_whole.data(), int(nchunks), MPI_INT, MPI_MIN, comm);
+  }
 
   // Two passes, so that no piece is written unless everything checks out:
   // 1. every chunk a rank reads from is opened and its size and .npy header
@@ -866,7 +1041,10 @@ LoadStats load(const std::string& path, State<T, Space>& state, MPI_Comm comm, c
   for (std::size_t i = 0; i < state.pieces().size(); ++i) Kokkos::deep_copy(state.pieces()[i].data, host[i]);
   Kokkos::fence();
   st.bytes = bytes_read;
-  MPI_Allreduce(&bytes_read, &st.total_bytes, 1, MPI_UNSIGNED_LONG, MPI_SUM, comm);
+  {
+    auto wait = detail::bounded("all_reduce");
+    MPI_Allreduce(&bytes_read, &st.total_bytes, 1, MPI_UNSIGNED_LONG, MPI_SUM, comm);
+  }
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }

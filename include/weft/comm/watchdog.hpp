@@ -47,6 +47,7 @@ struct WaitMark {
   const std::string* axis = nullptr;
   const std::vector<int>* world_ranks = nullptr;  // the communicator's ranks in MPI_COMM_WORLD
   double deadline_s = 0;                          // 0: not bounded (shown in the table only)
+  const char* during = nullptr;                   // optional: what the wait is part of ("during the checkpoint save at step 4")
   std::uint64_t seq = 0;                          // one more for every wait: the watchdog times each one itself
 };
 inline WaitMark& wait_mark() {
@@ -57,16 +58,21 @@ inline WaitMark& wait_mark() {
 /// Marks the scope of one blocking wait of the main thread for the watchdog.
 /// Costs three sequentially consistent atomic operations and no clock read:
 /// the watchdog times a wait from the first time it sees it, so a deadline
-/// holds to within one watchdog period (0.1 s).
+/// holds to within one watchdog period (0.1 s). `during`, when given, says
+/// what the wait is part of (e.g. "during the checkpoint save at step 4"); the
+/// deadline message prints it after the operation. Every pointer must stay
+/// valid for the scope's lifetime.
 class WaitScope {
  public:
-  WaitScope(const char* op, const std::string& axis, const std::vector<int>& world_ranks, double deadline_s) {
+  WaitScope(const char* op, const std::string& axis, const std::vector<int>& world_ranks, double deadline_s,
+            const char* during = nullptr) {
     auto& m = wait_mark();
     if (!m.enabled.load(std::memory_order_relaxed)) return;
     m.op = op;
     m.axis = &axis;
     m.world_ranks = &world_ranks;
     m.deadline_s = deadline_s;
+    m.during = during;
     ++m.seq;
     m.active.store(true);
     on_ = true;
@@ -433,9 +439,10 @@ class Watchdog {
     if (printer) {
       char head[512];
       std::snprintf(head, sizeof head,
-                    "weft: %s on axis '%s' (%zu ranks) did not complete within the deadline of %g s on world rank %d "
+                    "weft: %s on axis '%s' (%zu ranks)%s%s did not complete within the deadline of %g s on world rank %d "
                     "(WEFT_DEADLINE):",
-                    m.op, m.axis->c_str(), m.world_ranks->size(), m.deadline_s, world_rank_);
+                    m.op, m.axis->c_str(), m.world_ranks->size(), m.during ? " " : "", m.during ? m.during : "",
+                    m.deadline_s, world_rank_);
       std::fprintf(stderr,
                    "%s%s\nweft: ending the job on every rank. If a step legitimately takes longer (large models, "
                    "slow file systems), set WEFT_DEADLINE to several times the longest step, in seconds (see "
