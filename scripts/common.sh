@@ -21,8 +21,14 @@ weft_build_dir() { echo "${WEFT_ROOT}/build-ci-$1"; }
 #   gcc    g++, RelWithDebInfo
 #   clang  clang++, Release
 #   asan   ${WEFT_CI_ASAN_CXX}, RelWithDebInfo, AddressSanitizer + UndefinedBehaviorSanitizer
-#   kokkos-openmp  g++, RelWithDebInfo, the Kokkos + Kokkos Kernels installed in
-#                  ${WEFT_CI_KOKKOS_OPENMP} (scripts/build_kokkos.sh ... openmp)
+#   kokkos-openmp  g++, RelWithDebInfo, the Kokkos + Kokkos Kernels with OpenMP
+#                  installed in ${WEFT_CI_KOKKOS_OPENMP} (scripts/run_tests.sh sets
+#                  it to scripts/build_kokkos_debian.sh's prefix unless given one,
+#                  e.g. of scripts/build_kokkos.sh ... openmp); tests run with
+#                  ${WEFT_CI_OMP_THREADS:-2} OpenMP threads per rank; no benchmarks
+#                  (the tests run their kernels); without oneDNN
+#                  (-DWEFT_ENABLE_ONEDNN=OFF), so that one variant checks the
+#                  Kokkos Kernels products that every machine without oneDNN uses
 #   kokkos-cuda    that prefix's nvcc_wrapper, RelWithDebInfo, the Kokkos + Kokkos
 #                  Kernels installed in ${WEFT_CI_KOKKOS_CUDA} (... cuda), for
 #                  ${NVCC_WRAPPER_DEFAULT_ARCH:-sm_90}
@@ -46,7 +52,9 @@ weft_configure() {
     kokkos-openmp)
       [[ -n "${WEFT_CI_KOKKOS_OPENMP:-}" ]] || { echo "variant kokkos-openmp needs WEFT_CI_KOKKOS_OPENMP=<prefix>" >&2; return 2; }
       cxx=g++; type=RelWithDebInfo
-      extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_OPENMP" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_OPENMP") ;;
+      extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_OPENMP" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_OPENMP"
+             -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_ENABLE_ONEDNN=OFF
+             -DWEFT_TEST_OMP_NUM_THREADS="${WEFT_CI_OMP_THREADS:-2}") ;;
     kokkos-cuda)
       [[ -n "${WEFT_CI_KOKKOS_CUDA:-}" ]] || { echo "variant kokkos-cuda needs WEFT_CI_KOKKOS_CUDA=<prefix>" >&2; return 2; }
       [[ -x "$WEFT_CI_KOKKOS_CUDA/bin/nvcc_wrapper" ]] ||
