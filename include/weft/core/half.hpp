@@ -18,9 +18,11 @@
 // wherever it lives, so MPI, checkpoints, oneDNN (dnnl_bf16 / dnnl_f16) and
 // cuBLAS (CUDA_R_16BF / CUDA_R_16F) can take their memory as is, and a
 // conversion gives the same bits on the host and on a device. The
-// conversions are plain integer operations, so they do not depend on the
-// instruction set (AVX512_BF16 or not), on the rounding mode, or on
-// flush-to-zero settings.
+// conversions from and to float are plain integer operations, so they do not
+// depend on the instruction set (AVX512_BF16 or not), on the rounding mode,
+// or on flush-to-zero settings. (The conversion from double goes through one
+// hardware double-to-float conversion, corrected to round-to-odd for any
+// rounding mode; a flush-to-zero mode would change its subnormal results.)
 
 namespace weft {
 
