@@ -16,7 +16,12 @@
 // --mesh dp=A,tp=B runs A independent replicas of B tensor-parallel ranks
 // each; request i goes to replica i mod A (each replica has its own traffic
 // clock), and the record gathers every replica's requests.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +40,7 @@
 #include <weft/comm/environment.hpp>
 #include <weft/metrics/json.hpp>
 #include <weft/comm/node.hpp>
+#include <weft/core/parse.hpp>
 #include <weft/ops/blas_threads.hpp>
 #include <weft/serve/serve.hpp>
 
@@ -80,17 +86,12 @@ const char* kUsage =
     "  --help              this text\n"
     "Exit status: 0 done (rejected requests are reported, not fatal); 2 a bad flag or input.\n";
 
-std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false) {
-  std::size_t pos = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(v, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  WEFT_REQUIRE(pos == v.size() && !v.empty() && (allow_zero ? x >= 0 : x > 0), ConfigError, flag, " ", v,
-               ": expected a ", allow_zero ? "non-negative" : "positive", " integer");
-  return std::size_t(x);
+// A count flag: an integer from 1 (0 with allow_zero) to `max` (2^40 by
+// default: no product of counts overflows), parsed strictly
+// (weft::parse_integer: a value beyond the range is refused, never wrapped).
+std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false,
+                        std::size_t max = std::size_t(1) << 40) {
+  return weft::parse_integer<std::size_t>(flag, v, allow_zero ? 0 : 1, max);
 }
 
 double parse_real(const std::string& flag, const std::string& v, bool positive) {
@@ -199,7 +200,7 @@ Options parse(int argc, char** argv) {
                         item, "'");
            const std::string axis = item.substr(0, eq);
            WEFT_REQUIRE(seen.insert(axis).second, ConfigError, "--mesh ", v, ": axis ", axis, " is given twice");
-           const int n = int(parse_count("--mesh " + axis, item.substr(eq + 1)));
+           const int n = weft::parse_integer<int>("--mesh " + axis, item.substr(eq + 1), 1, 1 << 24);  // no wrapping
            if (axis == "tp") o.tp = n;
            else if (axis == "dp") o.dp = n;
            else
@@ -324,6 +325,27 @@ int run(int argc, char** argv, weft::Environment& env) {
     }
   Options o = parse(argc, argv);
   const int world = env.world().size();
+  // The environment as strictly as the flags (WEFT_DEADLINE=5s is 5 s; a value that is no duration is refused).
+  WEFT_REQUIRE(weft::detail::checked_defaults().env_error.empty(), ConfigError,
+               weft::detail::checked_defaults().env_error, "; fix the variable or unset it");
+  // An axis larger than the world is refused as such (and tp x dp cannot overflow).
+  WEFT_REQUIRE(o.tp <= world && o.dp <= world, ConfigError, "--mesh tp=", o.tp, ",dp=", o.dp, " needs ",
+               static_cast<long long>(std::max(o.tp, 1)) * o.dp, " ranks but the job has ", world,
+               " (an axis is larger than the job); launch more ranks or give smaller axes");
+  // The record's directory before the first request, not after the last.
+  if (!o.record.empty()) {
+    const std::size_t slash = o.record.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : o.record.substr(0, slash);
+    struct stat st {};
+    WEFT_REQUIRE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), ConfigError, "--record ", o.record,
+                 ": the directory ", dir, " does not exist; create it first or write the record elsewhere");
+    WEFT_REQUIRE(::access(dir.c_str(), W_OK | X_OK) == 0, ConfigError, "--record ", o.record, ": cannot create a file in ",
+                 dir, " (", std::strerror(errno), ")");
+    std::error_code ec;
+    WEFT_REQUIRE(o.checkpoint.empty() || !std::filesystem::equivalent(o.record, o.checkpoint + "/manifest.json", ec),
+                 ConfigError, "--record ", o.record, " is the same file as the manifest of --checkpoint ", o.checkpoint,
+                 "; give --record another path");
+  }
   {
     // BLAS threads so that the node's ranks x threads do not outnumber its cores, and what that gives.
     const int ranks_per_node = weft::detail::ranks_on_node(MPI_COMM_WORLD);
@@ -338,6 +360,41 @@ int run(int argc, char** argv, weft::Environment& env) {
   weft::Comm tpc = env.world().split(replica, env.world().rank(), "tp");
   const bool leader = tpc.rank() == 0;
 
+  // Memory before any allocation, as train_gpt checks it: the planner's
+  // inference budget (weights, KV cache, workspace, buffers) per rank against
+  // the node's MemAvailable shared by its ranks (host memory spaces; the
+  // allocation names the tensor on a device).
+  {
+    const double pool_tokens = double(o.engine.blocks) * double(o.engine.block_size);
+    WEFT_REQUIRE(pool_tokens <= 1099511627776.0, ConfigError, "--kv-blocks ", o.engine.blocks, " x --block-size ",
+                 o.engine.block_size, " = ", pool_tokens, " tokens of KV cache, more than the 2^40 serve_gpt accepts; "
+                 "give fewer --kv-blocks or a smaller --block-size");
+    const auto plan = weft::serve::planned_memory(o.model, std::size_t(o.tp), o.engine);
+    const double need = plan.weights + plan.kv_cache + plan.workspace + plan.buffers;
+    double avail_kb = -1;
+    {
+      std::ifstream mi("/proc/meminfo");
+      std::string key, unit;
+      double kb = 0;
+      while (mi >> key >> kb) {
+        std::getline(mi, unit);
+        if (key == "MemAvailable:") avail_kb = kb;
+      }
+    }
+    const int node_ranks = weft::detail::ranks_on_node(MPI_COMM_WORLD);
+    const double limit = avail_kb * 1024.0 / double(node_ranks);
+    constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;
+    auto gib = [](double b) {
+      char t[32];
+      std::snprintf(t, sizeof t, "%.2f GiB", b / 1073741824.0);
+      return std::string(t);
+    };
+    WEFT_REQUIRE(!host || avail_kb < 0 || need <= limit, ConfigError, "the planned memory per rank, ", gib(need),
+                 " (weights ", gib(plan.weights), ", KV cache ", gib(plan.kv_cache), ", workspace ", gib(plan.workspace),
+                 ", buffers ", gib(plan.buffers), "), exceeds MemAvailable / ", node_ranks, " rank(s) on this node = ",
+                 gib(limit), "; nothing was allocated. Give fewer --kv-blocks, a smaller --block-size or --max-seqs, "
+                 "more tensor-parallel ranks (--mesh tp=N), or a smaller model");
+  }
   Model model(o.model, tpc);
   double load_seconds = 0;
   if (!o.checkpoint.empty()) {
@@ -345,7 +402,9 @@ int run(int argc, char** argv, weft::Environment& env) {
     for (auto* p : model.parameters()) state.add(p->name(), weft::checkpoint::layout_of(*p), 0, p->value);
     // A failed load ends the program, so the weights need not survive a bad checksum: one pass.
     const auto st = weft::checkpoint::load(weft::checkpoint::resolve(o.checkpoint), state, env.world().native(),
-                                           {.verify = weft::checkpoint::Verify::while_reading});
+                                           {.verify = weft::checkpoint::Verify::while_reading,
+                                            // A train_gpt checkpoint: its optimizer state is not served.
+                                            .ignore_suffixes = {".adam_m", ".adam_v", ".momentum"}});
     load_seconds = st.seconds;
     if (env.world().rank() == 0)
       std::printf("serve_gpt: weights from %s (step %zu, %.3f s)\n", st.path.c_str(), st.step, st.seconds);
@@ -575,10 +634,23 @@ int run(int argc, char** argv, weft::Environment& env) {
     oa.push_back(Json(std::move(t)));
   }
   r.set("outputs", Json(std::move(oa)));
-  std::ofstream f(o.record);
-  WEFT_REQUIRE(f.good(), weft::IoError, "--record ", o.record, ": cannot open for writing");
-  f << r.dump(1) << "\n";
-  WEFT_REQUIRE(f.good(), weft::IoError, "--record ", o.record, ": write failed");
+  {
+    // Whole or not at all: a temporary file beside it, renamed over it; a
+    // failed write names the system's reason and leaves nothing behind.
+    const std::string text = r.dump(1) + "\n", tmp = o.record + ".tmp-" + std::to_string(::getpid());
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    WEFT_REQUIRE(f, weft::IoError, "--record ", o.record, ": cannot create ", tmp, " (", std::strerror(errno), ")");
+    const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+    const int e = errno;
+    const bool closed = std::fclose(f) == 0;
+    const int ce = errno;
+    const bool renamed = wrote && closed && std::rename(tmp.c_str(), o.record.c_str()) == 0;
+    if (!renamed) {
+      const std::string why = std::strerror(!wrote ? e : !closed ? ce : errno);
+      std::remove(tmp.c_str());
+      weft::detail::throw_error<weft::IoError>("--record ", o.record, ": writing failed (", why, "); nothing was left behind");
+    }
+  }
   std::printf("serve_gpt: record written to %s\n", o.record.c_str());
   return 0;
 }

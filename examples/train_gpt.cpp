@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include <weft/core/parse.hpp>
 #include <weft/metrics/metrics.hpp>
 #include <weft/plan/json_read.hpp>
 #include <weft/weft.hpp>
@@ -94,6 +95,8 @@ struct Options {
   std::string compare;  // a run record whose loss curve this run must follow (--baseline, alias --compare)
   bool check_only = false;  // --check: validate the flags and exit without training
   double tolerance = 1e-5;
+  double divergence_factor = 4.0;  // --divergence-factor: stop when the loss stays above this x its best so far (0: off)
+  std::size_t divergence_window = 3;  // --divergence-window: ... for this many consecutive steps
   weft::parallel::DPMode dp_mode = weft::parallel::DPMode::replicate;  // --dp: selects the compiled DP policy type
   weft::parallel::DPOptions dp_options;
   double memory_limit = 0;  // --memory-limit: per-rank bytes (0: MemAvailable, or a GPU's free memory, shared by its ranks)
@@ -139,27 +142,45 @@ const char* kUsage =
     "  --no-overlap      reduce gradients after backward instead of during it\n"
     "  --baseline FILE   loss parity: fail unless the loss curve follows FILE's (a --record of another run)\n"
     "                    to --tolerance; the record gets the comparison (--compare FILE: the same)\n"
-    "  --tolerance X     relative difference allowed per step by --baseline (1e-5)\n"
+    "  --tolerance X     relative difference allowed per step by --baseline (1e-5); needs --baseline\n"
+    "  --divergence-factor F, --divergence-window N  stop (exit status 4) when the loss stays above F x its best\n"
+    "                    so far for N consecutive steps, even while finite (4, 3; F = 0: off)\n"
     "  --memory-limit X  per-rank memory limit, e.g. 2G or 512M (default: MemAvailable / ranks on the node,\n"
     "                    or on a GPU its free memory / the ranks that share it);\n"
     "                    a run whose estimated peak (weft/plan) exceeds it is refused before anything is allocated\n"
     "  --check           validate the flags (mesh, modes, batch split, files, memory estimate) and exit without training\n"
-    "Each flag may be given once. Exit status: 0 done; 2 a bad flag or input, found before step 0;\n"
-    "3 the loss does not follow --baseline; 4 the run diverged (a non-finite loss or gradient norm);\n"
+    "Each flag may be given once, as --flag value or --flag=value; a switch also as --switch=true|false.\n"
+    "Integers are range-checked (a value that does not fit is refused, never wrapped). Exit status: 0 done;\n"
+    "2 a bad flag or input, found before step 0;\n"
+    "3 the loss does not follow --baseline; 4 the run diverged (a non-finite loss or gradient norm, or the loss\n"
+    "far above its best: --divergence-factor);\n"
     "5 an allocation failed (the tensor is named).\n";
 
-std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false) {
-  std::size_t pos = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(v, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  WEFT_REQUIRE(pos == v.size() && !v.empty() && (allow_zero ? x >= 0 : x > 0), ConfigError, flag, " ", v,
-               ": expected a ", allow_zero ? "non-negative" : "positive", " integer");
-  return std::size_t(x);
+// The largest value train_gpt accepts for a count (any larger one is
+// refused with the range, so that no product of counts overflows): 2^40.
+constexpr std::size_t kMaxCount = std::size_t(1) << 40;
+
+// A count flag: an integer from 1 (0 with allow_zero) to `max`, parsed
+// strictly (weft::parse_integer: no wrapping, no trailing text).
+std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false,
+                        std::size_t max = kMaxCount) {
+  return weft::parse_integer<std::size_t>(flag, v, allow_zero ? 0 : 1, max);
 }
+
+// Usual ranges of coefficients: a value above `warn` is printed as a warning
+// before step 0 (the run goes on: the divergence guard watches it); one
+// above `refuse` is refused (nothing sane is that large).
+struct CoefficientRange {
+  const char* flag;
+  double warn, refuse;
+  const char* usual;
+};
+constexpr CoefficientRange kCoefficients[] = {
+    {"--weight-decay", 1.0, 1e6, "0 to 1 (typically 0.01 to 0.1)"},
+    {"--aux-loss", 1.0, 1e6, "0 to 1 (typically 0.01)"},
+    {"--z-loss", 1.0, 1e6, "0 to 1 (typically 0.001)"},
+    {"--bias-balance", 1.0, 1e6, "0 to 1 (typically 0.001)"},
+};
 
 double parse_real(const std::string& flag, const std::string& v, bool positive) {
   std::size_t pos = 0;
@@ -202,7 +223,9 @@ MeshFlags parse_mesh(const std::string& v) {
     const std::string axis = item.substr(0, eq);
     WEFT_REQUIRE(axes.insert(axis).second, ConfigError, "--mesh ", v, ": axis ", axis,
                  " is given twice; name each axis once");
-    const int n = int(parse_count("--mesh " + axis, item.substr(eq + 1)));
+    // At most 2^24 ranks per axis (weft-plan's largest device count): the
+    // value fits an int, and no product of the axes overflows.
+    const int n = weft::parse_integer<int>("--mesh " + axis, item.substr(eq + 1), 1, 1 << 24);
     if (axis == "dp") {
       m.dp = n;
     } else if (axis == "tp") {
@@ -227,24 +250,25 @@ Options parse(int argc, char** argv) {
   o.model.heads = 4;
   o.model.seq = 64;
   std::map<std::string, std::function<void(const std::string&)>> flags = {
-      {"--layers", [&](const std::string& v) { o.model.layers = parse_count("--layers", v); }},
-      {"--d-model", [&](const std::string& v) { o.model.d_model = parse_count("--d-model", v); }},
-      {"--heads", [&](const std::string& v) { o.model.heads = parse_count("--heads", v); }},
-      {"--kv-heads", [&](const std::string& v) { o.model.kv_heads = parse_count("--kv-heads", v); }},
-      {"--seq", [&](const std::string& v) { o.model.seq = parse_count("--seq", v); }},
-      {"--batch", [&](const std::string& v) { o.batch = parse_count("--batch", v); }},
-      {"--microbatches", [&](const std::string& v) { o.microbatches = parse_count("--microbatches", v); }},
-      {"--vocab", [&](const std::string& v) { o.model.vocab = parse_count("--vocab", v); }},
+      // The model's sizes have weft-plan's largest accepted values (plan::model_field_max).
+      {"--layers", [&](const std::string& v) { o.model.layers = parse_count("--layers", v, false, std::size_t(1) << 20); }},
+      {"--d-model", [&](const std::string& v) { o.model.d_model = parse_count("--d-model", v, false, std::size_t(1) << 18); }},
+      {"--heads", [&](const std::string& v) { o.model.heads = parse_count("--heads", v, false, std::size_t(1) << 18); }},
+      {"--kv-heads", [&](const std::string& v) { o.model.kv_heads = parse_count("--kv-heads", v, false, std::size_t(1) << 18); }},
+      {"--seq", [&](const std::string& v) { o.model.seq = parse_count("--seq", v, false, std::size_t(1) << 24); }},
+      {"--batch", [&](const std::string& v) { o.batch = parse_count("--batch", v, false, std::size_t(1) << 30); }},
+      {"--microbatches", [&](const std::string& v) { o.microbatches = parse_count("--microbatches", v, false, std::size_t(1) << 30); }},
+      {"--vocab", [&](const std::string& v) { o.model.vocab = parse_count("--vocab", v, false, std::size_t(1) << 24); }},
       {"--steps", [&](const std::string& v) { o.steps = parse_count("--steps", v); }},
       {"--lr", [&](const std::string& v) { o.lr = parse_real("--lr", v, true); }},
       {"--warmup", [&](const std::string& v) { o.warmup = parse_count("--warmup", v, true); }},
       {"--weight-decay", [&](const std::string& v) { o.weight_decay = parse_real("--weight-decay", v, false); }},
       {"--momentum", [&](const std::string& v) { o.momentum = parse_real("--momentum", v, false); }},
       {"--clip", [&](const std::string& v) { o.clip = parse_real("--clip", v, false); }},
-      {"--seed", [&](const std::string& v) { o.model.seed = parse_count("--seed", v, true); }},
+      {"--seed", [&](const std::string& v) { o.model.seed = weft::parse_integer<std::uint64_t>("--seed", v); }},
       {"--data", [&](const std::string& v) { o.data = v; }},
       {"--record", [&](const std::string& v) { o.record = v; }},
-      {"--threads", [&](const std::string& v) { o.threads = parse_count("--threads", v); }},
+      {"--threads", [&](const std::string& v) { o.threads = parse_count("--threads", v, false, 65536); }},
       {"--mesh", [&](const std::string& v) {
          const MeshFlags m = parse_mesh(v);
          o.dp = m.dp;
@@ -272,6 +296,12 @@ Options parse(int argc, char** argv) {
       {"--baseline", [&](const std::string& v) { o.compare = v; }},
       {"--memory-limit", [&](const std::string& v) { o.memory_limit = train_gpt_checks::parse_bytes("--memory-limit", v); }},
       {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v, true); }},
+      {"--divergence-factor", [&](const std::string& v) {
+         o.divergence_factor = parse_real("--divergence-factor", v, false);
+         WEFT_REQUIRE(o.divergence_factor == 0 || o.divergence_factor > 1, ConfigError, "--divergence-factor ", v,
+                      ": expected 0 (off) or a factor above 1 (the loss staying above factor x its best so far)");
+       }},
+      {"--divergence-window", [&](const std::string& v) { o.divergence_window = parse_count("--divergence-window", v); }},
       {"--dp", [&](const std::string& v) { o.dp_mode = weft::parallel::parse_dp_mode(v); }},
       {"--checkpoint", [&](const std::string& v) { o.ckpt.dir = v; }},
       {"--save-every", [&](const std::string& v) { o.ckpt.save_every = parse_count("--save-every", v); }},
@@ -292,8 +322,9 @@ Options parse(int argc, char** argv) {
          o.model.mlp = parse_choice<weft::nn::MlpKind>("--mlp", v,
                                                        {{"gelu", weft::nn::MlpKind::gelu}, {"swiglu", weft::nn::MlpKind::swiglu}});
        }},
-      {"--experts", [&](const std::string& v) { o.model.experts = parse_count("--experts", v); }},
-      {"--top-k", [&](const std::string& v) { o.model.top_k = parse_count("--top-k", v); }},
+      // --experts 0: a dense model, as the usage says.
+      {"--experts", [&](const std::string& v) { o.model.experts = parse_count("--experts", v, true, std::size_t(1) << 16); }},
+      {"--top-k", [&](const std::string& v) { o.model.top_k = parse_count("--top-k", v, false, std::size_t(1) << 16); }},
       {"--capacity-factor",
        [&](const std::string& v) { o.model.capacity_factor = parse_real("--capacity-factor", v, true); }},
       {"--router",
@@ -320,25 +351,31 @@ Options parse(int argc, char** argv) {
       train_gpt_checks::once(seen, a.substr(0, eq) == "--compare" ? "--baseline" : a.substr(0, eq));
     else if (a.rfind("--", 0) == 0)
       train_gpt_checks::once(seen, a == "--compare" ? "--baseline" : a);
-    if (a == "--recompute") {
-      o.model.recompute = true;
-      continue;
-    }
-    if (a == "--sequence-parallel") {
-      o.sequence_parallel = true;
-      continue;
-    }
-    if (a == "--no-overlap") {
-      o.dp_options.overlap = false;
-      continue;
-    }
-    if (a == "--check") {
-      o.check_only = true;
-      continue;
-    }
-    if (a == "--dropless") {
-      o.model.capacity_factor = 0;
-      continue;
+    // Switches, as --switch or --switch=true|false (yes/no, on/off, 1/0).
+    const std::map<std::string, std::function<void(bool)>> switches = {
+        {"--recompute", [&](bool on) { o.model.recompute = on; }},
+        {"--sequence-parallel", [&](bool on) { o.sequence_parallel = on; }},
+        {"--no-overlap", [&](bool on) { o.dp_options.overlap = !on; }},
+        {"--check", [&](bool on) { o.check_only = on; }},
+        {"--dropless", [&](bool on) { if (on) o.model.capacity_factor = 0; }},
+        {"--overwrite-checkpoint", [&](bool on) { o.ckpt.overwrite = on; }},
+    };
+    {
+      const std::size_t eq = a.find('=');
+      const auto sw = switches.find(a.substr(0, eq));
+      if (sw != switches.end()) {
+        bool on = true;
+        if (eq != std::string::npos) {
+          const std::string val = a.substr(eq + 1);
+          if (val == "true" || val == "yes" || val == "on" || val == "1") on = true;
+          else if (val == "false" || val == "no" || val == "off" || val == "0") on = false;
+          else
+            weft::detail::throw_error<ConfigError>(a, ": ", sw->first, " is a switch; give it alone or as ", sw->first,
+                                                   "=true or ", sw->first, "=false (yes/no, on/off, 1/0)");
+        }
+        sw->second(on);
+        continue;
+      }
     }
     if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
       v = a.substr(eq + 1);
@@ -358,6 +395,23 @@ Options parse(int argc, char** argv) {
     for (const char* f : {"--top-k", "--capacity-factor", "--dropless", "--router", "--aux-loss", "--z-loss",
                           "--bias-balance", "--moe-every", "--shared-experts", "--expert-hidden"})
       WEFT_REQUIRE(!seen.count(f), ConfigError, f, " configures mixture-of-experts blocks, but --experts is not given; add --experts N");
+  // Flags that only another flag gives a meaning: refused alone, rather than silently ignored.
+  WEFT_REQUIRE(!seen.count("--tolerance") || seen.count("--baseline"), ConfigError,
+               "--tolerance is the loss difference --baseline allows, but no --baseline is given; add --baseline FILE "
+               "(a --record of the run to follow) or drop --tolerance");
+  WEFT_REQUIRE(!seen.count("--divergence-window") || o.divergence_factor > 0, ConfigError,
+               "--divergence-window with --divergence-factor 0 (the guard is off); give a factor above 1 or drop --divergence-window");
+  WEFT_REQUIRE(!seen.count("--stage-memory-mb") || o.stages == "auto", ConfigError,
+               "--stage-memory-mb limits the stages --stages auto chooses, but --stages is ", o.stages,
+               "; add --stages auto or drop --stage-memory-mb");
+  WEFT_REQUIRE(!seen.count("--momentum") || o.optimizer == "sgd", ConfigError,
+               "--momentum is SGD's, but --optimizer is ", o.optimizer, "; add --optimizer sgd or drop --momentum");
+  // Coefficients far outside any sane range are refused, with the range.
+  const std::map<std::string, double> coefficient = {{"--weight-decay", o.weight_decay}, {"--aux-loss", o.model.aux_loss},
+                                                     {"--z-loss", o.model.z_loss}, {"--bias-balance", o.model.bias_balance}};
+  for (const auto& r : kCoefficients)
+    WEFT_REQUIRE(coefficient.at(r.flag) <= r.refuse, ConfigError, r.flag, " ", coefficient.at(r.flag),
+                 " is far outside any sane range (usual: ", r.usual, "; refused above ", r.refuse, "); give a value in the usual range");
   WEFT_REQUIRE(o.model.vocab >= 256, ConfigError, "--vocab ", o.model.vocab,
                " is smaller than the 256 byte values of the data; use --vocab 256 or more");
   o.model.validate();
@@ -617,6 +671,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   std::string diverged;  // the error (empty: no step diverged)
   double stop_loss = 0, stop_norm = 0, stop_wall = 0;
   std::size_t stop_step = 0;
+  train_gpt_checks::DivergenceGuard guard{.factor = o.divergence_factor, .window = o.divergence_window};
   for (std::size_t s = first; s < o.steps; ++s) {
     const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
     Kokkos::fence();
@@ -625,7 +680,10 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
     const weft::optim::StepResult r = job.step(s, lr, &prof);
     Kokkos::fence();
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    diverged = train_gpt_checks::divergence(s, r.loss, r.grad_norm, lr, o.clip);
+    const train_gpt_checks::DivergenceCauses causes{.lr = lr, .clip = o.clip, .weight_decay = o.weight_decay,
+                                                    .moe = c.experts > 0, .aux_loss = c.aux_loss, .z_loss = c.z_loss};
+    diverged = train_gpt_checks::divergence(s, r.loss, r.grad_norm, causes);
+    if (diverged.empty()) diverged = guard.observe(s, r.loss, causes);
     if (!diverged.empty()) {
       stop_step = s, stop_loss = r.loss, stop_norm = r.grad_norm, stop_wall = wall;
       break;
@@ -948,10 +1006,7 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
     if (cpc) rec.set("collectives_cp", collectives_of(cp_stats));
     rec.set("unigram_entropy", unigram);
     rec.set("moe", moe_record(c, moe));
-    std::ofstream f(o.record);
-    WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot open the file for writing (", std::strerror(errno), ")");
-    f << rec.dump() << "\n";
-    WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": writing failed");
+    train_gpt_checks::write_file_whole("--record", o.record, rec.dump() + "\n");
     std::printf("train_gpt: run record written to %s\n", o.record.c_str());
   }
   if (!diverged.empty()) {
@@ -1324,16 +1379,34 @@ struct Checked {
   int ndp = 1;
   double estimate = 0, limit = -1;  // bytes per rank; limit < 0: unknown
   std::string limit_source;
+  std::string resume_note;  // rank 0: what --resume of a root resumes, when it is not simply the newest step
 };
 
 Checked check_before_step_zero(int argc, char** argv, int world, int rank, int ranks_per_node) {
   Checked c;
+  // The environment is parsed as strictly as the flags (WEFT_DEADLINE=5s is 5 s; a value that is no duration is refused).
+  WEFT_REQUIRE(weft::detail::checked_defaults().env_error.empty(), ConfigError, weft::detail::checked_defaults().env_error,
+               "; fix the variable or unset it");
   c.options = parse(argc, argv);
   Options& o = c.options;
   const int ntp = o.tp;
+  // An axis larger than the world is refused as such (each axis is at most
+  // 2^24, so the product below fits in 64 bits).
+  if (!o.check_only)
+    for (const auto& [axis, n] : {std::pair<const char*, int>{"dp", o.dp}, {"tp", o.tp}, {"pp", o.pp}, {"cp", o.cp}, {"ep", o.ep}})
+      WEFT_REQUIRE(n <= world, ConfigError, "--mesh ", axis, "=", n, ": larger than the ", world,
+                   " ranks train_gpt was started on; an axis of n ranks needs at least n ranks: launch more ranks or "
+                   "give a smaller ", axis);
+  long long model_ranks_ll = 1, mesh_ranks = 1;  // each product checked after every factor (at most 2^48 then)
+  for (const int n : {ntp, o.pp, o.cp, o.ep, std::max(1, o.dp)}) {
+    mesh_ranks *= n;
+    WEFT_REQUIRE(mesh_ranks <= (1LL << 24), ConfigError, "--mesh: dp x tp x pp x cp x ep is more than the 16777216 ranks "
+                 "train_gpt accepts; give smaller axes");
+  }
+  for (const int n : {ntp, o.pp, o.cp, o.ep}) model_ranks_ll *= n;
   // Ranks per DP index: one copy of the model (CP ranks share its weights),
   // times the EP ranks that hold one copy of every expert between them.
-  const int model_ranks = ntp * o.pp * o.cp * o.ep;
+  const int model_ranks = int(model_ranks_ll);
   if (o.check_only) {
     // What weft-plan --run-top asks before launching a candidate: does this
     // build accept the mesh, the modes and the batch split (on any world size)?
@@ -1397,7 +1470,41 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
                  o.model.seq + 1, "; use a longer file or a shorter --seq");
   }
   if (rank == 0 && !o.record.empty()) train_gpt_checks::check_record_path(o.record);
-  if (rank == 0 && !o.compare.empty()) train_gpt_checks::check_baseline(o.compare, o.steps);
+  // Nothing the user gave is overwritten: an output that is the same file as an input is refused.
+  train_gpt_checks::check_outputs_not_inputs({{"--record", o.record}, {"--checkpoint", o.ckpt.dir}},
+                                             {{"--data", o.data}, {"--baseline", o.compare}, {"--resume", o.ckpt.resume}});
+  const std::string data_name = o.data.empty() ? "synthetic" : o.data;
+  auto num = [](double x) { return train_gpt_checks::value_text(x); };
+  if (rank == 0 && !o.compare.empty())
+    train_gpt_checks::check_baseline(
+        o.compare, o.steps,
+        {{"config.layers", num(double(o.model.layers))}, {"config.d_model", num(double(o.model.d_model))},
+         {"config.heads", num(double(o.model.heads))}, {"config.kv_heads", num(double(o.model.kv()))},
+         {"config.ffn_hidden", num(double(o.model.hidden()))}, {"config.vocab", num(double(o.model.vocab))},
+         {"config.seq", num(double(o.model.seq))}, {"config.batch", num(double(o.batch))},
+         {"config.seed", num(double(o.model.seed))}, {"config.data", data_name},
+         {"config.norm", name_of(o.model.norm)}, {"config.mlp", name_of(o.model.mlp)},
+         {"config.position", name_of(o.model.position)}});
+  // The checkpoint root: not another run's (the manifest's model, data and
+  // seed; for a run that starts afresh its schedule and optimizer too), and
+  // writable now rather than at the first save.
+  if (rank == 0 && !o.ckpt.dir.empty()) {
+    train_gpt_checkpoint::Identity id = {
+        {"model.layers", num(double(o.model.layers))}, {"model.d_model", num(double(o.model.d_model))},
+        {"model.heads", num(double(o.model.heads))}, {"model.kv_heads", num(double(o.model.kv()))},
+        {"model.vocab", num(double(o.model.vocab))}, {"model.seq", num(double(o.model.seq))},
+        {"model.norm", name_of(o.model.norm)}, {"model.mlp", name_of(o.model.mlp)},
+        {"model.position", name_of(o.model.position)}, {"model.experts", num(double(o.model.experts))},
+        {"data.source", data_name}, {"data.seed", num(double(o.model.seed))},
+        {"data.global_batch", num(double(o.batch))}};
+    if (o.ckpt.resume.empty())
+      for (const auto& f : std::initializer_list<std::pair<std::string, std::string>>{
+               {"schedule.lr", num(o.lr)}, {"schedule.warmup", num(double(o.warmup))}, {"schedule.clip", num(o.clip)},
+               {"optimizer.name", o.optimizer}})
+        id.push_back(f);
+    train_gpt_checkpoint::check_root(o.ckpt, id, !o.check_only);
+  }
+  if (rank == 0) c.resume_note = train_gpt_checkpoint::check_resume_root(o.ckpt.resume);
   // Memory: the planner's per-rank peak against --memory-limit or this
   // node's MemAvailable (on a GPU: the device's free memory) shared by its
   // ranks (with --check: by the ranks the mesh needs, as a launch on this
@@ -1434,8 +1541,11 @@ Checked check_before_step_zero(int argc, char** argv, int world, int rank, int r
 int run(int argc, char** argv, weft::Environment& env) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      std::fputs(kUsage, stdout);
-      std::fputs(train_gpt_checkpoint::Flags::usage, stdout);
+      if (env.world().rank() == 0) {  // once, not once per rank
+        std::fputs(kUsage, stdout);
+        std::fputs(train_gpt_checkpoint::Flags::usage, stdout);
+        std::fflush(stdout);
+      }
       return 0;
     }
   const int world = env.world().size();
@@ -1460,12 +1570,22 @@ int run(int argc, char** argv, weft::Environment& env) {
                                                      : std::string(" (limit unknown: no MemAvailable, no --memory-limit)"));
   if (o.check_only) {
     if (env.world().rank() == 0)
-      std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d,cp=%d,ep=%d (%s), %zu sequences per rank per microbatch; needs %d ranks; %s\n",
+      std::printf("train_gpt: flags accepted: mesh dp=%d,tp=%d,pp=%d,cp=%d,ep=%d (%s), %zu sequences per rank per microbatch; needs %d ranks; %s; deadline %g s (WEFT_DEADLINE)\n",
                   ndp, ntp, o.pp, o.cp, o.ep, weft::parallel::to_string(o.dp_mode), o.model.batch, ndp * ntp * o.pp * o.cp * o.ep,
-                  memory_line.c_str());
+                  memory_line.c_str(), weft::detail::checked_defaults().deadline_s);
     return 0;
   }
   if (env.world().rank() == 0) std::printf("train_gpt: %s\n", memory_line.c_str());
+  if (!checked.resume_note.empty()) std::printf("train_gpt: note: %s\n", checked.resume_note.c_str());
+  // Coefficients outside their usual range: said once, before step 0 (the divergence guard watches the run).
+  if (env.world().rank() == 0) {
+    const std::map<std::string, double> coefficient = {{"--weight-decay", o.weight_decay}, {"--aux-loss", o.model.aux_loss},
+                                                       {"--z-loss", o.model.z_loss}, {"--bias-balance", o.model.bias_balance}};
+    for (const auto& r : kCoefficients)
+      if (coefficient.at(r.flag) > r.warn)
+        std::printf("train_gpt: warning: %s %g is outside the usual range %s; the run may diverge\n", r.flag,
+                    coefficient.at(r.flag), r.usual);
+  }
   const auto bt = weft::ops::set_blas_threads(int(o.threads), ranks_per_node);
   // How the threads sit on the cores: rank 0 says it, and a rank whose binding starves its threads warns.
   weft::ops::print_host_threads("train_gpt", env.world().rank(), weft::ops::host_binding(bt.threads, ranks_per_node));

@@ -4,14 +4,24 @@
 // resumed run continues the same training (docs/checkpoint.md).
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <weft/checkpoint/checkpoint.hpp>
 #include <weft/metrics/json.hpp>
 #include <weft/plan/json_read.hpp>
+
+#include "train_gpt_checks.hpp"
 
 namespace train_gpt_checkpoint {
 
@@ -21,13 +31,16 @@ struct Flags {
   std::string resume;         ///< --resume: a root (its latest complete checkpoint) or one checkpoint's directory
   std::size_t save_every = 0;  ///< --save-every: steps between checkpoints
   std::size_t keep = 0;        ///< --keep: complete checkpoints kept (0: all)
+  bool overwrite = false;      ///< --overwrite-checkpoint: DIR may hold another run's checkpoints; they are deleted first
 
   /// The usage lines.
   static constexpr const char* usage =
       "  --checkpoint DIR  write checkpoints under DIR (DIR/step-NNNNNNNN, docs/checkpoint.md); needs --save-every\n"
       "  --save-every N    a checkpoint after every N steps\n"
       "  --keep K          keep the newest K checkpoints under DIR (0: all)\n"
-      "  --resume DIR      continue from DIR's latest complete checkpoint, or from the checkpoint DIR, on any mesh\n";
+      "  --resume DIR      continue from DIR's latest complete checkpoint, or from the checkpoint DIR, on any mesh\n"
+      "  --overwrite-checkpoint  --checkpoint DIR may hold another run's checkpoints (another model, data, seed or\n"
+      "                    schedule): they are deleted before step 0 (without it such a DIR is refused)\n";
 
   /// Checks the combination (after parsing).
   void validate() const {
@@ -35,8 +48,124 @@ struct Flags {
                  dir.empty() ? "--save-every needs --checkpoint DIR (where the checkpoints go)"
                              : "--checkpoint needs --save-every N (how often to write one)");
     WEFT_REQUIRE(keep == 0 || !dir.empty(), weft::ConfigError, "--keep needs --checkpoint DIR");
+    WEFT_REQUIRE(!overwrite || !dir.empty(), weft::ConfigError, "--overwrite-checkpoint needs --checkpoint DIR");
   }
 };
+
+/// A manifest's parsed JSON (`file`: its path).
+inline weft::plan::JsonValue parse_manifest(const std::string& file, const std::string& what) {
+  std::ifstream f(file);
+  WEFT_REQUIRE(f.good(), weft::IoError, what, ": cannot open ", file, " (", std::strerror(errno), ")");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return weft::plan::parse_json(text, what + " " + file);
+}
+
+/// The "run" fields (dotted paths, e.g. "model.d_model") that make a
+/// checkpoint another run's: the model and the data stream always, the
+/// schedule and the optimizer too for a run that starts afresh (a resumed
+/// run may change them). The values as train_gpt_checks::json_text prints them.
+using Identity = train_gpt_checks::Identity;
+
+/// Checks --checkpoint DIR before step 0 (rank 0; `prepare`: not under
+/// --check, which changes nothing): DIR, when it exists, must be a
+/// directory; when it holds complete checkpoints, the newest must be of this
+/// run (`identity`), else the run is refused naming the differences, unless
+/// --overwrite-checkpoint, which deletes the step-N directories under DIR
+/// first. With `prepare`, DIR is created (with its parents) and a probe file
+/// written in it and removed, so that a directory that cannot be written is
+/// found now, with the system's reason, not at the first save.
+inline void check_root(const Flags& f, const Identity& identity, bool prepare) {
+  namespace fs = std::filesystem;
+  if (f.dir.empty()) return;
+  std::error_code ec;
+  const auto status = fs::status(f.dir, ec);
+  const bool exists = fs::exists(status);
+  WEFT_REQUIRE(!exists || fs::is_directory(status), weft::ConfigError, "--checkpoint ", f.dir,
+               ": exists and is not a directory; give a directory (it is created when missing)");
+  if (exists) {
+    const auto all = weft::checkpoint::detail::complete_checkpoints(f.dir);
+    if (!all.empty()) {
+      const std::string mfile = all.back().second + "/manifest.json";
+      const weft::plan::JsonValue m = parse_manifest(mfile, "--checkpoint " + f.dir);
+      const weft::plan::JsonValue* run = m.kind == weft::plan::JsonValue::Kind::object ? m.find("run") : nullptr;
+      const std::string diff = run ? train_gpt_checks::identity_differences(*run, identity)
+                                   : std::string("its manifest has no \"run\" (not written by train_gpt)");
+      if (!diff.empty()) {
+        WEFT_REQUIRE(f.overwrite, weft::ConfigError, "--checkpoint ", f.dir, " holds the checkpoints of another run (",
+                     all.size(), " of them; the newest, ", all.back().second, ": ", diff,
+                     "); this run would replace them step by step and leave a directory that mixes two runs. Give "
+                     "another --checkpoint directory, --resume ", f.dir, " to continue that run, or "
+                     "--overwrite-checkpoint to delete them first");
+        if (prepare)
+          for (const auto& [step, dir] : all) {
+            (void)step;
+            fs::remove_all(dir, ec);
+            WEFT_REQUIRE(!ec, weft::IoError, "--overwrite-checkpoint: cannot delete ", dir, " (", ec.message(), ")");
+          }
+      }
+    }
+  }
+  if (!prepare) return;
+  fs::create_directories(f.dir, ec);
+  WEFT_REQUIRE(!ec, weft::ConfigError, "--checkpoint ", f.dir, ": cannot create the directory (", ec.message(),
+               "); give a directory this run may write in");
+  const std::string probe = f.dir + "/.weft-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  const int e = errno;
+  WEFT_REQUIRE(fd >= 0, weft::ConfigError, "--checkpoint ", f.dir, ": cannot create a file in it (", std::strerror(e),
+               "); give a directory this run may write in");
+  const bool wrote = ::write(fd, "weft", 4) == 4;
+  const int we = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  WEFT_REQUIRE(wrote, weft::ConfigError, "--checkpoint ", f.dir, ": cannot write a file in it (", std::strerror(we),
+               "); give a directory with space this run may write in");
+}
+
+/// Says what a --resume of the root `path` resumes, before step 0 (rank 0).
+/// A root whose complete checkpoints are of different runs (the model, the
+/// data stream, the schedule or the optimizer of one differ from the
+/// newest's) is refused, naming both; the newest would continue one of them
+/// without a word. Returns a note for the user (empty: nothing to say) when
+/// newer step-N directories than the one resumed have no manifest
+/// (incomplete saves), so that a resume from an older step says why.
+/// `path` naming one checkpoint's directory is taken as it is.
+inline std::string check_resume_root(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty() || weft::checkpoint::detail::exists(path + "/manifest.json")) return {};
+  const auto all = weft::checkpoint::detail::complete_checkpoints(path);
+  if (all.empty()) return {};  // load() names it
+  const weft::plan::JsonValue newest = parse_manifest(all.back().second + "/manifest.json", "--resume " + path);
+  const weft::plan::JsonValue* nrun = newest.find("run");
+  if (nrun && all.size() > 1) {
+    Identity id;
+    for (const char* k : {"model.layers", "model.d_model", "model.heads", "model.kv_heads", "model.vocab", "model.seq",
+                          "model.norm", "model.mlp", "model.position", "model.experts", "data.source", "data.seed",
+                          "data.global_batch", "schedule.lr", "schedule.warmup", "schedule.clip", "optimizer.name"})
+      if (const auto* v = train_gpt_checks::at_path(*nrun, k)) id.emplace_back(k, train_gpt_checks::json_text(v));
+    for (std::size_t i = 0; i + 1 < all.size(); ++i) {
+      const weft::plan::JsonValue m = parse_manifest(all[i].second + "/manifest.json", "--resume " + path);
+      const weft::plan::JsonValue* run = m.find("run");
+      const std::string diff = run ? train_gpt_checks::identity_differences(*run, id) : std::string();
+      std::string d = diff;  // "X there, Y in this run": here "there" is the older one, "this run" the newest
+      for (std::size_t at; (at = d.find(" in this run")) != std::string::npos;) d.replace(at, 12, " in the newest");
+      WEFT_REQUIRE(diff.empty(), weft::ConfigError, "--resume ", path, " mixes the checkpoints of different runs: ",
+                   all[i].second, " and the newest, ", all.back().second, ", differ (", d,
+                   "); give the checkpoint to resume from itself (--resume ", all.back().second, ")");
+    }
+  }
+  std::string incomplete;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.size() != 13 || n.rfind("step-", 0) != 0 || n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    if (std::stoull(n.substr(5)) > all.back().first && !fs::exists(e.path() / "manifest.json"))
+      incomplete += (incomplete.empty() ? "" : ", ") + e.path().string();
+  }
+  if (incomplete.empty()) return {};
+  return "resuming from " + all.back().second + ", the newest complete checkpoint: the newer " + incomplete +
+         " has no manifest.json (an incomplete or damaged save) and is not read";
+}
 
 /// The manifest of the checkpoint `path` names (weft::checkpoint::resolve),
 /// and its directory.

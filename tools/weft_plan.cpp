@@ -11,6 +11,7 @@
 // predicted ones (a table, or with --json one document, schema
 // docs/schema/run_top.schema.json).
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -19,6 +20,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -144,6 +146,9 @@ Args parse(int argc, char** argv) {
           " weft-plan enumerates (2^24 has 2925); plan for a device count with fewer divisors");
   if (a.run_top && a.serve) usage("--run-top measures training layouts; it does not combine with --serve");
   if (a.run_top && a.launcher.find("{n}") == std::string::npos) usage("--launcher must contain {n} (the rank count)");
+  if (a.run_top && a.train_gpt.find('/') != std::string::npos && ::access(a.train_gpt.c_str(), X_OK) != 0)
+    usage("--train-gpt " + a.train_gpt + ": cannot run it (" + std::strerror(errno) +
+          "); give the path of a built train_gpt executable");
   return a;
 }
 
@@ -207,6 +212,14 @@ std::string mesh_name(const MeshSpec& s) {
 }
 
 double gb(double bytes) { return bytes / 1e9; }
+// Bytes as "12.3 GB" (GB = 1e9 bytes, as the topology's memory_gb), with
+// three significant digits below 1 GB.
+std::string gb_text(double bytes) {
+  char b[48];
+  if (bytes >= 1e9) std::snprintf(b, sizeof b, "%.1f GB", bytes / 1e9);
+  else std::snprintf(b, sizeof b, "%.3g GB", bytes / 1e9);
+  return b;
+}
 
 // ---- --run-top: measured against predicted ----------------------------------
 
@@ -469,7 +482,23 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
     std::cerr << "weft-plan: " << no_layout_message(what, reasons_of) << "\n(--rejected lists every layout)\n";
     return 1;
   }
-  if (a.run_top && a.json && valid) return run_top(a, m, t, ranked);  // one JSON document: measured against predicted
+  // Layouts that are valid but none fits the memory: a plan that says no,
+  // naming the smallest per-GPU memory that would fit one (exit status 1).
+  const Candidate* smallest = nullptr;
+  std::size_t fitting = 0;
+  for (const auto& c : ranked)
+    if (c.valid()) {
+      fitting += c.fits;
+      if (!smallest || c.memory.total() < smallest->memory.total()) smallest = &c;
+    }
+  const std::string no_fit =
+      smallest && !fitting
+          ? "no layout of " + what + " fits in " + gb_text(t.memory_gb * 1e9) + " per GPU: the smallest, " +
+                mesh_name(smallest->mesh) + " " + to_string(smallest->mesh.mode) + ", needs " +
+                gb_text(smallest->memory.total()) + " per GPU. Give GPUs with at least that much memory (--topology), " +
+                "more GPUs (--gpus), or a smaller model"
+          : std::string();
+  if (a.run_top && a.json && valid && no_fit.empty()) return run_top(a, m, t, ranked);  // one JSON document: measured against predicted
   if (a.json) {
     using weft::metrics::Json;
     Json::Array cands, rej;
@@ -506,8 +535,9 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
     out.set("model", m.name).set("parameters", double(m.total_params())).set("gpus", a.gpus).set("topology", t.name)
         .set("mode", "train").set("candidates", Json(cands)).set("rejected", Json(rej));
     if (!valid) out.set("error", "no valid layout of " + what).set("top_rejection_reasons", top_reasons_json(reasons_of));
+    if (!no_fit.empty()) out.set("error", no_fit).set("smallest_memory_bytes_per_gpu", smallest->memory.total());
     std::cout << out.dump(2) << "\n";
-    return valid ? 0 : 1;
+    return valid && no_fit.empty() ? 0 : 1;
   }
   std::printf("%s: %.2fB parameters, %zu GPUs (%s: %zu per node, %.0f GB each); %zu valid layouts of %zu; "
               "pipeline schedule %s\n",
@@ -524,6 +554,11 @@ int train(const Args& a, const ModelSpec& m, const Topology& t) {
                 mesh_name(c.mesh).c_str(), to_string(c.mesh.mode), c.fits ? "yes" : "NO", gb(b.total()), gb(b.parameters),
                 gb(b.gradients), gb(b.optimizer_state), gb(b.activations), gb(b.temporary), gb(b.communication),
                 gb(b.headroom), c.bubble, c.step_s, c.tokens_per_s);
+  }
+  if (!no_fit.empty()) {
+    std::fflush(stdout);
+    std::cerr << "weft-plan: " << no_fit << "\n";
+    return 1;
   }
   if (a.run_top) {
     const int rc = run_top(a, m, t, ranked);
