@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <weft/weft.hpp>
+#include <weft/core/parse.hpp>
 
 namespace {
 
@@ -239,17 +240,12 @@ const char* kUsage =
     "  --baseline FILE        compare the loss curve with FILE's, fail beyond --tolerance (1e-5 relative)\n"
     "  --help                 this text\n";
 
-std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false) {
-  std::size_t pos = 0;
-  long long x = -1;
-  try {
-    x = std::stoll(v, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  WEFT_REQUIRE(pos == v.size() && !v.empty() && x >= (allow_zero ? 0 : 1), ConfigError, flag, " ", v,
-               ": expected a ", allow_zero ? "non-negative" : "positive", " integer");
-  return std::size_t(x);
+// A count flag: an integer from 1 (0 with allow_zero) to `max` (2^40 by
+// default: no product of counts overflows), parsed strictly
+// (weft::parse_integer: a value beyond the range is refused, never wrapped).
+std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false,
+                        std::size_t max = std::size_t(1) << 40) {
+  return weft::parse_integer<std::size_t>(flag, v, allow_zero ? 0 : 1, max);
 }
 double parse_real(const std::string& flag, const std::string& v) {
   std::size_t pos = 0;
@@ -278,7 +274,7 @@ Options parse(int argc, char** argv) {
            WEFT_REQUIRE(eq != std::string::npos, ConfigError, "--mesh ", v, ": expected axis=size items such as dp=2, got '",
                         item, "'");
            const std::string axis = item.substr(0, eq);
-           const int n = int(parse_count("--mesh " + axis, item.substr(eq + 1)));
+           const int n = weft::parse_integer<int>("--mesh " + axis, item.substr(eq + 1), 1, 1 << 24);  // no wrapping
            WEFT_REQUIRE(seen[axis]++ == 0, ConfigError, "--mesh ", v, ": axis ", axis, " is given twice");
            if (axis == "dp") o.dp = n;
            else if (axis == "pp") o.pp = n;

@@ -245,7 +245,7 @@ void edit_file(const std::string& path, const std::function<void(std::string&)>&
   out << s;
 }
 
-TEST_CASE("damaged checkpoints: a changed byte, a truncated file, a missing tensor, another model") {
+TEST_CASE("damaged checkpoints: a changed byte, a truncated file, a missing tensor, an edited manifest, another model") {
   expect_load_error(
       "flipped", [](const std::string& d) { edit_file(d + "/w.0.npy", [](std::string& s) { s[s.size() - 3] ^= 0x40; }); },
       "w.0.npy (tensor 'w') is corrupted: its data's crc32 is");
@@ -258,9 +258,25 @@ TEST_CASE("damaged checkpoints: a changed byte, a truncated file, a missing tens
         edit_file(d + "/manifest.json", [](std::string& s) {
           const auto at = s.find("\"name\": \"b\"");
           s.replace(at, 11, "\"name\": \"z\"");
+          // Without the manifest's own checksum (as written before it
+          // existed), so that the load finds the missing tensor itself.
+          const auto c = s.find("\"manifest_crc32\"");
+          const auto from = s.rfind(',', c), to = s.find_first_of(",}", c);
+          s.erase(from, to - from);
         });
       },
       "manifest.json has no tensor 'b', which this model needs");
+  // The same kind of edit with the checksum in place: the manifest is named
+  // as corrupted (an edited step resumed as that step before).
+  expect_load_error(
+      "edited_step",
+      [](const std::string& d) {
+        edit_file(d + "/manifest.json", [](std::string& s) {
+          const auto at = s.find("\"step\": 1");
+          s.replace(at, 9, "\"step\": 2");
+        });
+      },
+      "manifest.json is corrupted: the crc32 of its content (step, tensors, chunks) is");
   expect_load_error(
       "other_model", [](const std::string&) {}, "manifest.json: tensor 'w' is ", 8);
 }
