@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -241,6 +242,29 @@ inline std::string human_bytes(double b) {
   else if (b >= 1048576.0) std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
   else std::snprintf(buf, sizeof buf, "%.0f KiB", b / 1024.0);
   return buf;
+}
+
+/// Throws when the file system that holds `path` (or, while `path` does
+/// not exist yet, its nearest existing parent) has fewer than `bytes` bytes
+/// free for this user (statvfs f_bavail); `what` says what the bytes are
+/// for. The message gives both figures and what to change.
+inline void check_free_space(const std::string& flag, const std::string& path, double bytes, const std::string& what) {
+  std::string at = path.empty() ? "." : path;
+  struct statvfs fs {};
+  while (::statvfs(at.c_str(), &fs) != 0) {
+    const std::size_t slash = at.find_last_of('/');
+    if (slash == std::string::npos) at = ".";
+    else if (slash == 0) at = "/";
+    else at = at.substr(0, slash);
+    if (at == "." || at == "/") {
+      if (::statvfs(at.c_str(), &fs) != 0) return;  // nothing to measure: the write will say
+      break;
+    }
+  }
+  const double free_bytes = double(fs.f_bavail) * double(fs.f_frsize);
+  WEFT_REQUIRE(bytes <= free_bytes, ConfigError, flag, " ", path, ": the run will write ", human_bytes(bytes), " (", what,
+               "), but the file system has ", human_bytes(free_bytes), " free; free space, write elsewhere, save less "
+               "often (--save-every) or keep fewer (--keep)");
 }
 
 /// MemAvailable of /proc/meminfo in bytes (nullopt where it cannot be read).
