@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
         // Alternate the providers shape by shape, so drift in the machine's load falls on both.
         std::printf("  %s\n", "kokkos-kernels (system BLAS):");
         print_row(s, weight_products<weft::ops::KokkosKernelsGemm, float, float>(s, R), core.fp32);
-#if WEFT_ENABLE_ONEDNN
+#if WEFT_ONEDNN_PROVIDER
         std::printf("  %s\n", "onednn:");
         print_row(s, weight_products<weft::ops::OneDnnGemm, float, float>(s, R), core.fp32);
 #endif

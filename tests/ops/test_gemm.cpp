@@ -182,7 +182,7 @@ TEST_CASE("Kokkos Kernels' provider, called directly, equals a double loop") {
   check_provider<ops::KokkosKernelsGemm, double>();
 }
 
-#if WEFT_ENABLE_ONEDNN
+#if WEFT_ONEDNN_PROVIDER
 TEST_CASE("oneDNN's provider, called directly, equals a double loop, and caches its primitives") {
   if constexpr (Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
     check_provider<ops::OneDnnGemm, float>();
@@ -233,7 +233,7 @@ TEST_CASE("the provider is chosen by type, and the one chosen is the one that ru
   using H16 = ops::gemm_provider_t<ops::Matrix<fp16, Space>, ops::Matrix<fp16, Space>, ops::Matrix<float, Space>>;
   static_assert(std::is_same_v<H16, ops::WidenGemm>, "fp16 inputs are widened (no provider takes them on the host)");
   constexpr bool host = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
-#if WEFT_ENABLE_ONEDNN
+#if WEFT_ONEDNN_PROVIDER
   static_assert(std::is_same_v<F, std::conditional_t<host, ops::OneDnnGemm, ops::KokkosKernelsGemm>>,
                 "with oneDNN, host float products go to oneDNN");
   static_assert(std::is_same_v<H, std::conditional_t<host, ops::OneDnnGemm, ops::WidenGemm>>,

@@ -149,7 +149,7 @@ TEST_CASE("gemm on host: double reaches the vendor BLAS, float the configured pr
     ops::gemm(ops::Trans::N, ops::Trans::T, 1.0, Kokkos::subview(big, Kokkos::ALL, std::make_pair(8, 16)), Bd, 0.0, Cd);
     Kokkos::Tools::Experimental::set_push_region_callback(nullptr);
     g_regions = nullptr;
-#if WEFT_ENABLE_ONEDNN
+#if WEFT_ONEDNN_PROVIDER
     // float went to oneDNN (no Kokkos Kernels region), double to the BLAS.
     CHECK(counters.calls_of(ops::GemmProviderId::onednn) == onednn0 + 1);
     REQUIRE(regions.size() == 1);

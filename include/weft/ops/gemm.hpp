@@ -8,6 +8,15 @@
 
 #include <type_traits>
 
+// The few-row kernel's AVX-512 form: host compilers targeting AVX-512 only
+// (weft's own programs build with -march=native; consumers choose).
+#if defined(__AVX512F__) && !defined(__NVCC__) && !defined(__CUDACC__) && !defined(__HIPCC__)
+#include <immintrin.h>
+#define WEFT_FEW_ROWS_AVX512 1
+#else
+#define WEFT_FEW_ROWS_AVX512 0
+#endif
+
 #include <weft/ops/common.hpp>
 #include <weft/ops/gemm_onednn.hpp>
 #if WEFT_ENABLE_CUBLAS
@@ -114,9 +123,61 @@ inline constexpr std::size_t few_rows_group_tiles = 8;
 /// dimension ldb, c R rows of leading dimension ldc. With `accumulate` the
 /// sums continue from c's values (the previous rows of B), so splitting k
 /// into consecutive passes adds in the same order as one pass.
+#if WEFT_FEW_ROWS_AVX512
+/// few_rows_tile for float and W = 64 in AVX-512 registers: each q loads B's
+/// four vectors once and multiplies them by every row's broadcast element, so
+/// a q costs 4 + R loads for 4 R FMAs (the plain loop below, as compiled,
+/// folds B's load into each FMA and reads it once per row). The same sums in
+/// the same order as the plain loop.
+template <std::size_t R>
+[[gnu::noinline]] inline void few_rows_tile_avx512(const float* __restrict a, std::size_t lda,
+                                                   const float* __restrict b, std::size_t ldb, float* __restrict c,
+                                                   std::size_t ldc, std::size_t k, bool accumulate) {
+  const float* ar_ptr[R];
+  WEFT_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r) ar_ptr[r] = a + r * lda;
+  __m512 acc[R][4];
+  WEFT_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r)
+    WEFT_UNROLL(4)
+    for (std::size_t j = 0; j < 4; ++j)
+      acc[r][j] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
+  for (std::size_t q = 0; q < k; ++q) {
+    const float* bq = b + q * ldb;
+    if (q + few_rows_ahead < k)
+      WEFT_UNROLL(4)
+      for (std::size_t j = 0; j < 64; j += 16) __builtin_prefetch(bq + few_rows_ahead * ldb + j);
+    __m512 bv[4];
+    WEFT_UNROLL(4)
+    for (std::size_t j = 0; j < 4; ++j) {
+      bv[j] = _mm512_loadu_ps(bq + 16 * j);
+      // Keep B's vectors in registers: without this the compiler folds the
+      // load into every row's FMA and reads B R times per q.
+      asm("" : "+v"(bv[j]));
+    }
+    WEFT_UNROLL(16)
+    for (std::size_t r = 0; r < R; ++r) {
+      const __m512 ar = _mm512_set1_ps(ar_ptr[r][q]);
+      WEFT_UNROLL(4)
+      for (std::size_t j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(ar, bv[j], acc[r][j]);
+    }
+  }
+  WEFT_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r)
+    WEFT_UNROLL(4)
+    for (std::size_t j = 0; j < 4; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
+}
+#endif
+
 template <std::size_t R, std::size_t W, class T>
 inline void few_rows_tile(const T* __restrict a, std::size_t lda, const T* __restrict b, std::size_t ldb,
                           T* __restrict c, std::size_t ldc, std::size_t k, bool accumulate) {
+#if WEFT_FEW_ROWS_AVX512
+  if constexpr (std::is_same_v<T, float> && W == 64) {
+    few_rows_tile_avx512<R>(a, lda, b, ldb, c, ldc, k, accumulate);
+    return;
+  }
+#endif
   T acc[R][W];
   WEFT_UNROLL(16)
   for (std::size_t r = 0; r < R; ++r)

@@ -5,18 +5,17 @@
 #pragma once
 
 #include <weft/config.hpp>
+#include <weft/ops/gemm_provider.hpp>
 
-#if WEFT_ENABLE_ONEDNN
+#if WEFT_ONEDNN_PROVIDER
 
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <bit>
 #include <cstdint>
 #include <list>
-#include <mutex>
 #include <unordered_map>
 
-#include <weft/ops/gemm_provider.hpp>
 
 namespace weft::ops {
 
@@ -59,33 +58,39 @@ struct KeyHash {
   }
 };
 
-/// A primitive ready to execute, with the memory descriptors it was built for.
+/// A primitive ready to execute, with memory objects for its three operands
+/// whose data handles are set per call (making three dnnl::memory objects
+/// per call cost about a microsecond, a fifth of a 128 x 32 x 128 product).
 struct Entry {
   dnnl::matmul prim;
-  dnnl::memory::desc a, b, c;
+  dnnl::memory a, b, c;
 };
 
-/// The CPU engine, the primitive cache and its lock. Building a matmul
-/// primitive costs tens of microseconds (descriptor checks and the JIT of its
-/// kernels); a training step makes the same few hundred products every time,
-/// so each is built once. The cache holds at most `capacity` primitives and
-/// forgets the least recently used one beyond that.
+/// The CPU engine, a stream and the primitive cache of one host thread.
+/// Building a matmul primitive costs tens of microseconds (descriptor checks
+/// and the JIT of its kernels); a training step makes the same few hundred
+/// products every time, so each is built once per thread that multiplies
+/// (in weft, the thread that runs the step). Being per thread, the cache
+/// needs no lock and its entries' memory objects can be re-pointed freely.
+/// It holds at most `capacity` primitives and forgets the least recently
+/// used one beyond that.
 class Context {
  public:
   static constexpr std::size_t capacity = 1024;
 
+  /// The calling thread's context.
   static Context& get() {
-    static Context ctx;
+    static thread_local Context ctx;
     return ctx;
   }
 
   dnnl::engine& engine() { return engine_; }
+  dnnl::stream& stream() { return stream_; }
 
-  /// The primitive of `key`, built by `make` on a miss. The returned entry
-  /// stays valid until `capacity` other keys have been used since.
+  /// The primitive of `key`, built by `make` on a miss. The reference stays
+  /// valid until `capacity` other keys have been used since on this thread.
   template <class Make>
-  Entry lookup(const Key& key, Make&& make) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  Entry& lookup(const Key& key, Make&& make) {
     if (auto it = map_.find(key); it != map_.end()) {
       order_.splice(order_.begin(), order_, it->second.second);
       return it->second.first;
@@ -96,21 +101,17 @@ class Context {
       order_.pop_back();
     }
     order_.push_front(key);
-    map_.emplace(key, std::make_pair(e, order_.begin()));
     ++builds_;
-    return e;
+    return map_.emplace(key, std::make_pair(std::move(e), order_.begin())).first->second.first;
   }
 
-  /// Primitives built since the start of the process (a cache miss each).
-  std::uint64_t builds() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return builds_;
-  }
+  /// Primitives this thread has built (a cache miss each).
+  std::uint64_t builds() const { return builds_; }
 
  private:
-  Context() : engine_(dnnl::engine::kind::cpu, 0) {}
+  Context() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
   dnnl::engine engine_;
-  mutable std::mutex mutex_;
+  dnnl::stream stream_;
   std::list<Key> order_;
   std::unordered_map<Key, std::pair<Entry, std::list<Key>::iterator>, KeyHash> map_;
   std::uint64_t builds_ = 0;
@@ -149,7 +150,9 @@ inline Entry make_entry(const Key& key, dnnl::engine& eng) {
 #else
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
 #endif
-  return Entry{dnnl::matmul(pd), a, b, c};
+  // Memory objects without a buffer of their own: each call points them at its operands.
+  return Entry{dnnl::matmul(pd), dnnl::memory(a, eng, DNNL_MEMORY_NONE), dnnl::memory(b, eng, DNNL_MEMORY_NONE),
+               dnnl::memory(c, eng, DNNL_MEMORY_NONE)};
 }
 
 }  // namespace detail::onednn
@@ -178,14 +181,12 @@ void onednn_gemm(Trans ta, Trans tb, float alpha, const AV& A, const BV& B, floa
               beta};
   auto& ctx = od::Context::get();
   try {
-    const od::Entry e = ctx.lookup(key, [&](dnnl::engine& eng) { return od::make_entry(key, eng); });
-    dnnl::memory am(e.a, ctx.engine(), const_cast<TA*>(A.data()));
-    dnnl::memory bm(e.b, ctx.engine(), const_cast<TB*>(B.data()));
-    dnnl::memory cm(e.c, ctx.engine(), C.data());
-    // One stream per host thread: a CPU stream is cheap but not free to make.
-    static thread_local dnnl::stream s(ctx.engine());
-    e.prim.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-    s.wait();
+    od::Entry& e = ctx.lookup(key, [&](dnnl::engine& eng) { return od::make_entry(key, eng); });
+    e.a.set_data_handle(const_cast<TA*>(A.data()));
+    e.b.set_data_handle(const_cast<TB*>(B.data()));
+    e.c.set_data_handle(C.data());
+    e.prim.execute(ctx.stream(), {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+    ctx.stream().wait();
   } catch (const dnnl::error& err) {
     weft::detail::throw_error<Error>("weft::ops::gemm (oneDNN provider): oneDNN refused the product of op(A) ", key.m, "x",
                                key.k, " (strides ", key.sa0, ", ", key.sa1, ") and op(B) ", key.k, "x", key.n,
@@ -204,9 +205,10 @@ struct gemm_provider_runner<OneDnnGemm> {
   }
 };
 
-/// Primitives the oneDNN provider has built in this process (a cache miss each).
+/// Primitives the oneDNN provider has built on the calling thread (a cache
+/// miss each; every thread that multiplies keeps its own cache).
 inline std::uint64_t onednn_primitive_builds() { return detail::onednn::Context::get().builds(); }
 
 }  // namespace weft::ops
 
-#endif  // WEFT_ENABLE_ONEDNN
+#endif  // WEFT_ONEDNN_PROVIDER

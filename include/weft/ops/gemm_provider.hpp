@@ -16,6 +16,17 @@
 #include <weft/core/half.hpp>
 #include <weft/ops/common.hpp>
 
+/// 1 where the oneDNN provider is compiled into this translation unit: weft
+/// configured with oneDNN (WEFT_ENABLE_ONEDNN) and a host compiler. nvcc
+/// (13.0) fails with an internal error on oneDNN's C++ API header, and a
+/// CUDA or HIP translation unit's products belong to the device providers,
+/// so there the host float products take Kokkos Kernels instead.
+#if WEFT_ENABLE_ONEDNN && !defined(__NVCC__) && !defined(__CUDACC__) && !defined(__HIPCC__)
+#define WEFT_ONEDNN_PROVIDER 1
+#else
+#define WEFT_ONEDNN_PROVIDER 0
+#endif
+
 namespace weft::ops {
 
 /// Transpose selector of one gemm operand.
@@ -68,7 +79,8 @@ struct KokkosKernelsGemm {
 
 /// oneDNN's matmul primitive (weft/ops/gemm_onednn.hpp): float, or bf16
 /// inputs with a float result, on a host execution space. Its runner exists
-/// only when weft is configured with oneDNN (WEFT_ENABLE_ONEDNN == 1).
+/// only when weft is configured with oneDNN and the compiler is a host one
+/// (WEFT_ONEDNN_PROVIDER == 1).
 struct OneDnnGemm {
   static constexpr GemmProviderId id = GemmProviderId::onednn;
   static constexpr const char* name = "onednn";
@@ -152,7 +164,7 @@ inline constexpr bool widen_inputs_v = is_reduced_precision_v<TA> && std::is_sam
 /// rocBLAS). Specialise it for a type of your own to route its products.
 template <class Exec, class TA, class TB, class TC>
 struct gemm_provider {
-#if WEFT_ENABLE_ONEDNN
+#if WEFT_ONEDNN_PROVIDER
   static constexpr bool onednn = detail::host_exec_v<Exec> && detail::onednn_inputs_v<TA, TB, TC>;
 #else
   static constexpr bool onednn = false;
