@@ -567,8 +567,29 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
   const int ncp = cpc ? cpc->size() : 1, nep = job.ep ? job.ep->size() : 1, ndp = comm.size() / ncp / nep,
             ntp = tpc.size(), npp = ppc ? ppc->size() : 1, world = ndp * nep * ntp * npp * ncp;
   const std::size_t tokens_per_step = o.batch * c.seq;
-  // The MFU yardstick: the best float gemm of the model's own MLP shape and a square one, measured now.
+  // The MFU yardsticks: the core's fp32 FMA peak (the probe, times the
+  // threads that compute the products), and the best float gemm of the
+  // model's own MLP shape and a square one through the GEMM provider.
+  const auto core = weft::metrics::measure_core_peak(500'000, 3);
+  const int compute_threads = bt.threads > 0 ? bt.threads : 1;
+  double fma_peak = core.fp32 * compute_threads;
+  std::string peak_source = std::string("the core's fp32 FMA throughput measured at start-up (weft::metrics::measure_core_peak: ") +
+                            std::to_string(weft::metrics::detail::peak_chains) + " independent chains of " +
+                            core.fp32_isa + ", best of 3 by CPU time) times the compute threads per rank (" +
+                            std::to_string(compute_threads) + ")";
+  // On a GPU the yardstick is the device's dense fp32 peak from its data
+  // sheet (the precision these runs compute in), when the device is known.
+  if constexpr (!Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible) {
+    const std::string dev = weft::metrics::device_name();
+    if (const auto d = weft::metrics::datasheet_peak(dev)) {
+      fma_peak = d->fp32;
+      peak_source = dev + ": " + d->source + " (fp32 used: this run computes in fp32)";
+    } else {
+      peak_source = "device '" + dev + "' has no data-sheet entry in weft::metrics::datasheet_peak; " + peak_source;
+    }
+  }
   const auto peak = weft::metrics::measure_sgemm_peak<Space>({{c.tokens(), 4 * c.d_model, c.d_model}, {512, 512, 512}}, 3);
+  weft::ops::gemm_counters().reset();
   const double flops_per_token = c.flops_per_token();
   std::size_t nparams = job.parameters;  // of one TP rank's share of the model (the whole model at tp = 1)
   if (ppc) {  // every stage holds different layers
@@ -601,8 +622,11 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
                   job.context.c_str(), ncp, c.seq, ncp, c.seq / std::size_t(2 * ncp));
     else if (weft::nn::detail::use_blockwise_attention<float>(c.local(std::size_t(ntp))))
       std::printf("train_gpt: attention: the blockwise kernel (no [T, T] probabilities)\n");
-    std::printf("train_gpt: BLAS threads %d (%s); sgemm peak %.2f GFLOP/s per rank\n", bt.threads, bt.reason.c_str(),
-                peak.wall * 1e-9);
+    std::printf("train_gpt: BLAS threads %d (%s); fp32 peak %.2f GFLOP/s per rank (%s), best %s sgemm %.2f "
+                "GFLOP/s per rank\n",
+                bt.threads, bt.reason.c_str(), fma_peak * 1e-9,
+                Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible ? core.fp32_isa : "data sheet",
+                weft::ops::float_gemm_provider_name<Space>(), peak.wall * 1e-9);
   }
   std::fflush(stdout);
   // The progress line only on a terminal, and not under an MPI launcher: Open
@@ -731,8 +755,10 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
       steady_cpu(cpus.begin() + long(excluded), cpus.end());
   const double tps = steady.empty() ? 0.0 : double(tokens_per_step) / median(steady);
   const double tps_cpu = steady_cpu.empty() ? 0.0 : double(tokens_per_step) / median(steady_cpu);
-  // Each rank's gemm peak is the yardstick of its share of the work.
-  const double mfu = flops_per_token * tps / (peak.wall * world);
+  // Each rank's peak is the yardstick of its share of the work: the core's
+  // FMA throughput (mfu) and, as a second figure, the best library sgemm.
+  const double mfu = flops_per_token * tps / (fma_peak * world);
+  const double mfu_gemm = flops_per_token * tps / (peak.wall * world);
   // Memory per category on every rank (sharded modes differ by rank).
   using C = weft::metrics::MemoryCategory;
   const C cats[] = {C::parameters, C::gradients, C::optimizer_state, C::activations, C::buffers};
@@ -958,12 +984,39 @@ int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::BlasThre
     rec.set("model_flops_formula",
             "6*N + 12*L*T*D per token (forward + backward); N = matmul weights = 12*L*D^2 + D*V for the GPT-2 shape "
             "(MoE blocks: the weights one token meets, k routed + shared experts + router); see docs/model.md, docs/moe.md");
-    rec.set("peak_flops", peak.wall);
-    rec.set("peak_flops_cpu_time", peak.cpu);
-    rec.set("peak_method", "best float gemm through Kokkos Kernels at start-up: [tokens x D] x [D x 4D] and 512^3, 3 runs each, same BLAS threads");
+    rec.set("peak_flops", fma_peak);
+    rec.set("peak_method", peak_source);
+    rec.set("core_peak", Json::object()
+                             .set("fp32_flops", core.fp32).set("fp32_instruction", core.fp32_isa)
+                             .set("bf16_flops", core.bf16).set("bf16_instruction", core.bf16_isa)
+                             .set("threads", compute_threads));
+    rec.set("gemm_peak_flops", peak.wall);
+    rec.set("gemm_peak_flops_cpu_time", peak.cpu);
+    rec.set("gemm_peak_method", std::string("best float gemm through the GEMM provider (") +
+                                    weft::ops::float_gemm_provider_name<Space>() +
+                                    ") at start-up: [tokens x D] x [D x 4D] and 512^3, 3 runs each, same threads");
     rec.set("mfu", mfu);
-    rec.set("mfu_formula", "model_flops_per_token * tokens_per_second / (world_size * peak_flops): model FLOPs (no recompute counted) over the measured per-rank sgemm peak times the ranks");
-    rec.set("mfu_cpu_time", flops_per_token * tps_cpu / peak.cpu);
+    rec.set("mfu_formula", "model_flops_per_token * tokens_per_second / (world_size * peak_flops): model FLOPs (no recompute counted) over the per-rank fp32 FMA peak of the cores times the ranks");
+    rec.set("mfu_cpu_time", flops_per_token * tps_cpu / fma_peak);
+    rec.set("mfu_gemm", mfu_gemm);
+    rec.set("mfu_gemm_formula", "model_flops_per_token * tokens_per_second / (world_size * gemm_peak_flops): the same against the best library sgemm");
+    {
+      // Which provider ran each product class (decided by type: all of the
+      // model's products are float views on Space), and what each did.
+      const char* fp = weft::ops::float_gemm_provider_name<Space>();
+      Json calls = Json::object();
+      auto& gc = weft::ops::gemm_counters();
+      for (int i = 0; i < weft::ops::gemm_provider_count; ++i) {
+        const auto id = static_cast<weft::ops::GemmProviderId>(i);
+        if (gc.calls_of(id) == 0) continue;
+        calls.set(weft::ops::gemm_provider_name(id),
+                  Json::object().set("calls", Json(std::size_t(gc.calls_of(id)))).set("flops", gc.flops_of(id)));
+      }
+      rec.set("gemm_providers", Json::object()
+                                    .set("linear_forward", fp).set("linear_input_gradient", fp)
+                                    .set("linear_weight_gradient", fp).set("attention", fp).set("lm_head", fp)
+                                    .set("experts", fp).set("calls_rank0", calls));
+    }
     rec.set("memory_bytes", memory);
     rec.set("memory_bytes_per_rank", Json(per_rank));
     rec.set("memory_note", "per rank: the five ledger categories; buffers = temporary + communication (dp.communication_buffers and the context attention buffers), the planner's split; total = all five");
