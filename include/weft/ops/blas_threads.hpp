@@ -124,6 +124,7 @@ inline BlasThreads set_blas_threads(int requested, int ranks_per_node) {
     omp_set(n);
     if (!setter) out.threads = n;
     out.controlled = true;
+    out.reason += "; oneDNN's OpenMP threads set to " + std::to_string(n);
   }
 #endif
   return out;
