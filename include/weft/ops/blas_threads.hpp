@@ -21,7 +21,7 @@ namespace weft::ops {
 /// What set_blas_threads chose and why (for the run record and the log).
 struct BlasThreads {
   int threads = 1;       ///< BLAS threads per rank now in effect (best knowledge)
-  bool controlled = false;  ///< whether the BLAS library exposes a thread setter
+  bool controlled = false;  ///< whether the count was applied: the BLAS library exposes a thread setter, or oneDNN's OpenMP runtime took it
   std::string reason;    ///< a sentence for humans
 };
 
@@ -103,29 +103,33 @@ inline BlasThreads set_blas_threads(int requested, int ranks_per_node) {
   in.kokkos_threads = detail::kokkos_host_threads();
   if (const char* e = std::getenv("OPENBLAS_NUM_THREADS"); e && std::atoi(e) > 0) in.openblas_env = std::atoi(e);
   BlasThreads out = choose_blas_threads(in);
+  const int wanted = out.threads;
   using set_fn = void (*)(int);
   auto setter = reinterpret_cast<set_fn>(detail::blas_symbol("openblas_set_num_threads"));
-  out.controlled = setter != nullptr;
   if (setter) {
-    setter(out.threads);
+    setter(wanted);
     out.threads = blas_thread_count();
-  } else {
-    out.threads = 1;
-    out.reason += "; this BLAS exposes no thread setter, so its own default applies";
   }
+  bool onednn_set = false;
 #if WEFT_ENABLE_ONEDNN
   // oneDNN (the float provider) runs on the OpenMP runtime it was built
   // with: its threads are that runtime's, set from this (the calling) thread.
   // Looked up at run time, as for OpenBLAS: weft itself is not built with
-  // -fopenmp. Kokkos' OpenMP backend keeps its own pool size either way.
+  // -fopenmp. Kokkos' OpenMP backend keeps its own pool size either way. A
+  // program whose products all go to oneDNN may not load OpenBLAS at all (the
+  // linker drops it), and then oneDNN's threads are the ones that matter.
   using omp_set_fn = void (*)(int);
   if (auto omp_set = reinterpret_cast<omp_set_fn>(detail::blas_symbol("omp_set_num_threads"))) {
-    const int n = setter ? out.threads : choose_blas_threads(in).threads;
-    omp_set(n);
-    if (!setter) out.threads = n;
-    out.controlled = true;  // (the reason stays the BLAS rule's: tests and logs match its form)
+    omp_set(wanted);
+    onednn_set = true;
+    if (!setter) out.threads = wanted;
   }
 #endif
+  out.controlled = setter != nullptr || onednn_set;
+  if (!out.controlled) {
+    out.threads = 1;
+    out.reason += "; this BLAS exposes no thread setter, so its own default applies";
+  }
   return out;
 }
 
