@@ -58,6 +58,18 @@ inline constexpr int peak_chains = 12;
 // Each probe runs `iters` rounds of peak_chains independent instructions and
 // returns a value that depends on every accumulator, so none is optimised away.
 #if defined(__x86_64__) && defined(__AVX512F__)
+/// The sum of every lane of every chain: a value that depends on all of them.
+/// Not _mm512_reduce_add_ps: GCC 12's header trips its own -Wuninitialized.
+inline float sum_chains(const __m512 (&acc)[peak_chains]) {
+  __m512 s = acc[0];
+  for (int c = 1; c < peak_chains; ++c) s = _mm512_add_ps(s, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  float out = 0;
+  for (float e : lanes) out += e;
+  return out;
+}
+
 [[gnu::noinline]] inline float fp32_probe(long iters, float x, float y) {
   __m512 acc[peak_chains];
   for (int c = 0; c < peak_chains; ++c) acc[c] = _mm512_set1_ps(float(c) * 1e-3f);
@@ -65,14 +77,7 @@ inline constexpr int peak_chains = 12;
   for (long i = 0; i < iters; ++i)
     WEFT_UNROLL(12)
     for (int c = 0; c < peak_chains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
-  __m512 s = acc[0];
-  for (int c = 1; c < peak_chains; ++c) s = _mm512_add_ps(s, acc[c]);
-  // Not _mm512_reduce_add_ps: GCC 12's header trips its own -Wuninitialized.
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  float out = 0;
-  for (float e : lanes) out += e;
-  return out;
+  return sum_chains(acc);
 }
 inline constexpr int fp32_lanes = 16;
 inline constexpr const char* fp32_isa = "avx512 vfmadd";
@@ -118,14 +123,7 @@ inline constexpr const char* fp32_isa = "scalar";
   for (long i = 0; i < iters; ++i)
     WEFT_UNROLL(12)
     for (int c = 0; c < peak_chains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
-  __m512 s = acc[0];
-  for (int c = 1; c < peak_chains; ++c) s = _mm512_add_ps(s, acc[c]);
-  // Not _mm512_reduce_add_ps: GCC 12's header trips its own -Wuninitialized.
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  float out = 0;
-  for (float e : lanes) out += e;
-  return out;
+  return sum_chains(acc);
 }
 inline constexpr bool has_bf16_probe = true;
 #else

@@ -68,23 +68,25 @@ constexpr const char* gemm_provider_name(GemmProviderId id) {
   return "unknown";
 }
 
+/// Base of the provider tags: their id, and their name as
+/// gemm_provider_name gives it (one spelling for records, logs and tags).
+template <GemmProviderId I>
+struct ProviderTag {
+  static constexpr GemmProviderId id = I;
+  static constexpr const char* name = gemm_provider_name(I);
+};
+
 /// Kokkos Kernels' KokkosBlas::gemm: the vendor BLAS (OpenBLAS on these
 /// machines, cuBLAS or rocBLAS in device builds of Kokkos Kernels) for float,
 /// double and complex, its own generic kernel for other types. The fallback
 /// of every case no other provider takes.
-struct KokkosKernelsGemm {
-  static constexpr GemmProviderId id = GemmProviderId::kokkos_kernels;
-  static constexpr const char* name = "kokkos-kernels";
-};
+struct KokkosKernelsGemm : ProviderTag<GemmProviderId::kokkos_kernels> {};
 
 /// oneDNN's matmul primitive (weft/ops/gemm_onednn.hpp): float, or bf16
 /// inputs with a float result, on a host execution space. Its runner exists
 /// only when weft is configured with oneDNN and the compiler is a host one
 /// (WEFT_ONEDNN_PROVIDER == 1).
-struct OneDnnGemm {
-  static constexpr GemmProviderId id = GemmProviderId::onednn;
-  static constexpr const char* name = "onednn";
-};
+struct OneDnnGemm : ProviderTag<GemmProviderId::onednn> {};
 
 /// bf16 or fp16 inputs where no provider takes them as they are: op(A) and
 /// op(B) are widened to float in a kernel on the operands' execution space
@@ -92,27 +94,18 @@ struct OneDnnGemm {
 /// provider; C is float, or rounded to nearest even into C's 2-byte type.
 /// The result equals a product with fp32 accumulation of the same inputs
 /// (within fp32 rounding), at the cost of one float copy of A and B.
-struct WidenGemm {
-  static constexpr GemmProviderId id = GemmProviderId::widen;
-  static constexpr const char* name = "widen-to-fp32";
-};
+struct WidenGemm : ProviderTag<GemmProviderId::widen> {};
 
 /// cuBLAS (cublasGemmEx, fp32 compute, tensor cores for 2-byte inputs) on
 /// CUDA memory (weft/ops/gemm_cublas.hpp). A CUDA build of Kokkos Kernels
 /// already hands float and double products to cuBLAS through
 /// KokkosKernelsGemm; this provider takes the bf16 and fp16 products, in
 /// CUDA builds of Kokkos with WEFT_ENABLE_CUBLAS.
-struct CublasGemm {
-  static constexpr GemmProviderId id = GemmProviderId::cublas;
-  static constexpr const char* name = "cublas";
-};
+struct CublasGemm : ProviderTag<GemmProviderId::cublas> {};
 
 /// rocBLAS on HIP memory, on the plan of CublasGemm (no runner yet: 2-byte
 /// products on HIP take WidenGemm).
-struct RocblasGemm {
-  static constexpr GemmProviderId id = GemmProviderId::rocblas;
-  static constexpr const char* name = "rocblas";
-};
+struct RocblasGemm : ProviderTag<GemmProviderId::rocblas> {};
 
 /// The product of provider P: a static
 ///   run(Trans ta, Trans tb, alpha, A, B, beta, C)
