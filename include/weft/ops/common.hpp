@@ -1,6 +1,7 @@
 // Shared vocabulary of weft's kernels: the view shapes they take (row-major
 // matrices of tokens x features), the shape checks that turn a mismatch into a
-// weft::ShapeError, and a math shim over Kokkos 3.4 / 4.x spellings.
+// weft::ShapeError, the element-type rules of mixed precision (compute_t,
+// load, store), and a math shim over Kokkos 3.4 / 4.x spellings.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -9,6 +10,7 @@
 #include <type_traits>
 
 #include <weft/core/error.hpp>
+#include <weft/core/half.hpp>
 #include <weft/core/kokkos_compat.hpp>
 
 /// WEFT_UNROLL(n) before a loop asks GCC and Clang to unroll it n times
@@ -47,6 +49,38 @@ namespace detail {
 /// The execution space a kernel on view V runs in.
 template <class V>
 using exec_t = typename std::remove_cvref_t<V>::execution_space;
+
+/// The element type of view V, without const.
+template <class V>
+using value_t = typename std::remove_cvref_t<V>::non_const_value_type;
+
+/// The type a kernel over views Vs computes in: the widest accumulation
+/// type of their elements (weft::accumulation_t), so float for bf16 and
+/// fp16 views, float for float views and double for double views. A kernel
+/// reads every element into it (exactly: widening) and rounds once when it
+/// stores into a narrower view; with views of one type nothing converts, so
+/// fp32 and double results are those of a kernel written for that type.
+template <class... Vs>
+using compute_t = std::common_type_t<accumulation_t<value_t<Vs>>...>;
+
+/// x read as the compute type A: exact for bf16/fp16 -> float and float -> double.
+template <class A, class X>
+KOKKOS_FORCEINLINE_FUNCTION A load(const X& x) {
+  return static_cast<A>(x);
+}
+
+/// a stored as element type S: rounded once to nearest even (bf16, fp16),
+/// unchanged when S is a's own type.
+template <class S, class A>
+KOKKOS_FORCEINLINE_FUNCTION S store(const A& a) {
+  return static_cast<S>(a);
+}
+
+/// Whether views of element type S are written by a kernel computing in A
+/// without rounding (S is A): then a kernel may keep intermediate results
+/// in the output view; otherwise it must keep them in A and store once.
+template <class S, class A>
+inline constexpr bool stores_exactly_v = std::is_same_v<std::remove_cv_t<S>, A>;
 
 template <class V>
 Kokkos::RangePolicy<exec_t<V>> range(const V&, std::size_t n) {
@@ -210,13 +244,13 @@ KOKKOS_INLINE_FUNCTION void row_scale_to(T* __restrict y, const T* __restrict x,
     for (std::size_t k = 0; k < row_lanes; ++k) y[j + k] = a * x[j + k];
   for (; j < n; ++j) y[j] = a * x[j];
 }
-/// See row_scale_to.
-template <class T>
-KOKKOS_INLINE_FUNCTION void row_axpy(T* __restrict y, const T* __restrict x, T a, std::size_t n) {
+/// See row_scale_to; x may be of a narrower type than y (read as T).
+template <class T, class X>
+KOKKOS_INLINE_FUNCTION void row_axpy(T* __restrict y, const X* __restrict x, T a, std::size_t n) {
   std::size_t j = 0;
   for (; j + row_lanes <= n; j += row_lanes)
-    for (std::size_t k = 0; k < row_lanes; ++k) y[j + k] += a * x[j + k];
-  for (; j < n; ++j) y[j] += a * x[j];
+    for (std::size_t k = 0; k < row_lanes; ++k) y[j + k] += a * load<T>(x[j + k]);
+  for (; j < n; ++j) y[j] += a * load<T>(x[j]);
 }
 /// See row_scale_to.
 template <class T>

@@ -2,6 +2,11 @@
 // the gradient overwrites the logits in place, so the [tokens, vocab]
 // probabilities -- the largest activation of a small-model step -- are never
 // stored beside the logits.
+//
+// Mixed precision: the logits may be float (what the model hands over) or
+// bf16/fp16; each row's maximum, exponentials, sum and log-sum-exp are
+// computed in float for those (detail::compute_t), the loss is summed in
+// double, and a 2-byte gradient is rounded once from its float value.
 #pragma once
 
 #include <weft/ops/common.hpp>
@@ -26,7 +31,8 @@ void check_targets(const char* op, const LV& logits, const IV& targets) {
 }  // namespace detail
 
 /// Sum over rows of -log softmax(logits(i, :))(targets(i)); logits untouched.
-/// Accumulated in double so the loss of a large batch keeps float precision.
+/// Accumulated in double so the loss of a large batch keeps float precision;
+/// each row's terms in compute_t<LV> (float for 2-byte logits).
 template <class LV, class IV>
 double cross_entropy_forward(const LV& logits, const IV& targets) {
   detail::check_targets("weft::ops::cross_entropy_forward", logits, targets);
@@ -35,10 +41,11 @@ double cross_entropy_forward(const LV& logits, const IV& targets) {
   Kokkos::parallel_reduce(
       "weft::cross_entropy_forward", detail::range(logits, logits.extent(0)),
       KOKKOS_LAMBDA(std::size_t i, double& acc) {
-        using T = typename LV::non_const_value_type;
-        const T mx = detail::lane_max<T>(v, [&](std::size_t j) { return logits(i, j); });
-        const T s = detail::lane_sum<T>(v, [&](std::size_t j) { return math::fast_exp(logits(i, j) - mx); });
-        acc += double(mx + math::log(s) - logits(i, targets(i)));
+        using T = detail::compute_t<LV>;
+        using detail::load;
+        const T mx = detail::lane_max<T>(v, [&](std::size_t j) { return load<T>(logits(i, j)); });
+        const T s = detail::lane_sum<T>(v, [&](std::size_t j) { return math::fast_exp(load<T>(logits(i, j)) - mx); });
+        acc += double(mx + math::log(s) - load<T>(logits(i, targets(i))));
       },
       total);
   return total;
@@ -46,10 +53,10 @@ double cross_entropy_forward(const LV& logits, const IV& targets) {
 
 /// Returns the summed loss like cross_entropy_forward and replaces the logits
 /// by grad_scale * (softmax(logits) - onehot(targets)): the gradient of
-/// grad_scale * loss. Pass 1/tokens as grad_scale for a mean loss.
+/// grad_scale * loss. Pass 1/tokens as grad_scale for a mean loss. 2-byte
+/// logits: computed in float, each gradient element rounded once.
 template <class LV, class IV>
-double cross_entropy_forward_backward(const LV& logits, const IV& targets,
-                                      typename LV::const_value_type grad_scale) {
+double cross_entropy_forward_backward(const LV& logits, const IV& targets, detail::compute_t<LV> grad_scale) {
   detail::check_targets("weft::ops::cross_entropy_forward_backward", logits, targets);
   detail::require_contiguous_rows("weft::ops::cross_entropy_forward_backward", "logits", logits, 1);
   const std::size_t v = logits.extent(1);
@@ -60,20 +67,34 @@ double cross_entropy_forward_backward(const LV& logits, const IV& targets,
         // Three passes over a row that stays in cache: the maximum (read
         // only), the exponentials kept in place with their sum, and the
         // scaling; each is a vectorised loop over the row pointer.
-        using T = typename LV::non_const_value_type;
-        T* z = &logits(i, 0);
-        const T mx = detail::lane_max<T>(v, [&](std::size_t j) { return z[j]; });
+        using T = detail::compute_t<LV>;
+        using Z = detail::value_t<LV>;
+        using detail::load;
+        Z* z = &logits(i, 0);
+        const T mx = detail::lane_max<T>(v, [&](std::size_t j) { return load<T>(z[j]); });
         const int t = targets(i);
-        const T zt = z[t];
-        const T s = detail::lane_sum<T>(v, [&](std::size_t j) {
-          const T e = math::fast_exp(z[j] - mx);
-          z[j] = e;  // keep exp for the gradient: no exponential recomputed
-          return e;
-        });
-        acc += double(mx + math::log(s) - zt);
-        const T f = grad_scale / s;
-        for (std::size_t j = 0; j < v; ++j) z[j] *= f;
-        z[t] -= grad_scale;
+        const T zt = load<T>(z[t]);
+        if constexpr (detail::stores_exactly_v<Z, T>) {
+          const T s = detail::lane_sum<T>(v, [&](std::size_t j) {
+            const T e = math::fast_exp(z[j] - mx);
+            z[j] = e;  // keep exp for the gradient: no exponential recomputed
+            return e;
+          });
+          acc += double(mx + math::log(s) - zt);
+          const T f = grad_scale / s;
+          for (std::size_t j = 0; j < v; ++j) z[j] *= f;
+          z[t] -= grad_scale;
+        } else {
+          // A 2-byte row would round a kept exponential twice: recompute it
+          // and round each gradient element once.
+          const T s = detail::lane_sum<T>(v, [&](std::size_t j) { return math::fast_exp(load<T>(z[j]) - mx); });
+          acc += double(mx + math::log(s) - zt);
+          const T f = grad_scale / s;
+          for (std::size_t j = 0; j < v; ++j) {
+            const T g = math::fast_exp(load<T>(z[j]) - mx) * f;
+            z[j] = detail::store<Z>(int(j) == t ? g - grad_scale : g);
+          }
+        }
       },
       total);
   return total;
@@ -94,11 +115,16 @@ template <class LV, class MV>
 void vocab_parallel_max(const LV& logits, const MV& m) {
   detail::require_extent("weft::ops::vocab_parallel_max", "m", m, 0, logits.extent(0));
   const std::size_t v = logits.extent(1);
+  using T = detail::compute_t<LV>;
+  using M = detail::value_t<MV>;
   Kokkos::parallel_for(
       "weft::vocab_parallel_max", detail::range(logits, logits.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
-        auto mx = logits(i, 0);
-        for (std::size_t j = 1; j < v; ++j) mx = logits(i, j) > mx ? logits(i, j) : mx;
-        m(i) = mx;
+        T mx = detail::load<T>(logits(i, 0));
+        for (std::size_t j = 1; j < v; ++j) {
+          const T z = detail::load<T>(logits(i, j));
+          mx = z > mx ? z : mx;
+        }
+        m(i) = detail::store<M>(mx);
       });
 }
 
@@ -123,13 +149,15 @@ void vocab_parallel_sums(const LV& logits, const IV& targets, std::size_t first,
   const std::size_t v = logits.extent(1);
   Kokkos::parallel_for(
       "weft::vocab_parallel_sums", detail::range(logits, logits.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
-        using T = typename LV::non_const_value_type;
-        const T mx = m(i);
+        using T = detail::compute_t<LV>;
+        using S = detail::value_t<SV>;
+        using detail::load;
+        const T mx = load<T>(m(i));
         T s = 0;
-        for (std::size_t j = 0; j < v; ++j) s += math::fast_exp(logits(i, j) - mx);
+        for (std::size_t j = 0; j < v; ++j) s += math::fast_exp(load<T>(logits(i, j)) - mx);
         const long t = long(targets(i)) - long(first);
-        st(i, 0) = s;
-        st(i, 1) = t >= 0 && t < long(v) ? logits(i, std::size_t(t)) : T(0);
+        st(i, 0) = detail::store<S>(s);
+        st(i, 1) = detail::store<S>(t >= 0 && t < long(v) ? load<T>(logits(i, std::size_t(t))) : T(0));
       });
 }
 
@@ -138,20 +166,29 @@ void vocab_parallel_sums(const LV& logits, const IV& targets, std::size_t first,
 /// rank's logits by grad_scale * (softmax - onehot(targets)) on its columns.
 template <class LV, class IV, class MV, class SV>
 double vocab_parallel_finish(const LV& logits, const IV& targets, std::size_t first, const MV& m, const SV& st,
-                             typename LV::const_value_type grad_scale, bool backward) {
+                             detail::compute_t<LV> grad_scale, bool backward) {
   const std::size_t v = logits.extent(1);
   double total = 0;
   Kokkos::parallel_reduce(
       "weft::vocab_parallel_finish", detail::range(logits, logits.extent(0)),
       KOKKOS_LAMBDA(std::size_t i, double& acc) {
-        using T = typename LV::non_const_value_type;
-        const T mx = m(i), s = st(i, 0);
-        acc += double(mx + math::log(s) - st(i, 1));
+        using T = detail::compute_t<LV>;
+        using Z = detail::value_t<LV>;
+        using detail::load;
+        const T mx = load<T>(m(i)), s = load<T>(st(i, 0));
+        acc += double(mx + math::log(s) - load<T>(st(i, 1)));
         if (!backward) return;
         const T f = grad_scale / s;
-        for (std::size_t j = 0; j < v; ++j) logits(i, j) = math::fast_exp(logits(i, j) - mx) * f;
         const long t = long(targets(i)) - long(first);
-        if (t >= 0 && t < long(v)) logits(i, std::size_t(t)) -= grad_scale;
+        if constexpr (detail::stores_exactly_v<Z, T>) {
+          for (std::size_t j = 0; j < v; ++j) logits(i, j) = math::fast_exp(logits(i, j) - mx) * f;
+          if (t >= 0 && t < long(v)) logits(i, std::size_t(t)) -= grad_scale;
+        } else {  // 2-byte logits: each gradient element rounded once
+          for (std::size_t j = 0; j < v; ++j) {
+            const T g = math::fast_exp(load<T>(logits(i, j)) - mx) * f;
+            logits(i, j) = detail::store<Z>(long(j) == t ? g - grad_scale : g);
+          }
+        }
       },
       total);
   return total;

@@ -2,6 +2,12 @@
 // and its column-sum gradient, residual add, tanh-approximated GELU and SwiGLU.
 // Column reductions loop over rows inside one thread per column so that the
 // result does not depend on how many threads run (bit-reproducible training).
+//
+// Mixed precision: every view may hold bf16 or fp16 (activations) or float
+// (biases and their gradients); each kernel computes in detail::compute_t of
+// its views (float for 2-byte types), reads convert exactly and every write
+// rounds once. Column sums (bias gradients) are accumulated in float and
+// added to the gradient view once per call.
 #pragma once
 
 #include <weft/ops/common.hpp>
@@ -13,9 +19,11 @@ template <class YV, class BV>
 void bias_add(const YV& y, const BV& b) {
   detail::require_extent("weft::ops::bias_add", "bias", b, 0, y.extent(1));
   const std::size_t n = y.extent(1);
+  using T = detail::compute_t<YV, BV>;
+  using Y = detail::value_t<YV>;
   Kokkos::parallel_for(
       "weft::bias_add", detail::range(y, y.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
-        for (std::size_t j = 0; j < n; ++j) y(i, j) += b(j);
+        for (std::size_t j = 0; j < n; ++j) y(i, j) = detail::store<Y>(detail::load<T>(y(i, j)) + detail::load<T>(b(j)));
       });
 }
 
@@ -26,13 +34,15 @@ template <class DYV, class DBV>
 void bias_backward(const DYV& dy, const DBV& db) {
   detail::require_extent("weft::ops::bias_backward", "bias gradient", db, 0, dy.extent(1));
   const std::size_t rows = dy.extent(0), n = dy.extent(1), C = detail::column_chunk;
+  using T = accumulation_t<detail::value_t<DBV>>;
+  using DB = detail::value_t<DBV>;
   Kokkos::parallel_for(
       "weft::bias_backward", detail::range(db, (n + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
-        typename DBV::non_const_value_type acc[detail::column_chunk] = {};
+        T acc[detail::column_chunk] = {};
         const std::size_t j0 = c * C, w = n - j0 < C ? n - j0 : C;
         for (std::size_t i = 0; i < rows; ++i)
-          for (std::size_t jj = 0; jj < w; ++jj) acc[jj] += dy(i, j0 + jj);
-        for (std::size_t jj = 0; jj < w; ++jj) db(j0 + jj) += acc[jj];
+          for (std::size_t jj = 0; jj < w; ++jj) acc[jj] += detail::load<T>(dy(i, j0 + jj));
+        for (std::size_t jj = 0; jj < w; ++jj) db(j0 + jj) = detail::store<DB>(detail::load<T>(db(j0 + jj)) + acc[jj]);
       });
 }
 
@@ -44,9 +54,12 @@ void add(const YV& y, const AV& a, const BV& b) {
   detail::require_extent("weft::ops::add", "b", b, 0, y.extent(0));
   detail::require_extent("weft::ops::add", "b", b, 1, y.extent(1));
   const std::size_t n = y.extent(1);
+  using T = detail::compute_t<YV, AV, BV>;
+  using Y = detail::value_t<YV>;
   Kokkos::parallel_for(
       "weft::add", detail::range(y, y.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
-        for (std::size_t j = 0; j < n; ++j) y(i, j) = a(i, j) + b(i, j);
+        for (std::size_t j = 0; j < n; ++j)
+          y(i, j) = detail::store<Y>(detail::load<T>(a(i, j)) + detail::load<T>(b(i, j)));
       });
 }
 
@@ -73,23 +86,25 @@ template <class T>
 KOKKOS_INLINE_FUNCTION T sigmoid(T x) {
   return T(1) / (T(1) + math::fast_exp(-x));
 }
-// One row of bias_gelu_forward: u += b, a = gelu(u), n elements. Blocks of
-// a fixed width and then the rest, on __restrict parameters: at -O2 a
-// compiler vectorises the blocks, not a loop of unknown trip count, and
-// not this loop written inline in the kernel (its pointers are locals).
-template <class T>
-KOKKOS_INLINE_FUNCTION void bias_gelu_row(T* __restrict u, T* __restrict a, const T* __restrict b, std::size_t n) {
+// One row of bias_gelu_forward: u += b, a = gelu(u), n elements, computed
+// in T. Blocks of a fixed width and then the rest, on __restrict
+// parameters: at -O2 a compiler vectorises the blocks, not a loop of
+// unknown trip count, and not this loop written inline in the kernel (its
+// pointers are locals). The GELU is taken of u as stored (rounded, for a
+// 2-byte u), the value the backward pass reads.
+template <class T, class U, class A, class B>
+KOKKOS_INLINE_FUNCTION void bias_gelu_row(U* __restrict u, A* __restrict a, const B* __restrict b, std::size_t n) {
   std::size_t j = 0;
   for (; j + row_lanes <= n; j += row_lanes)
     for (std::size_t k = 0; k < row_lanes; ++k) {
-      const T x = u[j + k] + b[j + k];
+      const U x = store<U>(load<T>(u[j + k]) + load<T>(b[j + k]));
       u[j + k] = x;
-      a[j + k] = gelu_value(x);
+      a[j + k] = store<A>(gelu_value(load<T>(x)));
     }
   for (; j < n; ++j) {
-    const T x = u[j] + b[j];
+    const U x = store<U>(load<T>(u[j]) + load<T>(b[j]));
     u[j] = x;
-    a[j] = gelu_value(x);
+    a[j] = store<A>(gelu_value(load<T>(x)));
   }
 }
 }  // namespace detail
@@ -100,9 +115,11 @@ void gelu_forward(const XV& x, const YV& y) {
   detail::require_extent("weft::ops::gelu_forward", "y", y, 0, x.extent(0));
   detail::require_extent("weft::ops::gelu_forward", "y", y, 1, x.extent(1));
   const std::size_t n = x.extent(1);
+  using T = detail::compute_t<XV, YV>;
+  using Y = detail::value_t<YV>;
   Kokkos::parallel_for(
       "weft::gelu_forward", detail::range(x, x.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
-        for (std::size_t j = 0; j < n; ++j) y(i, j) = detail::gelu_value(x(i, j));
+        for (std::size_t j = 0; j < n; ++j) y(i, j) = detail::store<Y>(detail::gelu_value(detail::load<T>(x(i, j))));
       });
 }
 
@@ -114,9 +131,12 @@ void gelu_backward(const DYV& dy, const XV& x, const DXV& dx) {
   detail::require_extent("weft::ops::gelu_backward", "dx", dx, 0, x.extent(0));
   detail::require_extent("weft::ops::gelu_backward", "dx", dx, 1, x.extent(1));
   const std::size_t n = x.extent(1);
+  using T = detail::compute_t<DYV, XV, DXV>;
+  using DX = detail::value_t<DXV>;
   Kokkos::parallel_for(
       "weft::gelu_backward", detail::range(x, x.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
-        for (std::size_t j = 0; j < n; ++j) dx(i, j) = dy(i, j) * detail::gelu_derivative(x(i, j));
+        for (std::size_t j = 0; j < n; ++j)
+          dx(i, j) = detail::store<DX>(detail::load<T>(dy(i, j)) * detail::gelu_derivative(detail::load<T>(x(i, j))));
       });
 }
 
@@ -133,9 +153,10 @@ void bias_gelu_forward(const UV& up, const BV& b, const AV& act) {
   detail::require_contiguous_rows("weft::ops::bias_gelu_forward", "act", act, 1);
   detail::require_contiguous_rows("weft::ops::bias_gelu_forward", "bias", b, 0);
   const std::size_t n = up.extent(1);
+  using T = detail::compute_t<UV, AV>;
   Kokkos::parallel_for(
       "weft::bias_gelu_forward", detail::range(up, up.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
-        detail::bias_gelu_row(&up(i, 0), &act(i, 0), b.data(), n);
+        detail::bias_gelu_row<T>(&up(i, 0), &act(i, 0), b.data(), n);
       });
 }
 
@@ -151,27 +172,31 @@ void bias_gelu_backward(const DAV& dact, const UV& up, const DUV& dup, const DBV
   detail::require_extent("weft::ops::bias_gelu_backward", "dup", dup, 0, rows);
   detail::require_extent("weft::ops::bias_gelu_backward", "dup", dup, 1, n);
   detail::require_extent("weft::ops::bias_gelu_backward", "bias gradient", db, 0, n);
-  using T = typename DUV::non_const_value_type;
+  using T = detail::compute_t<DAV, UV, DUV>;
+  using DU = detail::value_t<DUV>;
+  using DB = detail::value_t<DBV>;
+  using detail::load;
   Kokkos::parallel_for(
       "weft::bias_gelu_backward", detail::range(up, (n + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
+        // The bias gradient sums the unrounded d (a 2-byte dup rounds only what it stores).
         T acc[detail::column_chunk] = {};
         const std::size_t j0 = c * C, w = n - j0 < C ? n - j0 : C;
         if (w == C) {  // the common case: a fixed trip count the compiler vectorises fully
           for (std::size_t i = 0; i < rows; ++i)
             for (std::size_t jj = 0; jj < detail::column_chunk; ++jj) {
-              const T d = dact(i, j0 + jj) * detail::gelu_derivative(up(i, j0 + jj));
-              dup(i, j0 + jj) = d;
+              const T d = load<T>(dact(i, j0 + jj)) * detail::gelu_derivative(load<T>(up(i, j0 + jj)));
+              dup(i, j0 + jj) = detail::store<DU>(d);
               acc[jj] += d;
             }
         } else {
           for (std::size_t i = 0; i < rows; ++i)
             for (std::size_t jj = 0; jj < w; ++jj) {
-              const T d = dact(i, j0 + jj) * detail::gelu_derivative(up(i, j0 + jj));
-              dup(i, j0 + jj) = d;
+              const T d = load<T>(dact(i, j0 + jj)) * detail::gelu_derivative(load<T>(up(i, j0 + jj)));
+              dup(i, j0 + jj) = detail::store<DU>(d);
               acc[jj] += d;
             }
         }
-        for (std::size_t jj = 0; jj < w; ++jj) db(j0 + jj) += acc[jj];
+        for (std::size_t jj = 0; jj < w; ++jj) db(j0 + jj) = detail::store<DB>(load<T>(db(j0 + jj)) + acc[jj]);
       });
 }
 
@@ -182,11 +207,13 @@ void swiglu_forward(const UV& u, const YV& y) {
   const std::size_t f = y.extent(1);
   detail::require_extent("weft::ops::swiglu_forward", "u", u, 1, 2 * f);
   detail::require_extent("weft::ops::swiglu_forward", "u", u, 0, y.extent(0));
+  using T = detail::compute_t<UV, YV>;
+  using Y = detail::value_t<YV>;
   Kokkos::parallel_for(
       "weft::swiglu_forward", detail::range(u, u.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
         for (std::size_t j = 0; j < f; ++j) {
-          const auto a = u(i, j);
-          y(i, j) = a * detail::sigmoid(a) * u(i, f + j);
+          const T a = detail::load<T>(u(i, j));
+          y(i, j) = detail::store<Y>(a * detail::sigmoid(a) * detail::load<T>(u(i, f + j)));
         }
       });
 }
@@ -198,14 +225,15 @@ void swiglu_backward(const DYV& dy, const UV& u, const DUV& du) {
   detail::require_extent("weft::ops::swiglu_backward", "u", u, 1, 2 * f);
   detail::require_extent("weft::ops::swiglu_backward", "du", du, 1, 2 * f);
   detail::require_extent("weft::ops::swiglu_backward", "du", du, 0, u.extent(0));
+  using T = detail::compute_t<DYV, UV, DUV>;
+  using DU = detail::value_t<DUV>;
   Kokkos::parallel_for(
       "weft::swiglu_backward", detail::range(u, u.extent(0)), KOKKOS_LAMBDA(std::size_t i) {
         for (std::size_t j = 0; j < f; ++j) {
-          using T = typename UV::non_const_value_type;
-          const T a = u(i, j), b = u(i, f + j), g = dy(i, j);
+          const T a = detail::load<T>(u(i, j)), b = detail::load<T>(u(i, f + j)), g = detail::load<T>(dy(i, j));
           const T s = detail::sigmoid(a);
-          du(i, j) = g * b * s * (T(1) + a * (T(1) - s));
-          du(i, f + j) = g * a * s;
+          du(i, j) = detail::store<DU>(g * b * s * (T(1) + a * (T(1) - s)));
+          du(i, f + j) = detail::store<DU>(g * a * s);
         }
       });
 }

@@ -2,6 +2,13 @@
 // scatter-add into the table. The scatter runs one thread per chunk of feature
 // columns over the tokens in order, so repeated tokens add up in a fixed order without
 // atomics: the gradient is bit-identical whatever the thread count.
+//
+// Mixed precision: tables, activations and gradients may each be float,
+// bf16 or fp16. A lookup converts the table's element to the activation's
+// type (rounded once; an add in float first with `accumulate`); a scatter
+// adds into the gradient view in its accumulation type, so a float
+// gradient table under bf16 activations accumulates exactly as in fp32 (a
+// 2-byte gradient table would round at every add: keep gradients float).
 #pragma once
 
 #include <weft/ops/common.hpp>
@@ -29,10 +36,14 @@ void embedding_forward(const WV& W, const IV& ids, const YV& y, bool accumulate 
                                      " is outside the vocabulary [0, ", vocab,
                                      "); raise --vocab or check the data's tokenizer");
   }
+  using T = detail::compute_t<WV, YV>;
+  using Y = detail::value_t<YV>;
   Kokkos::parallel_for(
       "weft::embedding_forward", detail::range(y, n), KOKKOS_LAMBDA(std::size_t i) {
         const int t = ids(i);
-        for (std::size_t j = 0; j < d; ++j) y(i, j) = accumulate ? y(i, j) + W(t, j) : W(t, j);
+        for (std::size_t j = 0; j < d; ++j)
+          y(i, j) = detail::store<Y>(accumulate ? detail::load<T>(y(i, j)) + detail::load<T>(W(t, j))
+                                                : detail::load<T>(W(t, j)));
       });
 }
 
@@ -43,11 +54,14 @@ void embedding_backward(const DYV& dy, const IV& ids, const DWV& dW) {
   detail::require_extent("weft::ops::embedding_backward", "dy", dy, 0, n);
   detail::require_extent("weft::ops::embedding_backward", "dy", dy, 1, dW.extent(1));
   const std::size_t d = dW.extent(1), C = detail::column_chunk;
+  using T = detail::compute_t<DYV, DWV>;
+  using G = detail::value_t<DWV>;
   Kokkos::parallel_for(
       "weft::embedding_backward", detail::range(dW, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
         const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
         for (std::size_t i = 0; i < n; ++i)
-          for (std::size_t jj = 0; jj < w; ++jj) dW(ids(i), j0 + jj) += dy(i, j0 + jj);
+          for (std::size_t jj = 0; jj < w; ++jj)
+            dW(ids(i), j0 + jj) = detail::store<G>(detail::load<T>(dW(ids(i), j0 + jj)) + detail::load<T>(dy(i, j0 + jj)));
       });
 }
 
@@ -62,10 +76,14 @@ void position_forward(const PV& P, std::size_t seq, std::size_t offset, const YV
   WEFT_REQUIRE(offset + seq <= P.extent(0), ConfigError, "weft::ops::position_forward: positions up to ", offset + seq,
                " need a table of at least that many rows, the table has ", P.extent(0), "; raise --seq");
   detail::require_extent("weft::ops::position_forward", "position table", P, 1, d);
+  using T = detail::compute_t<PV, YV>;
+  using Y = detail::value_t<YV>;
   Kokkos::parallel_for(
       "weft::position_forward", detail::range(y, rows), KOKKOS_LAMBDA(std::size_t i) {
         const std::size_t t = offset + i % seq;
-        for (std::size_t j = 0; j < d; ++j) y(i, j) = accumulate ? y(i, j) + P(t, j) : P(t, j);
+        for (std::size_t j = 0; j < d; ++j)
+          y(i, j) = detail::store<Y>(accumulate ? detail::load<T>(y(i, j)) + detail::load<T>(P(t, j))
+                                                : detail::load<T>(P(t, j)));
       });
 }
 
@@ -77,10 +95,13 @@ void position_backward(const DYV& dy, std::size_t seq, std::size_t offset, const
                "weft::ops::position_backward: ", rows, " rows of sequences of length ", seq, " at offset ", offset,
                " do not fit a table of ", dP.extent(0), " rows");
   const std::size_t nseq = rows / seq;
+  using T = detail::compute_t<DYV, DPV>;
+  using G = detail::value_t<DPV>;
   Kokkos::parallel_for(
       "weft::position_backward", detail::range(dy, seq), KOKKOS_LAMBDA(std::size_t t) {
         for (std::size_t b = 0; b < nseq; ++b)
-          for (std::size_t j = 0; j < d; ++j) dP(offset + t, j) += dy(b * seq + t, j);
+          for (std::size_t j = 0; j < d; ++j)
+            dP(offset + t, j) = detail::store<G>(detail::load<T>(dP(offset + t, j)) + detail::load<T>(dy(b * seq + t, j)));
       });
 }
 
@@ -105,12 +126,12 @@ void vocab_embedding_forward(const WV& W, const IV& ids, std::size_t first, std:
       Kokkos::Max<long>(bad));
   WEFT_REQUIRE(bad < 0, ConfigError, "weft::ops::vocab_embedding_forward: the token id at position ", bad,
                " is outside the vocabulary [0, ", vocab, "); raise --vocab or check the data's tokenizer");
-  using T = typename YV::non_const_value_type;
+  using Y = detail::value_t<YV>;
   Kokkos::parallel_for(
       "weft::vocab_embedding_forward", detail::range(y, n), KOKKOS_LAMBDA(std::size_t i) {
         const long t = long(ids(i)) - long(first);
         const bool mine = t >= 0 && t < long(rows);
-        for (std::size_t j = 0; j < d; ++j) y(i, j) = mine ? T(W(std::size_t(t), j)) : T(0);
+        for (std::size_t j = 0; j < d; ++j) y(i, j) = mine ? detail::store<Y>(W(std::size_t(t), j)) : detail::store<Y>(0.0f);
       });
 }
 
@@ -121,13 +142,17 @@ void vocab_embedding_backward(const DYV& dy, const IV& ids, std::size_t first, c
   detail::require_extent("weft::ops::vocab_embedding_backward", "dy", dy, 0, n);
   detail::require_extent("weft::ops::vocab_embedding_backward", "dy", dy, 1, dW.extent(1));
   const std::size_t d = dW.extent(1), C = detail::column_chunk;
+  using T = detail::compute_t<DYV, DWV>;
+  using G = detail::value_t<DWV>;
   Kokkos::parallel_for(
       "weft::vocab_embedding_backward", detail::range(dW, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
         const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
         for (std::size_t i = 0; i < n; ++i) {
           const long t = long(ids(i)) - long(first);
           if (t < 0 || t >= long(rows)) continue;
-          for (std::size_t jj = 0; jj < w; ++jj) dW(std::size_t(t), j0 + jj) += dy(i, j0 + jj);
+          for (std::size_t jj = 0; jj < w; ++jj)
+            dW(std::size_t(t), j0 + jj) =
+                detail::store<G>(detail::load<T>(dW(std::size_t(t), j0 + jj)) + detail::load<T>(dy(i, j0 + jj)));
         }
       });
 }
@@ -141,10 +166,12 @@ void position_forward_rows(const PV& P, std::size_t seq, std::size_t row0, const
   WEFT_REQUIRE(seq > 0 && seq <= P.extent(0), ConfigError, "weft::ops::position_forward_rows: sequences of ", seq,
                " tokens need a table of at least that many rows, the table has ", P.extent(0));
   detail::require_extent("weft::ops::position_forward_rows", "position table", P, 1, d);
+  using T = detail::compute_t<PV, YV>;
+  using Y = detail::value_t<YV>;
   Kokkos::parallel_for(
       "weft::position_forward_rows", detail::range(y, rows), KOKKOS_LAMBDA(std::size_t i) {
         const std::size_t t = (row0 + i) % seq;
-        for (std::size_t j = 0; j < d; ++j) y(i, j) += P(t, j);
+        for (std::size_t j = 0; j < d; ++j) y(i, j) = detail::store<Y>(detail::load<T>(y(i, j)) + detail::load<T>(P(t, j)));
       });
 }
 
@@ -156,12 +183,15 @@ void position_backward_rows(const DYV& dy, std::size_t seq, std::size_t row0, co
   WEFT_REQUIRE(seq > 0 && seq <= dP.extent(0) && dP.extent(1) == d, ShapeError,
                "weft::ops::position_backward_rows: rows of sequences of length ", seq, " do not fit a table of ",
                dP.extent(0), " x ", dP.extent(1));
+  using T = detail::compute_t<DYV, DPV>;
+  using G = detail::value_t<DPV>;
   Kokkos::parallel_for(
       "weft::position_backward_rows", detail::range(dy, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
         const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
         for (std::size_t i = 0; i < rows; ++i) {
           const std::size_t t = (row0 + i) % seq;
-          for (std::size_t jj = 0; jj < w; ++jj) dP(t, j0 + jj) += dy(i, j0 + jj);
+          for (std::size_t jj = 0; jj < w; ++jj)
+            dP(t, j0 + jj) = detail::store<G>(detail::load<T>(dP(t, j0 + jj)) + detail::load<T>(dy(i, j0 + jj)));
         }
       });
 }
@@ -198,10 +228,12 @@ void position_forward_balanced(const PV& P, const BalancedPositions& at, const Y
                ConfigError, "weft::ops::position_forward_balanced: sequences of ", at.seq, " tokens over cp = ", at.cp,
                " need a table of at least ", at.seq, " rows (it has ", P.extent(0), ") and a multiple of 2·cp tokens");
   detail::require_extent("weft::ops::position_forward_balanced", "position table", P, 1, d);
+  using T = detail::compute_t<PV, YV>;
+  using Y = detail::value_t<YV>;
   Kokkos::parallel_for(
       "weft::position_forward_balanced", detail::range(y, rows), KOKKOS_LAMBDA(std::size_t i) {
         const std::size_t t = at(i);
-        for (std::size_t j = 0; j < d; ++j) y(i, j) += P(t, j);
+        for (std::size_t j = 0; j < d; ++j) y(i, j) = detail::store<Y>(detail::load<T>(y(i, j)) + detail::load<T>(P(t, j)));
       });
 }
 
@@ -213,12 +245,15 @@ void position_backward_balanced(const DYV& dy, const BalancedPositions& at, cons
   WEFT_REQUIRE(at.seq <= dP.extent(0) && dP.extent(1) == d, ShapeError,
                "weft::ops::position_backward_balanced: rows of sequences of length ", at.seq,
                " do not fit a table of ", dP.extent(0), " x ", dP.extent(1));
+  using T = detail::compute_t<DYV, DPV>;
+  using G = detail::value_t<DPV>;
   Kokkos::parallel_for(
       "weft::position_backward_balanced", detail::range(dy, (d + C - 1) / C), KOKKOS_LAMBDA(std::size_t c) {
         const std::size_t j0 = c * C, w = d - j0 < C ? d - j0 : C;
         for (std::size_t i = 0; i < rows; ++i) {
           const std::size_t t = at(i);
-          for (std::size_t jj = 0; jj < w; ++jj) dP(t, j0 + jj) += dy(i, j0 + jj);
+          for (std::size_t jj = 0; jj < w; ++jj)
+            dP(t, j0 + jj) = detail::store<G>(detail::load<T>(dP(t, j0 + jj)) + detail::load<T>(dy(i, j0 + jj)));
         }
       });
 }

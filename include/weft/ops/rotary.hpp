@@ -1,6 +1,11 @@
 // Rotary position embedding applied in place to query or key heads inside a
 // fused projection matrix. The angle comes from the global position of each
 // row, so a sequence shard rotates its rows exactly as the whole sequence does.
+//
+// Mixed precision: X may be a bf16 or fp16 view. The angles are computed in
+// double and their cosines and sines rounded to the compute type (float for
+// 2-byte views, detail::compute_t); each pair is rotated in that type and
+// rounded once when stored.
 #pragma once
 
 #include <weft/ops/common.hpp>
@@ -27,7 +32,8 @@ void rotary_apply(const XV& X, const RotarySpec& s, bool inverse = false) {
   WEFT_REQUIRE(s.col_begin + s.heads * s.head_dim <= X.extent(1) && s.seq > 0, ShapeError,
                "weft::ops::rotary_apply: heads [", s.col_begin, ", ", s.col_begin + s.heads * s.head_dim,
                ") do not fit in ", X.extent(1), " columns");
-  using T = typename XV::non_const_value_type;
+  using T = detail::compute_t<XV>;
+  using XT = detail::value_t<XV>;
   const std::size_t half = s.head_dim / 2, heads = s.heads, c0 = s.col_begin, hd = s.head_dim, seq = s.seq,
                     off = s.offset;
   const double base = s.base;
@@ -40,9 +46,9 @@ void rotary_apply(const XV& X, const RotarySpec& s, bool inverse = false) {
           const T c = T(math::cos(ang)), sn = sign * T(math::sin(ang));
           for (std::size_t h = 0; h < heads; ++h) {
             const std::size_t a = c0 + h * hd + i, b = a + half;
-            const T xa = X(r, a), xb = X(r, b);
-            X(r, a) = xa * c - xb * sn;
-            X(r, b) = xa * sn + xb * c;
+            const T xa = detail::load<T>(X(r, a)), xb = detail::load<T>(X(r, b));
+            X(r, a) = detail::store<XT>(xa * c - xb * sn);
+            X(r, b) = detail::store<XT>(xa * sn + xb * c);
           }
         }
       });

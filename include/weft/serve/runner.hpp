@@ -27,6 +27,7 @@
 #include <weft/ops/embedding.hpp>
 #include <weft/ops/gemm.hpp>
 #include <weft/ops/norm.hpp>
+#include <weft/serve/decode.hpp>
 #include <weft/serve/kv_cache.hpp>
 
 namespace weft::serve {
@@ -503,124 +504,28 @@ class ModelRunner {
         KOKKOS_LAMBDA(std::size_t i) { x(i / D, i % D) += P(std::size_t(pv(i / D)), i % D); });
   }
 
+  /// Internal: where this pass's tokens sit in the cache, and the heads of a qkv row on this rank.
+  DecodeTokens<Space> decode_tokens(std::size_t N) const { return {posv_, seqv_, tables_, N}; }
+  DecodeHeads decode_heads() const { return {cfg_.head_dim(), l_.heads, l_.kv(), l_.d_model}; }
+
   /// Internal: rotary positions of this rank's query and key heads at each
-  /// token's own position (the formula of ops::rotary_apply, evaluated identically).
+  /// token's own position (serve::decode_rotary).
   template <class QV>
   void rotate(const QV& qkv, std::size_t N) const {
-    const std::size_t hd = cfg_.head_dim(), half = hd / 2, Hq = l_.heads, Hk = l_.kv(), Dl = l_.d_model;
-    const double base = cfg_.rope_base;
-    const auto pv = posv_;
-    Kokkos::parallel_for(
-        "weft::serve::rotary", Kokkos::RangePolicy<typename Space::execution_space>(0, N), KOKKOS_LAMBDA(std::size_t r) {
-          const double pos = double(pv(r));
-          for (std::size_t i = 0; i < half; ++i) {
-            const double ang = pos * ops::math::pow(base, -2.0 * double(i) / double(hd));
-            const T c = T(ops::math::cos(ang)), sn = T(ops::math::sin(ang));
-            for (std::size_t h = 0; h < Hq + Hk; ++h) {
-              const std::size_t a = (h < Hq ? h * hd : Dl + (h - Hq) * hd) + i, bb = a + half;
-              const T xa = qkv(r, a), xb = qkv(r, bb);
-              qkv(r, a) = xa * c - xb * sn;
-              qkv(r, bb) = xa * sn + xb * c;
-            }
-          }
-        });
+    decode_rotary(qkv, decode_tokens(N), decode_heads(), cfg_.rope_base);
   }
 
   /// Internal: writes each token's keys and values (this rank's key/value heads) into its block slot.
   template <class QV>
   void store_kv(const QV& qkv, std::size_t layer, std::size_t N) const {
-    const std::size_t W = l_.kv() * cfg_.head_dim(), Dl = l_.d_model, bs = cache_.block_size;
-    const auto K = cache_.k, V = cache_.v;
-    const auto pv = posv_, sv = seqv_;
-    const auto bt = tables_;
-    Kokkos::parallel_for(
-        "weft::serve::store_kv", Kokkos::RangePolicy<typename Space::execution_space>(0, N * W),
-        KOKKOS_LAMBDA(std::size_t i) {
-          const std::size_t r = i / W, c = i % W, p = std::size_t(pv(r));
-          const std::size_t blk = std::size_t(bt(std::size_t(sv(r)), p / bs));
-          K(layer, blk, p % bs, c) = qkv(r, Dl + c);
-          V(layer, blk, p % bs, c) = qkv(r, Dl + W + c);
-        });
+    decode_store_kv(qkv, decode_tokens(N), decode_heads(), cache_.k, cache_.v, layer);
   }
 
-  /// Internal: query heads one work item of attend() takes: on a host
-  /// execution space all of a token's heads, up to this many, so that each
-  /// cached position's keys (and values) of those heads are read as one
-  /// contiguous run of the block, position after position; on a device one
-  /// head per work item, where parallelism is worth more than that locality.
-  static constexpr std::size_t attend_host_heads = 16;
-  /// Internal: positions scored together before one softmax rescale.
-  static constexpr std::size_t attend_tile = 16;
-
   /// Internal: causal attention of each token's query heads over its
-  /// sequence's cached keys and values, positions 0..its own, in one pass
-  /// with a running maximum per head (no [tokens, context] scores are
-  /// stored): positions in tiles of attend_tile, each tile's scores first,
-  /// then one rescale per head, then the tile's values. Grouped-query heads
-  /// share a key/value head.
+  /// sequence's cached keys and values (serve::decode_attention).
   template <class QV, class HV>
   void attend(const QV& qkv, std::size_t layer, const HV& heads, std::size_t N) const {
-    using Exec = typename Space::execution_space;
-    constexpr std::size_t HG = Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible ? attend_host_heads : 1;
-    constexpr std::size_t TL = attend_tile;
-    const std::size_t hd = cfg_.head_dim(), Hq = l_.heads, group = l_.heads / l_.kv(), bs = cache_.block_size;
-    const std::size_t G = (Hq + HG - 1) / HG;  // work items per token
-    const T scale = T(1) / std::sqrt(T(hd));
-    const auto K = cache_.k, V = cache_.v;
-    const auto pv = posv_, sv = seqv_;
-    const auto bt = tables_;
-    Kokkos::parallel_for(
-        "weft::serve::attention", Kokkos::RangePolicy<Exec>(0, N * G), KOKKOS_LAMBDA(std::size_t i) {
-          const std::size_t r = i / G, h0 = (i % G) * HG, nh = Hq - h0 < HG ? Hq - h0 : HG;
-          const std::size_t p = std::size_t(pv(r)), s = std::size_t(sv(r));
-          // Rows are contiguous (LayoutRight): a head's query and output, and
-          // a cached position's keys or values of every key/value head, are
-          // consecutive elements.
-          const T* q = &qkv(r, 0);
-          T* o = &heads(r, 0);
-          T mx[HG], sum[HG], e[TL][HG];
-          for (std::size_t hh = 0; hh < nh; ++hh) {
-            sum[hh] = 0;
-            mx[hh] = 0;
-            for (std::size_t d = 0; d < hd; ++d) o[(h0 + hh) * hd + d] = 0;
-          }
-          for (std::size_t j0 = 0; j0 <= p; j0 += TL) {
-            const std::size_t n = p + 1 - j0 < TL ? p + 1 - j0 : TL;
-            for (std::size_t t = 0; t < n; ++t) {  // the tile's scores
-              const std::size_t j = j0 + t;
-              const T* kr = &K(layer, std::size_t(bt(s, j / bs)), j % bs, 0);
-              for (std::size_t hh = 0; hh < nh; ++hh) {
-                const T* qh = q + (h0 + hh) * hd;
-                const T* k = kr + ((h0 + hh) / group) * hd;
-                // Interleaved partial sums: the dot product vectorises.
-                e[t][hh] = ops::detail::lane_sum<T>(hd, [=](std::size_t d) { return qh[d] * k[d]; }) * scale;
-              }
-            }
-            for (std::size_t hh = 0; hh < nh; ++hh) {  // each head's new maximum, one rescale, the weights
-              T m = e[0][hh];
-              for (std::size_t t = 1; t < n; ++t) m = e[t][hh] > m ? e[t][hh] : m;
-              if (j0 == 0) {
-                mx[hh] = m;
-              } else if (m > mx[hh]) {  // what is summed so far shrinks by exp(old - new maximum)
-                const T c = ops::math::fast_exp(mx[hh] - m);
-                sum[hh] *= c;
-                ops::detail::row_scale(o + (h0 + hh) * hd, c, hd);
-                mx[hh] = m;
-              }
-              for (std::size_t t = 0; t < n; ++t) {
-                e[t][hh] = ops::math::fast_exp(e[t][hh] - mx[hh]);
-                sum[hh] += e[t][hh];
-              }
-            }
-            for (std::size_t t = 0; t < n; ++t) {  // the tile's values
-              const std::size_t j = j0 + t;
-              const T* vr = &V(layer, std::size_t(bt(s, j / bs)), j % bs, 0);
-              for (std::size_t hh = 0; hh < nh; ++hh)  // o (the heads' output) and v (the cache) do not overlap
-                ops::detail::row_axpy(o + (h0 + hh) * hd, vr + ((h0 + hh) / group) * hd, e[t][hh], hd);
-            }
-          }
-          for (std::size_t hh = 0; hh < nh; ++hh) ops::detail::row_scale(o + (h0 + hh) * hd, T(1) / sum[hh], hd);
-        });
+    decode_attention(qkv, decode_tokens(N), decode_heads(), cache_.k, cache_.v, layer, heads);
   }
 
  private:
