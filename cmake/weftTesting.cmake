@@ -25,7 +25,7 @@ if(NOT WEFT_TEST_OMP_NUM_THREADS EQUAL 1)
 endif()
 
 function(weft_add_mpi_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;RANKS;ENV;ARGS" ${ARGN})
+  cmake_parse_arguments(T "NO_PCH" "TIMEOUT" "SOURCES;RANKS;ENV;ARGS" ${ARGN})
   if(NOT T_RANKS)
     set(T_RANKS ${WEFT_TEST_RANKS})
   endif()
@@ -34,6 +34,11 @@ function(weft_add_mpi_test name)
   endif()
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE weft_test_harness)
+  # NO_PCH: for a test compiled with definitions that change weft's headers
+  # (the precompiled header was built without them).
+  if(TARGET weft_test_pch AND NOT T_NO_PCH)
+    target_precompile_headers(${name} REUSE_FROM weft_test_pch)
+  endif()
   foreach(n IN LISTS T_RANKS)
     add_test(NAME ${name}.np${n}
              COMMAND ${MPIEXEC_EXECUTABLE} ${WEFT_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${n} $<TARGET_FILE:${name}> ${T_ARGS})

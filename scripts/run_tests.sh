@@ -20,7 +20,7 @@
 #   scripts/run_tests.sh -R mesh                 extra arguments go to ctest
 # Other knobs: WEFT_CI_JOBS (parallel compile jobs, default: the core count),
 # WEFT_CI_WERROR=0 (warnings do not fail the build), WEFT_CI_ASAN_CXX (default clang++),
-# WEFT_CI_ASAN_NP8=1 (the sanitizer variant also runs the 8-rank tests),
+# WEFT_CI_ASAN_NP8=1 (the sanitizer variant also runs the 4- and 8-rank and downstream tests),
 # WEFT_CI_KOKKOS_OPENMP_THREADS (OpenMP threads per rank of the kokkos-openmp
 # suite, one run per entry; default "2"), WEFT_KOKKOS_CACHE (where the
 # Kokkos builds are kept; default /var/cache/weft).
@@ -67,18 +67,20 @@ asan_env=(
 now() { date +%s; }
 fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
-# without_8_ranks DIR: ctest arguments that leave out every test of the tree
-# that runs 8 ranks (PROCESSORS >= 8, whatever its labels: some checkpoint and
-# example runs carry no np8 label) and every test that needs a fixture one of
-# those sets up (ctest would otherwise run the setup anyway). The 8-rank runs
-# exercise the same code as the 1-4-rank ones with more ranks on the same 2
-# cores; the gcc variant runs them, the others do not.
-without_8_ranks() {
-  (cd "$1" && ctest -N --show-only=json-v1) | python3 -c '
+# without_ranks_from N DIR: ctest arguments that leave out every test of the
+# tree that runs N ranks or more (PROCESSORS >= N, whatever its labels: some
+# checkpoint and example runs carry no npN label) and every test that needs a
+# fixture one of those sets up (ctest would otherwise run the setup anyway).
+# The gcc variant runs every test; the others leave out the 8-rank runs (N=8:
+# the same code as the 1-4-rank ones, more ranks on the same 2 cores) and the
+# sanitizer variant the 4-rank ones too (N=4; see the asan case below).
+without_ranks_from() {
+  (cd "$2" && ctest -N --show-only=json-v1) | python3 -c '
 import json, re, sys
+limit = int(sys.argv[1])
 tests = json.load(sys.stdin)["tests"]
 props = {t["name"]: {p["name"]: p["value"] for p in t.get("properties", [])} for t in tests}
-out = {n for n, p in props.items() if int(p.get("PROCESSORS", 1)) >= 8}
+out = {n for n, p in props.items() if int(p.get("PROCESSORS", 1)) >= limit}
 while True:
     fixtures = {f for n in out for f in props[n].get("FIXTURES_SETUP", [])}
     more = {n for n, p in props.items() if n not in out and fixtures & set(p.get("FIXTURES_REQUIRED", []))}
@@ -88,7 +90,7 @@ while True:
 if out:
     print("-E")
     print("^(" + "|".join(re.escape(n) for n in sorted(out)) + ")$")
-'
+' "$1"
 }
 
 failed=0
@@ -128,12 +130,12 @@ for v in "${variants[@]}"; do
         status="ok (compile only)" ;;  # nothing here runs CUDA code
       kokkos-openmp)
         # Left out here, because another variant runs them on the same code:
-        # the 8-rank tests (gcc; see without_8_ranks), the compile-fail tests
+        # the 8-rank tests (gcc; see without_ranks_from), the compile-fail tests
         # (they check g++'s messages, which the Kokkos backend does not
         # change: gcc runs them with the same compiler) and the nvcc pass
         # (label cuda; gcc). The benchmarks are not built (weft_configure):
         # their kernels are those the tests run.
-        mapfile -t select_v < <(without_8_ranks "$dir")
+        mapfile -t select_v < <(without_ranks_from 8 "$dir")
         select_v+=(-LE '^(compile_fail|cuda)$')
         for threads in "${omp_threads[@]}"; do
           if [[ "$threads" != "$WEFT_CI_OMP_THREADS" ]]; then
@@ -149,11 +151,19 @@ for v in "${variants[@]}"; do
           # Sanitizer runtime settings: Open MPI's own allocations are never
           # freed, so leak checking stays off; UBSan's findings abort the rank
           # (the build also passes -fno-sanitize-recover=undefined), which
-          # fails the test. Under the sanitizers the 8-rank tests cost minutes
-          # of serialised time for no check the 1-4-rank runs do not make
-          # (WEFT_CI_ASAN_NP8=1 runs them).
+          # fails the test. Under the sanitizers the 4- and 8-rank tests cost
+          # minutes of serialised time for no memory or UB check that the 1-
+          # and 2-rank runs of the same programs do not make: every rank runs
+          # the same kernels and the same message paths at 2 ranks, and the
+          # 4-rank-only compositions (dp x tp, pp x tp, ...) are the gcc and
+          # kokkos-openmp variants' to check (WEFT_CI_ASAN_NP8=1 runs them all).
+          # The downstream tests build the installed package with the same
+          # Kokkos as gcc, which runs them.
           env_v=("${asan_env[@]}")
-          [[ "${WEFT_CI_ASAN_NP8:-0}" == 1 ]] || mapfile -t select_v < <(without_8_ranks "$dir")
+          if [[ "${WEFT_CI_ASAN_NP8:-0}" != 1 ]]; then
+            mapfile -t select_v < <(without_ranks_from 4 "$dir")
+            select_v+=(-LE '^downstream$')
+          fi
         fi
         if [[ "$v" == gcc ]]; then
           if grep -q 'cuda.nvcc_extended_lambdas' "$dir/tests/CTestTestfile.cmake" 2> /dev/null; then
