@@ -667,3 +667,64 @@ TEST_CASE("softmax and attention gradients with bf16 activations against double 
 }
 
 }  // namespace
+
+// ------------------------------------------------------------ 2-byte weights
+
+TEST_CASE_TEMPLATE("gemm_few_rows reads bf16 and fp16 weights where they lie: the float product of their values", H,
+                   bf16, fp16) {
+  // Up to few_rows_max rows, float A and C with a 2-byte B: the kernel widens
+  // B's elements in registers, exactly, and then runs the float kernel's
+  // products and sums in the same order. So C must equal, bit for bit, the
+  // float product of A with B's values widened to a float matrix -- no
+  // tolerance. Rows around the blocks of 4, columns around the tiles of 64
+  // and a group of 8 tiles, depths around the passes of 16.
+  auto& cnt = ops::gemm_counters();
+  for (std::size_t m : {1, 2, 3, 4, 5, 17, 32})
+    for (std::size_t n : {1, 63, 64, 65, 130, 600})
+      for (std::size_t k : {1, 7, 70}) {
+        CAPTURE(m);
+        CAPTURE(n);
+        CAPTURE(k);
+        Mat<float> A("A", m, k), Bf("Bf", k, n), C("C", m, n), ref("ref", m, n);
+        fill_uniform(A, 3 + m);
+        const auto Bh = rounded<H>(Bf, 5 + n + k);
+        const auto few0 = cnt.calls_of(ops::GemmProviderId::few_rows);
+        const auto widen0 = cnt.calls_of(ops::GemmProviderId::widen);
+        ops::gemm_few_rows(A, Bh, C);
+        const bool host = Kokkos::SpaceAccessibility<Space, Kokkos::HostSpace>::accessible;
+        CHECK(cnt.calls_of(ops::GemmProviderId::few_rows) == few0 + (host ? 1 : 0));
+        CHECK(cnt.calls_of(ops::GemmProviderId::widen) == widen0);  // no float copy of B
+        ops::gemm_few_rows(A, Bf, ref);
+        if (host) require_identical(C, ref, "float A x 2-byte B against float A x B widened");
+        else CHECK(relative_error(to_vector(C), to_vector(ref)) < 1e-2);  // a device provider, A rounded
+      }
+  // More rows: A is rounded into B's type once, and a provider multiplies
+  // the 2-byte matrices with float accumulation. Against the exact product
+  // of A with B's values, in double, each element is within A's rounding
+  // (the unit roundoff u of H, relative, on each product: u sum |a||b|) plus
+  // float summation (2e-5 sum |a||b| covers k = 70).
+  for (std::size_t m : {33, 64}) {
+    const std::size_t n = 130, k = 70;
+    Mat<float> A("A", m, k), Bf("Bf", k, n), C("C", m, n);
+    fill_uniform(A, 11);
+    const auto Bh = rounded<H>(Bf, 12);
+    ops::gemm_few_rows(A, Bh, C);
+    Kokkos::fence();
+    auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), A);
+    auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Bf);
+    auto c = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), C);
+    const double u = std::ldexp(1.0, -std::numeric_limits<H>::digits);
+    double worst = 0;
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
+        double exact = 0, mag = 0;
+        for (std::size_t q = 0; q < k; ++q) {
+          exact += double(a(i, q)) * double(b(q, j));
+          mag += std::abs(double(a(i, q)) * double(b(q, j)));
+        }
+        worst = std::max(worst, std::abs(double(c(i, j)) - exact) / ((u + kFloatTol) * mag));
+      }
+    CAPTURE(m);
+    CHECK(worst <= 1.0);
+  }
+}

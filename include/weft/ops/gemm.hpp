@@ -167,40 +167,111 @@ template <std::size_t R>
     WEFT_UNROLL(4)
     for (std::size_t j = 0; j < 4; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
 }
+
+/// 16 elements of a bf16 or fp16 row widened to float in a register, exactly:
+/// a bf16 is the top half of a float (zero-extend, shift left by 16), an
+/// fp16 goes through vcvtph2ps (AVX-512F).
+template <class TB>
+inline __m512 few_rows_widen16(const TB* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  // The zero-masked forms with every lane set: gcc 12 warns (-Wmaybe-uninitialized)
+  // that the plain intrinsics' undefined pass-through operand is uninitialised.
+  constexpr __mmask16 all = 0xffff;
+  if constexpr (std::is_same_v<TB, bf16>)
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, raw), 16));
+  else
+    return _mm512_maskz_cvtph_ps(all, raw);
+}
+
+/// few_rows_tile for float A and C with B in bf16 or fp16 (the weights of a
+/// 2-byte serving runner) and W = 64: B's 64 elements of a row, 128 bytes,
+/// are loaded once and widened in registers (few_rows_widen16), then
+/// multiplied as in few_rows_tile_avx512. B is read in its own 2 bytes, so a
+/// decode step that is bound by reading the weights reads half the bytes;
+/// the products and sums are the float kernel's, on the exact float values of
+/// B's elements.
+template <std::size_t R, class TB>
+[[gnu::noinline]] inline void few_rows_tile_avx512_narrow(const float* __restrict a, std::size_t lda,
+                                                          const TB* __restrict b, std::size_t ldb,
+                                                          float* __restrict c, std::size_t ldc, std::size_t k,
+                                                          bool accumulate) {
+  static_assert(sizeof(TB) == 2, "few_rows_tile_avx512_narrow reads 2-byte elements");
+  const float* ar_ptr[R];
+  WEFT_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r) ar_ptr[r] = a + r * lda;
+  __m512 acc[R][4];
+  WEFT_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r)
+    WEFT_UNROLL(4)
+    for (std::size_t j = 0; j < 4; ++j)
+      acc[r][j] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
+  for (std::size_t q = 0; q < k; ++q) {
+    const TB* bq = b + q * ldb;
+    if (q + few_rows_ahead < k) {  // a row of the tile is two cache lines
+      __builtin_prefetch(bq + few_rows_ahead * ldb);
+      __builtin_prefetch(bq + few_rows_ahead * ldb + 32);
+    }
+    __m512 bv[4];
+    WEFT_UNROLL(4)
+    for (std::size_t j = 0; j < 4; ++j) {
+      bv[j] = few_rows_widen16(bq + 16 * j);
+      asm("" : "+v"(bv[j]));  // as in few_rows_tile_avx512: widen once per q, not once per row
+    }
+    WEFT_UNROLL(16)
+    for (std::size_t r = 0; r < R; ++r) {
+      const __m512 ar = _mm512_set1_ps(ar_ptr[r][q]);
+      WEFT_UNROLL(4)
+      for (std::size_t j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(ar, bv[j], acc[r][j]);
+    }
+  }
+  WEFT_UNROLL(16)
+  for (std::size_t r = 0; r < R; ++r)
+    WEFT_UNROLL(4)
+    for (std::size_t j = 0; j < 4; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
+}
 #endif
 
-template <std::size_t R, std::size_t W, class T>
-inline void few_rows_tile(const T* __restrict a, std::size_t lda, const T* __restrict b, std::size_t ldb,
-                          T* __restrict c, std::size_t ldc, std::size_t k, bool accumulate) {
+/// The plain form (any element types; the AVX-512 forms above where they
+/// apply): elements of A and B are read into C's accumulation type
+/// (accumulation_t: float for a 2-byte B), so a bf16 or fp16 B costs no copy.
+template <std::size_t R, std::size_t W, class TA, class TB, class TC>
+inline void few_rows_tile(const TA* __restrict a, std::size_t lda, const TB* __restrict b, std::size_t ldb,
+                          TC* __restrict c, std::size_t ldc, std::size_t k, bool accumulate) {
 #if WEFT_FEW_ROWS_AVX512
-  if constexpr (std::is_same_v<T, float> && W == 64) {
-    few_rows_tile_avx512<R>(a, lda, b, ldb, c, ldc, k, accumulate);
-    return;
+  if constexpr (std::is_same_v<TA, float> && std::is_same_v<TC, float> && W == 64) {
+    if constexpr (std::is_same_v<TB, float>) {
+      few_rows_tile_avx512<R>(a, lda, b, ldb, c, ldc, k, accumulate);
+      return;
+    } else if constexpr (std::is_same_v<TB, bf16> || std::is_same_v<TB, fp16>) {
+      few_rows_tile_avx512_narrow<R>(a, lda, b, ldb, c, ldc, k, accumulate);
+      return;
+    }
   }
 #endif
-  T acc[R][W];
+  using Acc = accumulation_t<TC>;
+  Acc acc[R][W];
   WEFT_UNROLL(16)
   for (std::size_t r = 0; r < R; ++r)
     WEFT_UNROLL(64)
-    for (std::size_t j = 0; j < W; ++j) acc[r][j] = accumulate ? c[r * ldc + j] : T(0);
+    for (std::size_t j = 0; j < W; ++j) acc[r][j] = accumulate ? load<Acc>(c[r * ldc + j]) : Acc(0);
   for (std::size_t q = 0; q < k; ++q) {
-    const T* bq = b + q * ldb;
+    const TB* bq = b + q * ldb;
     // B's rows are a page or more apart, which the hardware prefetcher does
     // not follow: fetch the row a few ahead, one cache line at a time.
     if (q + few_rows_ahead < k)
       WEFT_UNROLL(16)
-      for (std::size_t j = 0; j < W; j += 64 / sizeof(T)) __builtin_prefetch(bq + few_rows_ahead * ldb + j);
+      for (std::size_t j = 0; j < W; j += 64 / sizeof(TB)) __builtin_prefetch(bq + few_rows_ahead * ldb + j);
     WEFT_UNROLL(16)
     for (std::size_t r = 0; r < R; ++r) {
-      const T ar = a[r * lda + q];
+      const Acc ar = load<Acc>(a[r * lda + q]);
       WEFT_UNROLL(64)
-      for (std::size_t j = 0; j < W; ++j) acc[r][j] += ar * bq[j];
+      for (std::size_t j = 0; j < W; ++j) acc[r][j] += ar * load<Acc>(bq[j]);
     }
   }
   WEFT_UNROLL(16)
   for (std::size_t r = 0; r < R; ++r)
     WEFT_UNROLL(64)
-    for (std::size_t j = 0; j < W; ++j) c[r * ldc + j] = acc[r][j];
+    for (std::size_t j = 0; j < W; ++j) c[r * ldc + j] = store<TC>(acc[r][j]);
 }
 
 /// One column group of gemm_few_rows (G tiles of W columns), all m rows:
@@ -209,18 +280,18 @@ inline void few_rows_tile(const T* __restrict a, std::size_t lda, const T* __res
 /// one block of the 1-3 rows left. A pass reads few_rows_depth rows of B
 /// as that many runs of G x W contiguous elements, which the hardware
 /// prefetcher follows, while C's group stays in cache between passes.
-template <std::size_t W, class T>
-inline void few_rows_group(const T* a, std::size_t lda, const T* b, std::size_t ldb, T* c, std::size_t ldc,
+template <std::size_t W, class TA, class TB, class TC>
+inline void few_rows_group(const TA* a, std::size_t lda, const TB* b, std::size_t ldb, TC* c, std::size_t ldc,
                            std::size_t m, std::size_t k, std::size_t tiles) {
   constexpr std::size_t RB = few_rows_block;
   static_assert(RB == 4, "the row remainder below is written for blocks of 4");
   for (std::size_t q0 = 0; q0 < k; q0 += few_rows_depth) {
     const std::size_t kq = k - q0 < few_rows_depth ? k - q0 : few_rows_depth;
-    const T* aq = a + q0;
+    const TA* aq = a + q0;
     const bool acc = q0 > 0;
     for (std::size_t t = 0; t < tiles; ++t) {
-      const T* bq = b + q0 * ldb + t * W;
-      T* ct = c + t * W;
+      const TB* bq = b + q0 * ldb + t * W;
+      TC* ct = c + t * W;
       std::size_t r = 0;
       for (; r + RB <= m; r += RB) few_rows_tile<RB, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc);
       switch (m - r) {
@@ -235,14 +306,15 @@ inline void few_rows_group(const T* a, std::size_t lda, const T* b, std::size_t 
 
 /// The w < few_rows_cols columns after the last whole tile, all rows: a
 /// plain loop, each element summed over k in order.
-template <class T>
-inline void few_rows_edge(const T* a, std::size_t lda, const T* b, std::size_t ldb, T* c, std::size_t ldc,
+template <class TA, class TB, class TC>
+inline void few_rows_edge(const TA* a, std::size_t lda, const TB* b, std::size_t ldb, TC* c, std::size_t ldc,
                           std::size_t k, std::size_t rows, std::size_t w) {
+  using Acc = accumulation_t<TC>;
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t j = 0; j < w; ++j) {
-      T acc = 0;
-      for (std::size_t q = 0; q < k; ++q) acc += a[r * lda + q] * b[q * ldb + j];
-      c[r * ldc + j] = acc;
+      Acc acc = 0;
+      for (std::size_t q = 0; q < k; ++q) acc += load<Acc>(a[r * lda + q]) * load<Acc>(b[q * ldb + j]);
+      c[r * ldc + j] = store<TC>(acc);
     }
 }
 }  // namespace detail
@@ -262,13 +334,33 @@ inline constexpr std::size_t few_rows_max = 32;
 /// read as runs of 512 contiguous elements (which the hardware prefetcher
 /// follows) and C's group stays in cache between passes. Each element of C
 /// sums over k in order.
+///
+/// Element types: A, B and C of one type; or float A and C with B in bf16 or
+/// fp16 (weights stored in 2 bytes, activations in float). Then the kernel
+/// reads B's 2-byte elements where they lie and widens them exactly in
+/// registers (AVX-512 where the compiler targets it, a plain loop
+/// otherwise): the result is the float product of A with B's exact values,
+/// summed in float, and the bytes of B read are half those of a float B.
+///
 /// Otherwise (more rows, or a device, where cuBLAS handles few rows well) it
-/// is gemm(N, N, 1, A, B, 0, C). C must not overlap A or B (as for a BLAS);
-/// a shape mismatch throws ShapeError.
+/// is gemm(N, N, 1, A, B, 0, C); with a 2-byte B and a float A, A is first
+/// rounded into a scratch of B's type (one rounding of each activation, as
+/// a 2-byte product of the providers takes its inputs) and the 2-byte
+/// product computed with float accumulation by the provider gemm_provider_t
+/// picks (oneDNN on the host, cuBLAS on CUDA, WidenGemm elsewhere).
+/// C must not overlap A or B (as for a BLAS); a shape mismatch throws
+/// ShapeError.
 template <class AV, class BV, class CV>
 void gemm_few_rows(const AV& A, const BV& B, const CV& C) {
   static_assert(AV::rank == 2 && BV::rank == 2 && CV::rank == 2, "weft::ops::gemm_few_rows takes rank-2 views");
-  using T = typename CV::non_const_value_type;
+  using TA = typename AV::non_const_value_type;
+  using TB = typename BV::non_const_value_type;
+  using TC = typename CV::non_const_value_type;
+  constexpr bool same = std::is_same_v<TA, TB> && std::is_same_v<TB, TC>;
+  constexpr bool narrow_b = std::is_same_v<TA, float> && std::is_same_v<TC, float> && is_reduced_precision_v<TB>;
+  static_assert(same || narrow_b,
+                "weft::ops::gemm_few_rows: A, B and C must share one element type, or A and C be float with B in "
+                "bf16 or fp16 (2-byte weights, float activations)");
   using Exec = detail::exec_t<CV>;
   const std::size_t m = A.extent(0), k = A.extent(1), n = B.extent(1);
   if constexpr (Kokkos::SpaceAccessibility<Exec, Kokkos::HostSpace>::accessible &&
@@ -286,9 +378,9 @@ void gemm_few_rows(const AV& A, const BV& B, const CV& C) {
       constexpr std::size_t G = detail::few_rows_group_tiles;
       const std::size_t full = n / W, groups = (full + G - 1) / G;  // whole tiles, in groups; then the edge
       const std::size_t lda = A.stride(0), ldb = B.stride(0), ldc = C.stride(0);
-      const T* a = A.data();
-      const T* b = B.data();
-      T* c = C.data();
+      const TA* a = A.data();
+      const TB* b = B.data();
+      TC* c = C.data();
       gemm_counters().add(GemmProviderId::few_rows, 2.0 * double(m) * double(n) * double(k));
       Kokkos::parallel_for(
           "weft::gemm_few_rows", Kokkos::RangePolicy<Exec>(0, groups + (n % W ? 1 : 0)),
@@ -304,7 +396,17 @@ void gemm_few_rows(const AV& A, const BV& B, const CV& C) {
       return;
     }
   }
-  gemm(Trans::N, Trans::N, T(1), A, B, T(0), C);
+  if constexpr (same) {
+    gemm(Trans::N, Trans::N, TC(1), A, B, TC(0), C);
+  } else {
+    Kokkos::View<TB**, Kokkos::LayoutRight, typename CV::memory_space> a(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::gemm_few_rows.A_rounded"), m, k);
+    Kokkos::parallel_for(
+        "weft::gemm_few_rows_round_A", Kokkos::RangePolicy<Exec>(0, m), KOKKOS_LAMBDA(std::size_t i) {
+          for (std::size_t q = 0; q < k; ++q) a(i, q) = detail::store<TB>(A(i, q));
+        });
+    gemm(Trans::N, Trans::N, 1.0f, a, B, 0.0f, C);
+  }
 }
 
 /// The same product for every matrix of a stack: C[b] = alpha op(A[b]) op(B[b])
