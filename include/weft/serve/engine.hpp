@@ -72,7 +72,10 @@ struct EngineConfig {
 };
 
 /// A serving engine over an nn::GPTModel's weights (see the file comment).
-template <class T, class Space = Kokkos::DefaultExecutionSpace, class LayerPolicy = NoPolicy>
+/// Prec, a weft::Precision, is the runner's (ModelRunner): Precision<> serves
+/// the model's own weights, Precision<BF16> a bf16 copy with a bf16 KV cache.
+template <class T, class Space = Kokkos::DefaultExecutionSpace, class LayerPolicy = NoPolicy,
+          class Prec = Precision<>>
 class Engine {
  public:
   /// The model type.
@@ -226,7 +229,7 @@ class Engine {
   }
 
   /// The runner (its cache, its memory).
-  const ModelRunner<T, Space, LayerPolicy>& runner() const { return runner_; }
+  const ModelRunner<T, Space, LayerPolicy, Prec>& runner() const { return runner_; }
   /// The KV block pool.
   const BlockAllocator& pool() const { return pool_; }
   /// Seconds since the engine was built (the clock of Completion's times).
@@ -261,7 +264,7 @@ class Engine {
   }
 
   EngineConfig cfg_;
-  ModelRunner<T, Space, LayerPolicy> runner_;
+  ModelRunner<T, Space, LayerPolicy, Prec> runner_;
   BlockAllocator pool_;
   nn::TensorParallel tp_;
   std::chrono::steady_clock::time_point start_;

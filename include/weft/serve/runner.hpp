@@ -11,6 +11,11 @@
 // with a mixture of experts (GPTConfig::experts) routes each token to its
 // top-k experts by the training router's rule, dropless (docs/serving.md);
 // its experts are whole on every TP rank, as in training.
+//
+// Precision: under weft::Precision<BF16> (or FP16) the runner serves a float
+// model from a 2-byte copy of its weights, made once at construction, and
+// keeps its KV cache in 2 bytes; activations, norm statistics, attention
+// statistics, rotary angles and the logits stay float (docs/serving.md).
 #pragma once
 
 #include <algorithm>
@@ -20,6 +25,7 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <weft/nn/gpt.hpp>
@@ -27,6 +33,8 @@
 #include <weft/ops/embedding.hpp>
 #include <weft/ops/gemm.hpp>
 #include <weft/ops/norm.hpp>
+#include <weft/precision/convert.hpp>
+#include <weft/precision/policy.hpp>
 #include <weft/serve/decode.hpp>
 #include <weft/serve/kv_cache.hpp>
 
@@ -70,16 +78,38 @@ struct ServeMemory {
   std::size_t total() const { return weights + kv_cache + workspace + buffers; }
 };
 
+/// The element type in which a serving runner for a model of type T under
+/// precision policy Prec (a weft::Precision) stores its weights and its KV
+/// cache: T itself when the policy's parameters are F32 (the default
+/// Precision<>: the model's own values, read in place, so a double model
+/// serves in double), otherwise the policy's 2-byte param_type (weft::bf16
+/// or weft::fp16).
+template <class T, class Prec>
+using serve_param_t = std::conditional_t<std::is_same_v<typename Prec::param, F32>, T, typename Prec::param_type>;
+
 /// The reference GPT's inference pass over a KV cache of `blocks` blocks of
 /// `block_size` tokens. T, Space and LayerPolicy are the model's: with
 /// weft::TensorParallel<...> the runner is split over the model's TP axis
-/// (every TP rank must run the same batches, in the same order).
-template <class T, class Space = Kokkos::DefaultExecutionSpace, class LayerPolicy = NoPolicy>
+/// (every TP rank must run the same batches, in the same order). Prec, a
+/// weft::Precision, says what the weights and the KV cache are stored in
+/// (serve_param_t): Precision<> reads the model's weights in place; with
+/// Precision<BF16> (a float model) the runner keeps a bf16 copy of every
+/// parameter, rounded to nearest even once at construction, and a bf16 KV
+/// cache, and computes in float: the products widen the 2-byte weights in
+/// registers (ops::gemm_few_rows), norms, softmax and rotary keep float
+/// statistics, and the logits are float.
+template <class T, class Space = Kokkos::DefaultExecutionSpace, class LayerPolicy = NoPolicy,
+          class Prec = Precision<>>
 class ModelRunner {
  public:
   /// The model whose weights this runner reads.
   using Model = nn::GPTModel<T, Space, LayerPolicy>;
-  /// A row-major matrix on the model's space.
+  /// The element type of the weights and the KV cache as served.
+  using Param = serve_param_t<T, Prec>;
+  static_assert(std::is_same_v<Param, T> || std::is_same_v<T, float>,
+                "weft::serve::ModelRunner<T, Space, LayerPolicy, Precision<BF16 or FP16>>: 2-byte serving takes a "
+                "float model (T = float) and rounds its weights once; serve a double model with weft::Precision<>");
+  /// A row-major matrix on the model's space (activations, in T).
   using Mat = ops::Matrix<T, Space>;
   /// Logits on the host, [rows, vocab].
   using HostLogits = Kokkos::View<T**, Kokkos::LayoutRight, Kokkos::HostSpace>;
@@ -104,11 +134,22 @@ class ModelRunner {
                  "serve::ModelRunner: serving over a context-parallel axis is not supported; build the model without CP");
     WEFT_REQUIRE(max_tokens > 0 && max_seqs > 0, ConfigError, "serve::ModelRunner: max_tokens (", max_tokens,
                  ") and max_seqs (", max_seqs, ") must be positive");
-    std::map<std::string, nn::Parameter<T, Space>*> by_name;
-    for (auto* p : model.parameters()) by_name[p->name()] = p;
-    auto get = [&](const std::string& n) -> nn::Parameter<T, Space>* {
-      auto it = by_name.find(n);
-      return it == by_name.end() ? nullptr : it->second;
+    // Every parameter as served: the model's own values, or their 2-byte copy (one rounding each).
+    for (auto* p : model.parameters()) {
+      Weight w;
+      w.rows = p->rows();
+      w.cols = p->cols();
+      if constexpr (std::is_same_v<Param, T>)
+        w.value = p->value;
+      else
+        w.value = converted<Param>(p->value, "serve.weights." + p->name());
+      weight_bytes_ += p->size() * sizeof(Param);
+      weights_.emplace(p->name(), std::move(w));
+    }
+    if constexpr (!std::is_same_v<Param, T>) Kokkos::fence();  // the copies are complete before the first pass
+    auto get = [&](const std::string& n) -> const Weight* {
+      auto it = weights_.find(n);
+      return it == weights_.end() ? nullptr : &it->second;
     };
     // A weight the runner cannot serve without: its absence is an error naming it.
     auto need = [&](const std::string& n) {
@@ -162,7 +203,6 @@ class ModelRunner {
     }
     head_ = get("lm_head.weight");
     WEFT_REQUIRE(tok_ && head_ && lnf_w_, Error, "serve::ModelRunner: the model lacks its embedding, final norm or head");
-    for (auto* p : model.parameters()) weight_bytes_ += p->size() * sizeof(T);
     const std::size_t N = max_tokens, D = cfg_.d_model, up_cols = l_.hidden() * (cfg_.mlp == nn::MlpKind::swiglu ? 2 : 1);
     x_ = Mat("serve.residual", N, D);
     h_ = Mat("serve.norm_out", N, D);
@@ -189,7 +229,7 @@ class ModelRunner {
   /// The model's configuration (whole model, as built).
   const nn::GPTConfig& config() const { return cfg_; }
   /// The KV cache (this rank's key/value heads).
-  const KVCache<T, Space>& cache() const { return cache_; }
+  const KVCache<Param, Space>& cache() const { return cache_; }
   /// Tokens per KV block.
   std::size_t block_size() const { return cache_.block_size; }
   /// Blocks in the KV cache.
@@ -200,9 +240,10 @@ class ModelRunner {
   std::size_t max_seqs() const { return max_seqs_; }
 
   /// Bytes this runner uses on this rank, by the categories of
-  /// plan::InferenceBudget: the model's parameter values (weights; the
-  /// training model's gradients and activations are not counted, serving
-  /// never touches them), the KV cache, one pass's activations and logits
+  /// plan::InferenceBudget: the parameter values as served (weights: the
+  /// model's own under Precision<>, the 2-byte copy otherwise; the training
+  /// model's gradients and activations, and under a 2-byte precision its
+  /// float values, are not counted: serving never reads them), the KV cache, one pass's activations and logits
   /// (workspace), and the tensor-parallel logits gather and batch
   /// descriptors (buffers).
   ServeMemory memory() const {
@@ -218,7 +259,7 @@ class ModelRunner {
     m.buffers = nn::detail::bytes_of(logits_full_) + nn::detail::bytes_of(tables_) + 4 * nn::detail::bytes_of(ids_);
     return m;
   }
-  /// Bytes of the model's parameter values on this rank.
+  /// Bytes of the parameter values as served on this rank (Param elements).
   std::size_t weight_bytes() const { return weight_bytes_; }
   /// Bytes of the KV cache on this rank.
   std::size_t kv_bytes() const { return cache_.bytes(); }
@@ -295,15 +336,21 @@ class ModelRunner {
   }
 
  private:
+  // One parameter as served: its values in Param, and its [rows, cols] shape.
+  struct Weight {
+    Kokkos::View<Param*, Space> value;
+    std::size_t rows = 0, cols = 0;
+    nn::MatrixRef<Param, Space> matrix() const { return nn::MatrixRef<Param, Space>(value.data(), rows, cols); }
+  };
   struct ExpertWeights {  // a dense MLP's (or one expert's) weights
-    nn::Parameter<T, Space>*up_w = nullptr, *up_b = nullptr, *down_w = nullptr, *down_b = nullptr;
+    const Weight *up_w = nullptr, *up_b = nullptr, *down_w = nullptr, *down_b = nullptr;
   };
   struct MoEWeights {  // a mixture-of-experts block's router, selection bias and experts
-    nn::Parameter<T, Space>*router = nullptr, *bias = nullptr;
+    const Weight *router = nullptr, *bias = nullptr;
     std::vector<ExpertWeights> experts, shared;
   };
   struct BlockWeights {
-    nn::Parameter<T, Space>*ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b;
+    const Weight *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b;
     ExpertWeights mlp;  // a dense block's MLP
     int moe;            // index into moe_ of a MoE block; -1: dense
   };
@@ -359,7 +406,7 @@ class ModelRunner {
       for (std::size_t e = 0; e < E; ++e) {
         const double u = double(lh(t, e));
         p[e] = softmax ? std::exp(u - lse) : 1.0 / (1.0 + std::exp(-u));
-        key[e] = p[e] + double(bh(e));
+        key[e] = p[e] + double(ops::detail::load<accumulation_t<Param>>(bh(e)));
       }
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(order.begin(), order.begin() + long(K), order.end(),
@@ -441,7 +488,7 @@ class ModelRunner {
   }
 
   template <class XV, class YV, class MV>
-  void norm(const XV& x, nn::Parameter<T, Space>* w, nn::Parameter<T, Space>* b, const YV& y, const MV& mean,
+  void norm(const XV& x, const Weight* w, const Weight* b, const YV& y, const MV& mean,
             const MV& rstd) const {
     if (cfg_.norm == nn::NormKind::layernorm)
       ops::layernorm_forward(x, w->value, b->value, T(cfg_.norm_eps), y, mean, rstd);
@@ -451,7 +498,7 @@ class ModelRunner {
 
   // out = in W (+ b), the partial sums of a row-parallel product joined over TP first (as detail::row_parallel_forward).
   template <class XV, class OV>
-  void row_parallel(const XV& in, const nn::Parameter<T, Space>& w, nn::Parameter<T, Space>* b, const OV& out) const {
+  void row_parallel(const XV& in, const Weight& w, const Weight* b, const OV& out) const {
     ops::gemm_few_rows(in, w.matrix(), out);
     if (tp_.active()) tp_.comm->all_reduce(out);
     if (b) ops::bias_add(out, b->value);
@@ -501,7 +548,7 @@ class ModelRunner {
     const std::size_t D = cfg_.d_model;
     Kokkos::parallel_for(
         "weft::serve::positions", Kokkos::RangePolicy<typename Space::execution_space>(0, N * D),
-        KOKKOS_LAMBDA(std::size_t i) { x(i / D, i % D) += P(std::size_t(pv(i / D)), i % D); });
+        KOKKOS_LAMBDA(std::size_t i) { x(i / D, i % D) += ops::detail::load<T>(P(std::size_t(pv(i / D)), i % D)); });
   }
 
   /// Internal: where this pass's tokens sit in the cache, and the heads of a qkv row on this rank.
@@ -533,8 +580,9 @@ class ModelRunner {
   nn::TensorParallel tp_;
   nn::GPTConfig l_;  // this rank's heads and MLP width
   std::size_t max_tokens_, max_seqs_, max_logit_rows_, max_blocks_per_seq_;
-  KVCache<T, Space> cache_;
-  nn::Parameter<T, Space>*tok_ = nullptr, *pos_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr, *head_ = nullptr;
+  KVCache<Param, Space> cache_;
+  std::map<std::string, Weight> weights_;  // every parameter by name (node-based: the pointers below stay valid)
+  const Weight *tok_ = nullptr, *pos_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr, *head_ = nullptr;
   std::vector<BlockWeights> blocks_;
   std::vector<MoEWeights> moe_;  // the MoE blocks' weights
   Mat moe_logits_, moe_in_, moe_out_, moe_up_, moe_act_;  // a MoE block's router logits and grouped rows
