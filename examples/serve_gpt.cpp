@@ -31,6 +31,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -317,6 +318,23 @@ std::vector<double> gather(MPI_Comm comm, const std::vector<double>& mine) {
   return all;
 }
 
+// Gathers every rank's text onto world rank 0 (concatenated in rank order; empty elsewhere).
+std::string gather_text(MPI_Comm comm, const std::string& mine) {
+  int n = int(mine.size()), size = 0, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
+  MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm);
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[std::size_t(r)] = total;
+    total += counts[std::size_t(r)];
+  }
+  std::string all(rank == 0 ? std::size_t(total) : 0, '\0');
+  MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0, comm);
+  return all;
+}
+
 int run(int argc, char** argv, weft::Environment& env) {
   for (int i = 1; i < argc; ++i)
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
@@ -341,10 +359,19 @@ int run(int argc, char** argv, weft::Environment& env) {
                  ": the directory ", dir, " does not exist; create it first or write the record elsewhere");
     WEFT_REQUIRE(::access(dir.c_str(), W_OK | X_OK) == 0, ConfigError, "--record ", o.record, ": cannot create a file in ",
                  dir, " (", std::strerror(errno), ")");
+    // Nothing the user gave is overwritten: not a file of the checkpoint served
+    // (--checkpoint names a root or one checkpoint; by device and inode).
+    std::string served;
+    if (!o.checkpoint.empty()) try {
+        served = weft::checkpoint::resolve(o.checkpoint);
+      } catch (const weft::IoError&) {  // no checkpoint there: the load names it
+      }
     std::error_code ec;
-    WEFT_REQUIRE(o.checkpoint.empty() || !std::filesystem::equivalent(o.record, o.checkpoint + "/manifest.json", ec),
-                 ConfigError, "--record ", o.record, " is the same file as the manifest of --checkpoint ", o.checkpoint,
-                 "; give --record another path");
+    if (!served.empty())
+      for (const auto& e : std::filesystem::directory_iterator(served, ec))
+        WEFT_REQUIRE(!std::filesystem::equivalent(o.record, e.path(), ec), ConfigError, "--record ", o.record,
+                     " is the same file as ", e.path().string(), " of the checkpoint served (--checkpoint ", o.checkpoint,
+                     "); writing it would destroy that checkpoint. Give --record another path");
   }
   {
     // BLAS threads so that the node's ranks x threads do not outnumber its cores, and what that gives.
@@ -434,7 +461,6 @@ int run(int argc, char** argv, weft::Environment& env) {
       rejected_why[i] = s.error;
       ++rejected;
       ++finished;
-      if (leader && env.world().rank() == 0) std::printf("serve_gpt: request %zu rejected: %s\n", i, s.error.c_str());
       return;
     }
     global_of[s.id] = i;
@@ -490,9 +516,29 @@ int run(int argc, char** argv, weft::Environment& env) {
   const auto outs = share(flat), ttft_all = share(ttft), itl_all = share(itl), e2e_all = share(e2e);
   const auto counts = share({double(generated), seconds, double(rejected), double(engine.preemptions()), double(steps),
                              kv_sum, kv_max, occ_sum, tok_sum});
+  // Every replica's rejections onto world rank 0, which reports each of
+  // them, whichever replica rejected it ("index replica reason" lines).
+  std::string my_rejections;
+  if (leader)
+    for (std::size_t i : mine)
+      if (!rejected_why[i].empty()) my_rejections += std::to_string(i) + ' ' + std::to_string(replica) + ' ' + rejected_why[i] + '\n';
+  const std::string all_rejections = gather_text(env.world().native(), my_rejections);
   const auto mem = engine.runner().memory();
   const auto plan = weft::serve::planned_memory(o.model, std::size_t(o.tp), o.engine);
   if (env.world().rank() != 0) return 0;
+  {
+    std::map<std::size_t, std::pair<int, std::string>> by_request;  // request -> (replica, reason)
+    std::istringstream in(all_rejections);
+    std::size_t i = 0;
+    int from = 0;
+    std::string why;
+    while (in >> i >> from && std::getline(in >> std::ws, why)) by_request[i] = {from, why};
+    for (const auto& [request, r] : by_request) {
+      rejected_why[request] = r.second;
+      std::printf("serve_gpt: request %zu rejected%s: %s\n", request,
+                  o.dp > 1 ? (" by replica " + std::to_string(r.first)).c_str() : "", r.second.c_str());
+    }
+  }
 
   std::vector<std::vector<int>> all_out(all.requests.size());
   for (std::size_t k = 0; k < outs.size();) {
