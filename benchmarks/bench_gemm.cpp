@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   flags.add("--section", section, "what to measure: all, fp32, bf16, calls or decode")
       .add("--reps", reps, "timed runs per figure (median)", 1)
       .add("--decode-mb", decode_mb, "MiB of weights the decode products cycle through (more than the last-level cache)", 1);
-  if (const int rc = flags.parse(argc, argv, true)) return rc == 1 ? 0 : rc;
+  if (const int rc = flags.parse(argc, argv, env.world().rank() == 0)) return rc == 1 ? 0 : rc;
   if (section != "all" && section != "fp32" && section != "bf16" && section != "calls" && section != "decode") {
     std::fprintf(stderr, "bench_gemm: --section %s is not one of all, fp32, bf16, calls, decode\n", section.c_str());
     return 2;

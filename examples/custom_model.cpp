@@ -19,7 +19,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <iostream>
 #include <map>
 #include <memory>
 #include <string>
@@ -221,6 +220,7 @@ struct Options {
   int dp = 0, pp = 1, tp = 1;
   std::string dp_mode = "replicate", schedule = "1f1b", record, baseline;
   std::size_t batch = 16, microbatches = 2, steps = 8;
+  bool help = false;  // --help: print the usage (world rank 0 alone) and run nothing
   double lr = 3e-3, clip = 1.0, tolerance = 1e-5;
   Sizes z;
 };
@@ -301,8 +301,8 @@ Options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     if (f == "--help" || f == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
+      o.help = true;
+      return o;
     }
     auto it = flags.find(f);
     WEFT_REQUIRE(it != flags.end(), ConfigError, f, ": unknown flag; see custom_model --help");
@@ -447,6 +447,10 @@ int main(int argc, char** argv) {
   weft::Environment env(argc, argv);
   try {
     const Options o = parse(argc, argv);
+    if (o.help) {  // once, not once per rank
+      if (env.world().rank() == 0) std::fputs(kUsage, stdout);
+      return 0;
+    }
     return run(o, env);
   } catch (const weft::Error& e) {
     if (env.world().rank() == 0) std::fprintf(stderr, "custom_model: error: %s\n", e.what());
