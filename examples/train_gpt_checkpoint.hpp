@@ -127,8 +127,9 @@ inline void check_root(const Flags& f, const Identity& identity, bool prepare) {
 /// data stream, the schedule or the optimizer of one differ from the
 /// newest's) is refused, naming both; the newest would continue one of them
 /// without a word. Returns a note for the user (empty: nothing to say) when
-/// newer step-N directories than the one resumed have no manifest
-/// (incomplete saves), so that a resume from an older step says why.
+/// newer saves than the one resumed did not complete -- a step-N directory
+/// without a manifest, or a .tmp-step-N left by an interrupted save -- so
+/// that a resume from an older step than the newest says why.
 /// `path` naming one checkpoint's directory is taken as it is.
 inline std::string check_resume_root(const std::string& path) {
   namespace fs = std::filesystem;
@@ -154,17 +155,28 @@ inline std::string check_resume_root(const std::string& path) {
                    "); give the checkpoint to resume from itself (--resume ", all.back().second, ")");
     }
   }
-  std::string incomplete;
+  // Newer saves that did not complete: a step-N without a manifest (a
+  // damaged or hand-made directory) and a .tmp-step-N (a save that was
+  // interrupted: a rank stopped or died, the disk filled).
+  std::string incomplete, unfinished;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(path, ec)) {
-    const std::string n = e.path().filename().string();
+    std::string n = e.path().filename().string();
+    const bool tmp = n.rfind(".tmp-", 0) == 0;
+    if (tmp) n = n.substr(5);
     if (n.size() != 13 || n.rfind("step-", 0) != 0 || n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-    if (std::stoull(n.substr(5)) > all.back().first && !fs::exists(e.path() / "manifest.json"))
-      incomplete += (incomplete.empty() ? "" : ", ") + e.path().string();
+    const std::size_t step = std::stoull(n.substr(5));
+    if (step <= all.back().first) continue;
+    if (tmp) unfinished += (unfinished.empty() ? "" : ", ") + std::to_string(step) + " (" + e.path().string() + ")";
+    else if (!fs::exists(e.path() / "manifest.json")) incomplete += (incomplete.empty() ? "" : ", ") + e.path().string();
   }
-  if (incomplete.empty()) return {};
-  return "resuming from " + all.back().second + ", the newest complete checkpoint: the newer " + incomplete +
-         " has no manifest.json (an incomplete or damaged save) and is not read";
+  if (incomplete.empty() && unfinished.empty()) return {};
+  std::string why;
+  if (!incomplete.empty()) why = "the newer " + incomplete + " has no manifest.json (an incomplete or damaged save) and is not read";
+  if (!unfinished.empty())
+    why += (why.empty() ? "" : "; ") + std::string("the save of step ") + unfinished +
+           " did not finish (interrupted: a rank stopped or died, or the disk filled) and is not read";
+  return "resuming from " + all.back().second + ", the newest complete checkpoint: " + why;
 }
 
 /// The manifest of the checkpoint `path` names (weft::checkpoint::resolve),

@@ -10,6 +10,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -56,23 +57,43 @@ inline std::size_t check_data_file(const std::string& path) {
   return std::size_t(st.st_size);
 }
 
+/// Creates a probe file in the directory `dir` (for the output `flag`
+/// `path`), writes a few bytes and removes it: a directory that cannot take
+/// a new file (a read-only file system, permissions, no inodes) is found
+/// now, with the system's reason, not when the output is written.
+inline void probe_directory(const std::string& flag, const std::string& path, const std::string& dir) {
+  const std::string probe = dir + "/.weft-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  const int e = errno;
+  WEFT_REQUIRE(fd >= 0, ConfigError, flag, " ", path, ": cannot create a file in ", dir, " (", std::strerror(e),
+               "); give a directory this run may write in");
+  const bool wrote = ::write(fd, "weft", 4) == 4;
+  const int we = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  WEFT_REQUIRE(wrote, ConfigError, flag, " ", path, ": cannot write a file in ", dir, " (", std::strerror(we),
+               "); give a directory with space this run may write in");
+}
+
 /// `--record PATH` must be writable: an existing regular file we may write,
-/// or a new name in an existing directory we may write in. Nothing is created.
+/// or a new name in an existing directory. The record is written into a
+/// temporary file beside PATH and renamed over it (write_file_whole), so
+/// the directory must take a new file in both cases: a probe file is
+/// created in it and removed (probe_directory); nothing is left.
 inline void check_record_path(const std::string& path) {
   struct stat st {};
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   if (::stat(path.c_str(), &st) == 0) {
     WEFT_REQUIRE(S_ISREG(st.st_mode), ConfigError, "--record ", path, ": is ",
                  S_ISDIR(st.st_mode) ? "a directory" : "not a regular file", "; give a file name");
     WEFT_REQUIRE(::access(path.c_str(), W_OK) == 0, ConfigError, "--record ", path, ": cannot write the file (",
                  std::strerror(errno), ")");
-    return;
+  } else {
+    WEFT_REQUIRE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), ConfigError, "--record ", path,
+                 ": the directory ", dir, " does not exist; create it first or write the record elsewhere");
   }
-  const std::size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  WEFT_REQUIRE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), ConfigError, "--record ", path, ": the directory ",
-               dir, " does not exist; create it first or write the record elsewhere");
-  WEFT_REQUIRE(::access(dir.c_str(), W_OK | X_OK) == 0, ConfigError, "--record ", path, ": cannot create a file in ", dir,
-               " (", std::strerror(errno), ")");
+  probe_directory("--record", path, dir);
 }
 
 /// True when `a` and `b` name the same existing file (the same device and
@@ -244,27 +265,81 @@ inline std::string human_bytes(double b) {
   return buf;
 }
 
-/// Throws when the file system that holds `path` (or, while `path` does
-/// not exist yet, its nearest existing parent) has fewer than `bytes` bytes
-/// free for this user (statvfs f_bavail); `what` says what the bytes are
-/// for. The message gives both figures and what to change.
-inline void check_free_space(const std::string& flag, const std::string& path, double bytes, const std::string& what) {
-  std::string at = path.empty() ? "." : path;
-  struct statvfs fs {};
-  while (::statvfs(at.c_str(), &fs) != 0) {
-    const std::size_t slash = at.find_last_of('/');
-    if (slash == std::string::npos) at = ".";
-    else if (slash == 0) at = "/";
-    else at = at.substr(0, slash);
-    if (at == "." || at == "/") {
-      if (::statvfs(at.c_str(), &fs) != 0) return;  // nothing to measure: the write will say
-      break;
+/// One output a run writes, for the free-space check: the flag that names
+/// it (e.g. "--checkpoint"), its path, the bytes it will take at most, what
+/// they are (e.g. "3 checkpoints of 1.2 GiB (--keep 2, ...)") and what
+/// lowers them (e.g. "save less often (--save-every), keep fewer (--keep)").
+struct Output {
+  std::string flag, path;
+  double bytes = 0;
+  std::string what, lower;
+};
+
+/// The most bytes a train_gpt --record of `steps` steps on `world` ranks
+/// takes: three per-step arrays (loss, grad_norm, step_seconds) of at most
+/// 26 characters a number, per-rank figures (communication, hosts) of at
+/// most 4 KiB a rank, and 64 KiB for the rest (configuration, runtime,
+/// counters). A bound, not a guess: a record is always smaller.
+inline double record_bytes(std::size_t steps, std::size_t world) {
+  return 3.0 * 26.0 * double(steps) + 4096.0 * double(world) + 65536.0;
+}
+
+/// The --record output of a run of `steps` steps on `world` ranks (record_bytes).
+inline Output record_output(const std::string& path, std::size_t steps, std::size_t world) {
+  return {"--record", path, record_bytes(steps, world), "the record of " + std::to_string(steps) + " steps",
+          "record fewer --steps"};
+}
+
+/// Throws when the outputs will not fit in the free space (statvfs
+/// f_bavail, what this user may write) of the file systems that hold them
+/// (each output's path or, while it does not exist yet, its nearest
+/// existing parent). Outputs on the same file system (the same st_dev) are
+/// summed: a checkpoint root and a record on one disk share its space. The
+/// message names the outputs, what the run will write, what is free and
+/// what to change; nothing has been written yet.
+inline void check_free_space(const std::vector<Output>& outputs) {
+  struct Where {
+    dev_t dev = 0;
+    double free_bytes = 0;
+    std::vector<const Output*> outs;
+  };
+  std::vector<Where> places;
+  for (const Output& o : outputs) {
+    std::string at = o.path.empty() ? "." : o.path;
+    struct statvfs fs {};
+    struct stat st {};
+    bool known = false;
+    for (;;) {
+      if (::statvfs(at.c_str(), &fs) == 0 && ::stat(at.c_str(), &st) == 0) {
+        known = true;
+        break;
+      }
+      if (at == "." || at == "/") break;
+      const std::size_t slash = at.find_last_of('/');
+      at = slash == std::string::npos ? "." : slash == 0 ? "/" : at.substr(0, slash);
     }
+    if (!known) continue;  // nothing to measure: the write will say
+    auto it = std::find_if(places.begin(), places.end(), [&](const Where& w) { return w.dev == st.st_dev; });
+    if (it == places.end()) it = places.insert(places.end(), Where{st.st_dev, double(fs.f_bavail) * double(fs.f_frsize), {}});
+    it->outs.push_back(&o);
   }
-  const double free_bytes = double(fs.f_bavail) * double(fs.f_frsize);
-  WEFT_REQUIRE(bytes <= free_bytes, ConfigError, flag, " ", path, ": the run will write ", human_bytes(bytes), " (", what,
-               "), but the file system has ", human_bytes(free_bytes), " free; free space, write elsewhere, save less "
-               "often (--save-every) or keep fewer (--keep)");
+  for (const Where& w : places) {
+    double bytes = 0;
+    std::string names, what;
+    std::vector<std::string> fixes = {"free space", "write elsewhere"};
+    for (std::size_t i = 0; i < w.outs.size(); ++i) {
+      const Output& o = *w.outs[i];
+      bytes += o.bytes;
+      names += (i == 0 ? "" : i + 1 == w.outs.size() ? " and " : ", ") + o.flag + " " + o.path;
+      what += (i == 0 ? "" : "; ") + o.what + (w.outs.size() > 1 ? ": " + human_bytes(o.bytes) : std::string());
+      fixes.push_back(o.lower);
+    }
+    std::string lower;
+    for (std::size_t i = 0; i < fixes.size(); ++i) lower += (i == 0 ? "" : i + 1 == fixes.size() ? " or " : ", ") + fixes[i];
+    WEFT_REQUIRE(bytes <= w.free_bytes, ConfigError, names, w.outs.size() > 1 ? " (on one file system)" : "",
+                 ": the run will write ", human_bytes(bytes), " (", what, "), but the file system has ",
+                 human_bytes(w.free_bytes), " free; ", lower);
+  }
 }
 
 /// MemAvailable of /proc/meminfo in bytes (nullopt where it cannot be read).

@@ -1557,19 +1557,26 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
   }
   c.estimate = train_gpt_checks::estimate_peak_bytes(shape);
   // Disk: what the checkpoints will take (every save the run makes, or
-  // --keep of them plus the one being written) against the free space of
-  // the root's file system, before step 0 rather than when it fills.
-  if (rank == 0 && !o.ckpt.dir.empty()) {
-    const double moments = o.optimizer == "adamw" ? 2.0 : o.momentum > 0 ? 1.0 : 0.0;
-    const double per_save = double(train_gpt_checks::plan_of(shape).first.total_params()) * 4.0 * (1.0 + moments);
-    const std::size_t saves = o.steps / o.ckpt.save_every;
-    const std::size_t held = o.ckpt.keep > 0 ? std::min(saves, o.ckpt.keep + 1) : saves;
-    train_gpt_checks::check_free_space("--checkpoint", o.ckpt.dir, per_save * double(held),
-                                       std::to_string(held) + " checkpoint" + (held == 1 ? "" : "s") + " of " +
-                                           train_gpt_checks::human_bytes(per_save) +
-                                           (o.ckpt.keep > 0 ? " (--keep " + std::to_string(o.ckpt.keep) + ", plus the one being written)"
-                                                            : " (every --save-every " + std::to_string(o.ckpt.save_every) +
-                                                                  " steps of " + std::to_string(o.steps) + "; --keep K bounds it)"));
+  // --keep of them plus the one being written) and the record, against the
+  // free space of their file systems (summed where they share one), before
+  // step 0 rather than when it fills.
+  if (rank == 0 && (!o.ckpt.dir.empty() || !o.record.empty())) {
+    std::vector<train_gpt_checks::Output> outputs;
+    if (!o.ckpt.dir.empty()) {
+      const double moments = o.optimizer == "adamw" ? 2.0 : o.momentum > 0 ? 1.0 : 0.0;
+      const double per_save = double(train_gpt_checks::plan_of(shape).first.total_params()) * 4.0 * (1.0 + moments);
+      const std::size_t saves = o.steps / o.ckpt.save_every;
+      const std::size_t held = o.ckpt.keep > 0 ? std::min(saves, o.ckpt.keep + 1) : saves;
+      outputs.push_back({"--checkpoint", o.ckpt.dir, per_save * double(held),
+                         std::to_string(held) + " checkpoint" + (held == 1 ? "" : "s") + " of " +
+                             train_gpt_checks::human_bytes(per_save) +
+                             (o.ckpt.keep > 0 ? " (--keep " + std::to_string(o.ckpt.keep) + ", plus the one being written)"
+                                              : " (every --save-every " + std::to_string(o.ckpt.save_every) + " steps of " +
+                                                    std::to_string(o.steps) + "; --keep K bounds it)"),
+                         "save less often (--save-every), keep fewer (--keep)"});
+    }
+    if (!o.record.empty()) outputs.push_back(train_gpt_checks::record_output(o.record, o.steps, std::size_t(world)));
+    train_gpt_checks::check_free_space(outputs);
   }
   if (c.limit > 0) train_gpt_checks::check_memory(shape, c.limit, c.limit_source);
   return c;

@@ -584,6 +584,19 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
   WEFT_REQUIRE(problem.empty(), IoError, problem);
 
   // 3. A fresh temporary directory (rank 0), then every rank writes its chunks.
+  // A save that fails from here to the rename (a full disk, a write error
+  // on any rank: every rank throws the same IoError) removes what it left
+  // half-written, the temporary directory, and says so; the earlier
+  // checkpoints are untouched. (A rank that dies leaves it to the next save.)
+  auto agree_or_clean_up = [&](const std::string& error) {
+    try {
+      detail::agree(comm, error);
+    } catch (const IoError& e) {
+      if (rank == 0) detail::remove_tree(tmp);
+      throw IoError(std::string(e.what()) + "; the unfinished " + tmp + " is removed, the earlier checkpoints under " +
+                    root + " are as they were");
+    }
+  };
   std::string err;
   if (rank == 0)
     err = detail::capture([&] {
@@ -592,7 +605,7 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
       detail::remove_tree(tmp);  // left by a save that crashed
       WEFT_REQUIRE(::mkdir(tmp.c_str(), 0755) == 0, IoError, "checkpoint: cannot create ", tmp, ": ", std::strerror(errno));
     });
-  detail::agree(comm, err);
+  agree_or_clean_up(err);
 
   std::string results;  // "file crc bytes data_offset\n" per chunk written
   std::size_t written = 0;
@@ -644,7 +657,7 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
       results += file + ' ' + std::to_string(crc) + ' ' + std::to_string(nbytes) + ' ' + std::to_string(header.size()) + '\n';
     }
   });
-  detail::agree(comm, err);
+  agree_or_clean_up(err);
 
   // 4. Rank 0 writes the manifest into the temporary directory (the chunks'
   // checksums are known once they are written, flushed or not), so that one
@@ -692,15 +705,18 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
       m.set("manifest_crc32", Json(std::size_t(detail::manifest_digest(plan::parse_json(m.dump(), "manifest")))));
       const std::string mpath = tmp + "/manifest.json";
       {
-        std::ofstream f(mpath);
-        f << m.dump() << "\n";
-        f.close();
-        WEFT_REQUIRE(f.good(), IoError, "checkpoint: writing ", mpath, " failed");
+        const std::string text = m.dump() + "\n";
+        const int fd = ::open(mpath.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        WEFT_REQUIRE(fd >= 0, IoError, "checkpoint: cannot create ", mpath, ": ", std::strerror(errno));
+        const std::string write_error = detail::capture([&] { detail::write_all(fd, text.data(), text.size(), mpath); });
+        const int closed = ::close(fd), close_errno = errno;
+        WEFT_REQUIRE(write_error.empty(), IoError, write_error);
+        WEFT_REQUIRE(closed == 0, IoError, "checkpoint: writing ", mpath, " failed: ", std::strerror(close_errno));
       }
       to_flush.emplace_back(mpath, mpath);
       to_flush.emplace_back(tmp, "the directory " + tmp);
     });
-  detail::agree(comm, err);
+  agree_or_clean_up(err);
 
   // 5. With `durable`, every rank flushes its files (rank 0 the manifest and
   // the directory too), all of them only after all are written: the first
@@ -729,7 +745,7 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
       if (std::sscanf(stop, "%zu:%zu", &kr, &ks) == 2 && kr == std::size_t(rank) && ks == step) ::raise(SIGSTOP);
     }
   });
-  detail::agree(comm, err);
+  agree_or_clean_up(err);
 
   // 6. Only when every rank's files are complete: rank 0 renames the directory into place.
   if (rank == 0)
@@ -739,7 +755,7 @@ SaveStats save(const std::string& root, std::size_t step, const State<T, Space>&
                    " failed: ", std::strerror(errno));
       if (options.durable) detail::fsync_path(root);
     });
-  detail::agree(comm, err);
+  agree_or_clean_up(err);
   // 7. Retention: the oldest complete checkpoints beyond `keep`, every rank
   // unlinking a share of their files.
   if (options.keep > 0) {
