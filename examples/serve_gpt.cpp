@@ -16,6 +16,10 @@
 // --mesh dp=A,tp=B runs A independent replicas of B tensor-parallel ranks
 // each; request i goes to replica i mod A (each replica has its own traffic
 // clock), and the record gathers every replica's requests.
+//
+// --precision bf16 serves a bf16 copy of the weights with a bf16 KV cache
+// (weft::Precision<weft::BF16>, computing in float); fp32 (the default) the
+// float weights as they are.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +33,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -51,6 +56,32 @@ using weft::ConfigError;
 using Json = weft::metrics::Json;
 using Model = weft::nn::GPT<float, weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>>;
 using Engine = weft::serve::Engine<float, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>>;
+using EngineBF16 =
+    weft::serve::Engine<float, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>, weft::Precision<weft::BF16>>;
+
+// The engine of --precision: the run-time flag picks one of the two
+// compiled engine types here, at the edge, and the serving loop below talks
+// to this alone.
+class Server {
+ public:
+  Server(Model& model, const weft::serve::EngineConfig& ec, bool bf16) {
+    if (bf16)
+      b_ = std::make_unique<EngineBF16>(model, ec);
+    else
+      f_ = std::make_unique<Engine>(model, ec);
+  }
+  weft::serve::Submission submit(weft::serve::Request r) { return f_ ? f_->submit(std::move(r)) : b_->submit(std::move(r)); }
+  bool idle() const { return f_ ? f_->idle() : b_->idle(); }
+  weft::serve::StepStats step() { return f_ ? f_->step() : b_->step(); }
+  std::vector<weft::serve::Completion> take_finished() { return f_ ? f_->take_finished() : b_->take_finished(); }
+  double now() const { return f_ ? f_->now() : b_->now(); }
+  std::size_t preemptions() const { return f_ ? f_->preemptions() : b_->preemptions(); }
+  weft::serve::ServeMemory memory() const { return f_ ? f_->runner().memory() : b_->runner().memory(); }
+
+ private:
+  std::unique_ptr<Engine> f_;
+  std::unique_ptr<EngineBF16> b_;
+};
 
 const char* kUsage =
     "usage: serve_gpt [flags]\n"
@@ -61,6 +92,8 @@ const char* kUsage =
     "                    mixture-of-experts blocks (train_gpt's --top-k is --moe-top-k here: --top-k samples);\n"
     "                    served dropless: every token goes to its top K experts, whatever its batch\n"
     "  --checkpoint DIR  load the weights from a train_gpt checkpoint (a root: its latest complete one)\n"
+    "  --precision fp32|bf16  weights and KV cache as served (default fp32); bf16: a bf16 copy of the weights,\n"
+    "                    rounded once, and a bf16 KV cache, computing in float\n"
     "Mesh:\n"
     "  --mesh tp=N[,dp=M]  tensor-parallel ranks per replica, independent replicas (default tp=world)\n"
     "Traffic:\n"
@@ -146,6 +179,11 @@ struct Options {
   double temperature = 0;
   std::size_t top_k = 0;
   weft::serve::EngineConfig engine;
+  bool bf16 = false;  ///< --precision bf16
+  /// The element widths the planner counts for --precision.
+  weft::serve::ServeBytes bytes() const {
+    return bf16 ? weft::serve::serve_bytes<float, weft::Precision<weft::BF16>>() : weft::serve::serve_bytes<float>();
+  }
 };
 
 Options parse(int argc, char** argv) {
@@ -228,6 +266,9 @@ Options parse(int argc, char** argv) {
       {"--kv-blocks", [&](const std::string& v) { o.kv_blocks = parse_count("--kv-blocks", v); }},
       {"--token-budget", [&](const std::string& v) { o.engine.token_budget = parse_count("--token-budget", v); }},
       {"--max-seqs", [&](const std::string& v) { o.engine.max_seqs = parse_count("--max-seqs", v); }},
+      {"--precision", [&](const std::string& v) {
+         o.bf16 = parse_choice<bool>("--precision", v, {{"fp32", false}, {"bf16", true}});
+       }},
       {"--batching", [&](const std::string& v) {
          o.engine.batching = parse_choice<weft::serve::Batching>(
              "--batching", v, {{"continuous", weft::serve::Batching::continuous}, {"static", weft::serve::Batching::static_batch}});
@@ -396,7 +437,7 @@ int run(int argc, char** argv, weft::Environment& env) {
     WEFT_REQUIRE(pool_tokens <= 1099511627776.0, ConfigError, "--kv-blocks ", o.engine.blocks, " x --block-size ",
                  o.engine.block_size, " = ", pool_tokens, " tokens of KV cache, more than the 2^40 serve_gpt accepts; "
                  "give fewer --kv-blocks or a smaller --block-size");
-    const auto plan = weft::serve::planned_memory(o.model, std::size_t(o.tp), o.engine);
+    const auto plan = weft::serve::planned_memory(o.model, std::size_t(o.tp), o.engine, o.bytes());
     const double need = plan.weights + plan.kv_cache + plan.workspace + plan.buffers;
     double avail_kb = -1;
     {
@@ -436,7 +477,7 @@ int run(int argc, char** argv, weft::Environment& env) {
     if (env.world().rank() == 0)
       std::printf("serve_gpt: weights from %s (step %zu, %.3f s)\n", st.path.c_str(), st.step, st.seconds);
   }
-  Engine engine(model, o.engine);
+  Server engine(model, o.engine, o.bf16);
   const Traffic all = traffic(o);
   // This replica's requests: i mod dp == replica.
   std::vector<std::size_t> mine;
@@ -523,8 +564,8 @@ int run(int argc, char** argv, weft::Environment& env) {
     for (std::size_t i : mine)
       if (!rejected_why[i].empty()) my_rejections += std::to_string(i) + ' ' + std::to_string(replica) + ' ' + rejected_why[i] + '\n';
   const std::string all_rejections = gather_text(env.world().native(), my_rejections);
-  const auto mem = engine.runner().memory();
-  const auto plan = weft::serve::planned_memory(o.model, std::size_t(o.tp), o.engine);
+  const auto mem = engine.memory();
+  const auto plan = weft::serve::planned_memory(o.model, std::size_t(o.tp), o.engine, o.bytes());
   if (env.world().rank() != 0) return 0;
   {
     std::map<std::size_t, std::pair<int, std::string>> by_request;  // request -> (replica, reason)
@@ -577,8 +618,8 @@ int run(int argc, char** argv, weft::Environment& env) {
               nsteps ? kvs / nsteps : 0.0, kvm, o.engine.blocks, nsteps ? occ / nsteps : 0.0, o.engine.max_seqs,
               nsteps ? toks / nsteps : 0.0, o.engine.token_budget);
   const double planned = plan.weights + plan.kv_cache + plan.workspace + plan.buffers;
-  std::printf("serve_gpt: memory per rank %zu bytes (weights %zu, KV %zu, workspace %zu, buffers %zu); planned %.0f: %+.1f %%\n",
-              mem.total(), mem.weights, mem.kv_cache, mem.workspace, mem.buffers, planned,
+  std::printf("serve_gpt: memory per rank %zu bytes (%s weights %zu, KV %zu, workspace %zu, buffers %zu); planned %.0f: %+.1f %%\n",
+              mem.total(), o.bf16 ? "bf16" : "fp32", mem.weights, mem.kv_cache, mem.workspace, mem.buffers, planned,
               100.0 * (double(mem.total()) - planned) / planned);
   if (o.record.empty()) return 0;
 
@@ -606,7 +647,7 @@ int run(int argc, char** argv, weft::Environment& env) {
     mj0.set("shared_experts", o.model.shared_experts);
   }
   mj0.set("weights", o.checkpoint.empty() ? std::string("seed") : o.checkpoint);
-  mj0.set("precision", "float32");
+  mj0.set("precision", o.bf16 ? "bfloat16" : "float32");
   r.set("model", mj0);
   Json mesh = Json::object();
   mesh.set("tp", o.tp);

@@ -4,7 +4,10 @@
 # and checks the records: they follow
 # docs/schema/serve_record.schema.json, "outputs" has one entry per request
 # with that request's number of tokens, the too-long prompts are rejected
-# with a message and the others served.
+# with a message and the others served. A bf16 run of two replicas
+# (--mesh dp=2 --precision bf16) names its precision, holds half the fp32
+# run's weight and KV bytes per rank, and is within 15 % of the planner's
+# bf16 budget; --precision fp16 is refused with a message.
 #   cmake -DEXE=... -DCHECK=... -DMPIEXEC=... -DSCHEMA=... -DWORK=dir -P check_serve_gpt_record.cmake
 file(MAKE_DIRECTORY "${WORK}")
 set(model --layers 2 --d-model 32 --heads 4 --seq 64 --vocab 256 --seed 3 --requests 12 --output-len 4-8
@@ -14,7 +17,8 @@ set(run_tp2 2 --prompt-len 4-20 --mesh tp=2 --rate 200 --output-dist lognormal -
 set(run_long 1 --prompt-len 40-70 --rate 500)
 set(run_moe 2 --prompt-len 4-20 --mesh tp=2 --concurrency 3 --experts 4 --moe-top-k 2 --shared-experts 1
             --output-dist exponential --output-scale 1.5)
-foreach(run tp1 tp2 long moe)
+set(run_bf16 2 --prompt-len 4-20 --mesh dp=2 --concurrency 3 --precision bf16)
+foreach(run tp1 tp2 long moe bf16)
   list(GET run_${run} 0 np)
   list(SUBLIST run_${run} 1 -1 args)
   execute_process(COMMAND ${MPIEXEC} -n ${np} ${EXE} ${model} ${args} --record "${WORK}/${run}.json"
@@ -54,8 +58,31 @@ if(NOT dist STREQUAL "lognormal" OR NOT scale EQUAL 1 OR NOT sigma EQUAL 0.75 OR
   message(FATAL_ERROR "tp2: traffic.output_dist is '${dist}' (scale ${scale}, sigma ${sigma}), moe's sigma '${sigma_moe}'; "
                       "expected lognormal (1, 0.75) and null")
 endif()
-# tp1, tp2 and moe: every request served, 4 to 8 tokens each.
-foreach(run tp1 tp2 moe)
+# bf16 replicas against tp1 (the same model and engine at tp 1, in fp32): the precision named, half the bytes.
+string(JSON p16 GET "${json_bf16}" model precision)
+string(JSON p32 GET "${json_tp1}" model precision)
+if(NOT p16 STREQUAL "bfloat16" OR NOT p32 STREQUAL "float32")
+  message(FATAL_ERROR "model.precision is '${p16}' in the bf16 record and '${p32}' in tp1; expected bfloat16 and float32")
+endif()
+foreach(cat weights kv_cache)
+  string(JSON b16 GET "${json_bf16}" memory_bytes_per_rank ${cat})
+  string(JSON b32 GET "${json_tp1}" memory_bytes_per_rank ${cat})
+  math(EXPR twice "2 * ${b16}")
+  if(NOT twice EQUAL b32)
+    message(FATAL_ERROR "bf16: memory_bytes_per_rank.${cat} is ${b16}, expected half of tp1's ${b32}")
+  endif()
+endforeach()
+string(JSON rel GET "${json_bf16}" planned_memory_bytes_per_rank relative_error)
+if(rel GREATER 0.15 OR rel LESS -0.15)
+  message(FATAL_ERROR "bf16: measured memory differs from the planner's bf16 budget by ${rel}, more than 15 %")
+endif()
+execute_process(COMMAND ${MPIEXEC} -n 1 ${EXE} ${model} --precision fp16 RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT "${out}${err}" MATCHES "--precision fp16: expected one of bf16, fp32")
+  message(FATAL_ERROR "--precision fp16: exit ${rc}, expected 2 with the choices named:\n${out}\n${err}")
+endif()
+# tp1, tp2, moe and bf16: every request served, 4 to 8 tokens each.
+foreach(run tp1 tp2 moe bf16)
   string(JSON rej GET "${json_${run}}" rejected)
   if(NOT rej EQUAL 0)
     message(FATAL_ERROR "${run}: ${rej} requests rejected, expected none")
