@@ -115,6 +115,11 @@ inline constexpr std::size_t few_rows_block = 4;
 inline constexpr std::size_t few_rows_ahead = 8;
 /// Rows of B one pass of few_rows_group takes.
 inline constexpr std::size_t few_rows_depth = 16;
+/// Rows of a 2-byte B fetched ahead by the widening kernel: the same 32
+/// cache lines in flight as few_rows_ahead rows of a float tile. Its
+/// prefetches run on into the next pass's rows, so the stream never waits
+/// for the hardware prefetcher to find a run again.
+inline constexpr std::size_t few_rows_ahead_narrow = 16;
 /// Column tiles one work item of gemm_few_rows takes.
 inline constexpr std::size_t few_rows_group_tiles = 8;
 
@@ -189,12 +194,13 @@ inline __m512 few_rows_widen16(const TB* p) {
 /// multiplied as in few_rows_tile_avx512. B is read in its own 2 bytes, so a
 /// decode step that is bound by reading the weights reads half the bytes;
 /// the products and sums are the float kernel's, on the exact float values of
-/// B's elements.
+/// B's elements. `k_rows` (>= k) is how many rows of B from b exist: the
+/// prefetches reach past this pass's k rows into the next pass.
 template <std::size_t R, class TB>
 [[gnu::noinline]] inline void few_rows_tile_avx512_narrow(const float* __restrict a, std::size_t lda,
                                                           const TB* __restrict b, std::size_t ldb,
                                                           float* __restrict c, std::size_t ldc, std::size_t k,
-                                                          bool accumulate) {
+                                                          bool accumulate, std::size_t k_rows) {
   static_assert(sizeof(TB) == 2, "few_rows_tile_avx512_narrow reads 2-byte elements");
   const float* ar_ptr[R];
   WEFT_UNROLL(16)
@@ -207,9 +213,9 @@ template <std::size_t R, class TB>
       acc[r][j] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
   for (std::size_t q = 0; q < k; ++q) {
     const TB* bq = b + q * ldb;
-    if (q + few_rows_ahead < k) {  // a row of the tile is two cache lines
-      __builtin_prefetch(bq + few_rows_ahead * ldb);
-      __builtin_prefetch(bq + few_rows_ahead * ldb + 32);
+    if (q + few_rows_ahead_narrow < k_rows) {  // a row of the tile is two cache lines
+      __builtin_prefetch(bq + few_rows_ahead_narrow * ldb);
+      __builtin_prefetch(bq + few_rows_ahead_narrow * ldb + 32);
     }
     __m512 bv[4];
     WEFT_UNROLL(4)
@@ -234,16 +240,17 @@ template <std::size_t R, class TB>
 /// The plain form (any element types; the AVX-512 forms above where they
 /// apply): elements of A and B are read into C's accumulation type
 /// (accumulation_t: float for a 2-byte B), so a bf16 or fp16 B costs no copy.
+/// `k_rows` (>= k): the rows of B from b, for the widening kernel's prefetches.
 template <std::size_t R, std::size_t W, class TA, class TB, class TC>
 inline void few_rows_tile(const TA* __restrict a, std::size_t lda, const TB* __restrict b, std::size_t ldb,
-                          TC* __restrict c, std::size_t ldc, std::size_t k, bool accumulate) {
+                          TC* __restrict c, std::size_t ldc, std::size_t k, bool accumulate, std::size_t k_rows) {
 #if WEFT_FEW_ROWS_AVX512
   if constexpr (std::is_same_v<TA, float> && std::is_same_v<TC, float> && W == 64) {
     if constexpr (std::is_same_v<TB, float>) {
       few_rows_tile_avx512<R>(a, lda, b, ldb, c, ldc, k, accumulate);
       return;
     } else if constexpr (std::is_same_v<TB, bf16> || std::is_same_v<TB, fp16>) {
-      few_rows_tile_avx512_narrow<R>(a, lda, b, ldb, c, ldc, k, accumulate);
+      few_rows_tile_avx512_narrow<R>(a, lda, b, ldb, c, ldc, k, accumulate, k_rows);
       return;
     }
   }
@@ -254,6 +261,7 @@ inline void few_rows_tile(const TA* __restrict a, std::size_t lda, const TB* __r
   for (std::size_t r = 0; r < R; ++r)
     WEFT_UNROLL(64)
     for (std::size_t j = 0; j < W; ++j) acc[r][j] = accumulate ? load<Acc>(c[r * ldc + j]) : Acc(0);
+  (void)k_rows;
   for (std::size_t q = 0; q < k; ++q) {
     const TB* bq = b + q * ldb;
     // B's rows are a page or more apart, which the hardware prefetcher does
@@ -293,11 +301,11 @@ inline void few_rows_group(const TA* a, std::size_t lda, const TB* b, std::size_
       const TB* bq = b + q0 * ldb + t * W;
       TC* ct = c + t * W;
       std::size_t r = 0;
-      for (; r + RB <= m; r += RB) few_rows_tile<RB, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc);
+      for (; r + RB <= m; r += RB) few_rows_tile<RB, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc, k - q0);
       switch (m - r) {
-        case 3: few_rows_tile<3, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc); break;
-        case 2: few_rows_tile<2, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc); break;
-        case 1: few_rows_tile<1, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc); break;
+        case 3: few_rows_tile<3, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc, k - q0); break;
+        case 2: few_rows_tile<2, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc, k - q0); break;
+        case 1: few_rows_tile<1, W>(aq + r * lda, lda, bq, ldb, ct + r * ldc, ldc, kq, acc, k - q0); break;
         default: break;
       }
     }
@@ -375,7 +383,8 @@ void gemm_few_rows(const AV& A, const BV& B, const CV& C) {
       detail::require_contiguous_rows("weft::ops::gemm_few_rows", "B", B, 1);
       detail::require_contiguous_rows("weft::ops::gemm_few_rows", "C", C, 1);
       constexpr std::size_t W = detail::few_rows_cols;
-      constexpr std::size_t G = detail::few_rows_group_tiles;
+      // A 2-byte B: twice the tiles, so a row of a group is as many bytes (2 KiB) as a float one.
+      constexpr std::size_t G = detail::few_rows_group_tiles * (sizeof(float) / sizeof(TB) > 1 ? sizeof(float) / sizeof(TB) : 1);
       const std::size_t full = n / W, groups = (full + G - 1) / G;  // whole tiles, in groups; then the edge
       const std::size_t lda = A.stride(0), ldb = B.stride(0), ldc = C.stride(0);
       const TA* a = A.data();
