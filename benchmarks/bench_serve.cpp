@@ -4,11 +4,15 @@
 // ratios static / continuous. Then pure decode steps against the
 // memory-bandwidth limit: the bytes of weights and KV cache a decode step
 // reads, per token, over the copy bandwidth measured in the same run.
+// Last, decode at batch 1 with bf16 weights and KV cache against fp32
+// (weft::Precision<BF16> against Precision<>): --precision-runs runs of each,
+// alternating, the ratio of their median tokens/s.
 //
 //   mpirun -n 1 bench_serve --requests 64 --rate 40
 //
 // The world is the TP axis (the model and its KV cache split over it).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +30,8 @@ namespace {
 using TPOnly = weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>>;
 using Model = weft::nn::GPT<float, TPOnly>;
 using Engine = weft::serve::Engine<float, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>>;
+using EngineBF16 =
+    weft::serve::Engine<float, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>, weft::Precision<weft::BF16>>;
 
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -84,6 +90,36 @@ Result serve(Model& model, weft::Comm& world, const weft::serve::EngineConfig& e
   return r;
 }
 
+// Seconds per decode step of one sequence through an engine of type E: a
+// fresh engine, a prompt of `context` tokens prefilled (untimed), then
+// `steps` timed steps of one token. Also the engine's weight bytes.
+template <class E>
+std::pair<double, std::size_t> one_sequence_step(Model& model, weft::Comm& world, weft::serve::EngineConfig ec,
+                                                 std::size_t context, std::size_t steps, std::size_t vocab,
+                                                 std::size_t seq) {
+  ec.batching = weft::serve::Batching::continuous;
+  ec.max_seqs = 1;
+  ec.token_budget = context;
+  ec.blocks = weft::serve::blocks_for(seq, ec.block_size);
+  E e(model, ec);
+  weft::serve::Request r;
+  for (std::size_t k = 0; k < context; ++k) r.prompt.push_back(int((k * 7) % vocab));
+  r.max_new_tokens = steps + 2;
+  WEFT_REQUIRE(e.submit(r).accepted, weft::Error, "decode request rejected");
+  e.step();  // the prompt in one step
+  world.barrier();
+  const auto t = std::chrono::steady_clock::now();
+  for (std::size_t s = 0; s < steps; ++s) e.step();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  return {dt / double(steps), e.runner().memory().weights};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,7 +127,8 @@ int main(int argc, char** argv) {
   weft::Comm& world = env.world();
   std::size_t layers = 4, d_model = 256, heads = 8, seq = 256, vocab = 256, requests = 64, prompt_lo = 16,
               prompt_hi = 128, out_lo = 16, out_hi = 96, max_seqs = 16, block_size = 16, token_budget = 256,
-              decode_batch = 16, decode_steps = 32, decode_context = 128, copy_mb = 256, seed = 11;
+              decode_batch = 16, decode_steps = 32, decode_context = 128, copy_mb = 256, seed = 11,
+              precision_runs = 5;
   double rate = 40, prompt_scale = 0, output_scale = 0, prompt_sigma = 1, output_sigma = 1;
   std::string prompt_dist = "uniform", output_dist = "uniform";
   weft::bench::Flags flags("bench_serve");
@@ -121,6 +158,8 @@ int main(int argc, char** argv) {
       .add("--decode-steps", decode_steps, "timed decode steps", 1)
       .add("--decode-context", decode_context, "prompt tokens before the timed decode steps", 1)
       .add("--copy-mb", copy_mb, "MiB of the copy-bandwidth measurement", 1)
+      .add("--precision-runs", precision_runs,
+           "runs each of fp32 and bf16 decode at batch 1, alternating (0: none)")
       .add("--seed", seed, "model and traffic seed");
   if (const int rc = flags.parse(argc, argv, world.rank() == 0)) return rc == 1 ? 0 : rc;
   try {
@@ -254,6 +293,40 @@ int main(int argc, char** argv) {
                     batch, decode_steps, ctx, tokens_per_s, step * 1e3, step / one_seq_step, step_bytes / 1e6,
                     double(mem.weights - tables) / 1e6, kv_read / 1e6, step_bytes / double(batch) / 1e6, limit,
                     tokens_per_s / limit);
+    }
+
+    // bf16 weights and KV cache against fp32 at batch 1: alternating runs, medians.
+    if (precision_runs > 0) {
+      std::size_t table_elems = 0;  // the embedding tables: a decode step reads one row of each
+      for (auto* p : model.parameters())
+        if (p->name() == "tok_emb.weight" || p->name() == "pos_emb.weight") table_elems += p->size();
+      std::array<std::vector<double>, 2> rate_of;  // fp32, bf16: tokens/s of each run
+      std::array<std::size_t, 2> weights{};
+      for (std::size_t run = 0; run < precision_runs; ++run)
+        for (int k = 0; k < 2; ++k) {
+          const auto [step, w] =
+              k == 0 ? one_sequence_step<Engine>(model, world, ec, decode_context, decode_steps, vocab, seq)
+                     : one_sequence_step<EngineBF16>(model, world, ec, decode_context, decode_steps, vocab, seq);
+          rate_of[std::size_t(k)].push_back(1.0 / step);
+          weights[std::size_t(k)] = w;
+        }
+      if (root) {
+        const double ctx = double(decode_context) + 1.0 + double(decode_steps) / 2.0;
+        const double kv_elems = double(layers) * 2.0 * ctx * double(c.kv() / std::size_t(world.size()) * c.head_dim());
+        const char* names[2] = {"fp32", "bf16"};
+        const double elem[2] = {4, 2};
+        for (int k = 0; k < 2; ++k) {
+          const auto& v = rate_of[std::size_t(k)];
+          const double bytes = double(weights[std::size_t(k)]) - double(table_elems) * elem[k] + kv_elems * elem[k];
+          const double med = median(v);
+          std::printf("  decode at batch 1, %s weights and KV cache: median %.1f tokens/s (runs %.1f-%.1f) at context "
+                      "~%.0f; a token reads %.2f MB; %.2f GB/s read, %.3f of the copy bandwidth's limit\n",
+                      names[k], med, *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()), ctx,
+                      bytes / 1e6, bytes * med / 1e9, med / (bandwidth / bytes));
+        }
+        std::printf("  bf16 / fp32 decode tokens/s at batch 1: %.2fx (medians of %zu alternating runs of %zu steps)\n",
+                    median(rate_of[1]) / median(rate_of[0]), precision_runs, decode_steps);
+      }
     }
   } catch (const weft::Error& err) {
     return weft::report_error_once(env, err, "bench_serve", 2);
