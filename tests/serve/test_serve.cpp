@@ -5,7 +5,10 @@
 // tokens; a request's tokens do not depend on what shares its batch, nor on
 // being preempted when the KV blocks run out; bad requests are rejected with
 // a message while the others are served. Double precision where tokens are
-// compared (float ties could break differently across TP sizes).
+// compared (float ties could break differently across TP sizes). Serving
+// in bf16 (weft::Precision<weft::BF16>) against fp32 serving of the same
+// weights: logits within a stated rounding bound, greedy tokens, half the
+// bytes, and the planner's bf16 budget.
 #include <cmath>
 #include <filesystem>
 #include <cstdint>
@@ -568,6 +571,13 @@ TEST_CASE("serve: bf16 greedy generation follows fp32's first tokens, split over
     // The TP split of the same bf16 weights against one process: the same bf16 values, summed in another order.
     CHECK(std::vector<int>(b[i].begin(), b[i].begin() + 3) == std::vector<int>(s[i].begin(), s[i].begin() + 3));
   }
+  // Mixture-of-experts blocks in bf16 (router, selection bias and experts rounded once; scores in double) serve
+  // every request in full.
+  weft::nn::GPT<float, TPOnly> moe(tiny_moe(true), weft::test::world());
+  set_selection_bias(moe);
+  Engine<float, Space, weft::TensorParallel<>, BF16Serving> b16_moe(moe, ec);
+  const auto m = run(b16_moe);
+  for (std::size_t i = 0; i < rs.size(); ++i) CHECK(m[i].size() == rs[i].max_new_tokens);
 }
 
 TEST_CASE("serve: a bf16 KV cache and bf16 weights take half the bytes, and the planner counts them") {
