@@ -57,6 +57,7 @@ struct Options {
   int pp = 1;
   int cp = 1;
   int ep = 1;  // expert parallelism: the MoE blocks' experts over ep ranks (folded over DP)
+  std::string precision = "fp32";  // --precision: the operand type of the weight products (fp32, bf16)
   std::string context = "ring";  // --context: the CP variant (ring, allgather, alltoall), a compiled type each
   bool sequence_parallel = false;
   std::string schedule = "1f1b", stages = "equal";
@@ -107,6 +108,10 @@ inline constexpr const char* kUsage =
     "  --stages S        pipeline stage boundaries: auto (measured time and memory), equal, or blocks per stage L1,L2,... (equal)\n"
     "  --stage-memory-mb X  memory limit per stage for --stages auto (0: none)\n"
     "  --dp replicate|zero1|zero2|fsdp  data-parallel mode (replicate)\n"
+    "  --precision fp32|bf16  the weight products' operand type (fp32): bf16 rounds weights and activations\n"
+    "                    to bf16 for every Linear product and accumulates in fp32 (weft::Precision<BF16>);\n"
+    "                    weights, optimizer state, activations and reductions stay fp32. Compiled for\n"
+    "                    meshes of dp, tp and cp (no pp, no ep). fp16 needs loss scaling: not yet\n"
     "  --bucket-mb X     gradient bucket size of replicate and zero1 in MiB (25)\n"
     "  --no-overlap      reduce gradients after backward instead of during it\n"
     "  --baseline FILE   loss parity: fail unless the loss curve follows FILE's (a --record of another run)\n"
@@ -272,6 +277,13 @@ inline Options parse(int argc, char** argv) {
        }},
       {"--divergence-window", [&](const std::string& v) { o.divergence_window = parse_count("--divergence-window", v); }},
       {"--dp", [&](const std::string& v) { o.dp_mode = weft::parallel::parse_dp_mode(v); }},
+      {"--precision", [&](const std::string& v) {
+         WEFT_REQUIRE(v != "fp16", ConfigError, "--precision fp16: fp16 training needs dynamic loss scaling "
+                      "(weft::Precision<FP16, F32, DynamicLossScale>), which train_gpt's steps do not do yet; use "
+                      "--precision bf16 (bf16 has float's exponent range and needs no loss scaling) or fp32");
+         WEFT_REQUIRE(v == "fp32" || v == "bf16", ConfigError, "--precision ", v, ": expected fp32 or bf16");
+         o.precision = v;
+       }},
       {"--checkpoint", [&](const std::string& v) { o.ckpt.dir = v; }},
       {"--save-every", [&](const std::string& v) { o.ckpt.save_every = parse_count("--save-every", v); }},
       {"--keep", [&](const std::string& v) { o.ckpt.keep = parse_count("--keep", v, true); }},
@@ -415,6 +427,7 @@ struct Job {
   weft::Comm* cp = nullptr;    // the CP axis (null without context parallelism)
   weft::Comm* ep = nullptr;    // the EP axis (null without expert parallelism; dp is then DP x EP)
   std::string context;         // the CP policy ("Context<Ring>", ...; empty without)
+  std::string precision = "fp32";  // the weight products' operand type: "fp32" or "bf16" (the strategy's weft::Precision)
   weft::Comm* pp = nullptr;    // the PP axis (null without a pipeline)
   std::string schedule, stages;  // pipeline: the schedule's name, blocks per virtual stage
   int microbatches = 1;
@@ -908,7 +921,7 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                           .set("attention", ncp > 1 || weft::nn::detail::use_blockwise_attention<float>(c.local(std::size_t(ntp)))
                                                 ? "blockwise"
                                                 : "blas")
-                          .set("dtype", "float32"));
+                          .set("dtype", "float32").set("precision", job.precision));
     Json mesh = Json::object().set("dp", ndp).set("tp", ntp).set("pp", npp).set("cp", ncp).set("ep", nep).set("world_size", world)
                     .set("sequence_parallel", job.sequence_parallel).set("strategy", job.strategy)
                     .set("dp_mode", weft::parallel::to_string(job.dp_mode)).set("bucket_mb", o.dp_options.bucket_mb)
@@ -1065,6 +1078,7 @@ Job job_of(const char* model_name, Model& model, DP& dp, AnyOptimizer& opt) {
   job.model_name = model_name;
   job.dp_mode = DP::mode();
   job.sequence_parallel = S::sequence_parallel;
+  job.precision = S::precision::mixed ? "bf16" : "fp32";
   job.dp = &dp.comm();
   for (auto* p : model.parameters()) job.parameters += p->size();
   job.model_memory = [&model] { return model.memory(); };
@@ -1189,7 +1203,7 @@ struct without_axis;
 template <class... E, class A>
 struct without_axis<weft::Strategy<E...>, A> {
   template <class X>
-  using keep = std::conditional_t<std::is_same_v<typename X::axis, A>, std::tuple<>, std::tuple<X>>;
+  using keep = std::conditional_t<std::is_same_v<weft::detail::entry_axis_t<X>, A>, std::tuple<>, std::tuple<X>>;
   template <class... X>
   static weft::Strategy<X...> of(std::tuple<X...>);
   using type = decltype(of(std::tuple_cat(std::declval<keep<E>>()...)));
@@ -1324,6 +1338,15 @@ template <class D>
 struct StrategyOf<D, weft::NoPolicy, void> {
   using type = weft::Strategy<weft::On<weft::DP, D>>;
 };
+// --precision bf16: the same strategy with a weft::Precision<BF16> entry last.
+template <class S, bool BF16>
+struct WithPrecision {
+  using type = S;
+};
+template <class... E>
+struct WithPrecision<weft::Strategy<E...>, true> {
+  using type = weft::Strategy<E..., weft::Precision<weft::BF16>>;
+};
 
 // Calls f(std::type_identity<S>{}) with the compiled strategy the flags name.
 template <class F>
@@ -1385,7 +1408,11 @@ int pick_strategy(const Options& o, F&& f) {
     return with_tp([&]<class TPPolicy>(std::type_identity<TPPolicy>) {
       return with_schedule([&]<class Sched>(std::type_identity<Sched>) {
         return with_cp([&]<class C>(std::type_identity<C>) {
-          return f(std::type_identity<typename WithContext<typename StrategyOf<D, TPPolicy, Sched>::type, C>::type>{});
+          using S = typename WithContext<typename StrategyOf<D, TPPolicy, Sched>::type, C>::type;
+          // bf16 products are compiled for the strategies without a pipeline (checked before step 0)
+          if constexpr (std::is_void_v<Sched>)
+            if (o.precision == "bf16") return f(std::type_identity<typename WithPrecision<S, true>::type>{});
+          return f(std::type_identity<S>{});
         });
       });
     });
@@ -1472,6 +1499,10 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
                "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
   WEFT_REQUIRE(o.cp > 1 || o.context == "ring", ConfigError, "--context ", o.context,
                " needs a context-parallel axis: add cp=N (N > 1) to --mesh");
+  // bf16 products are compiled into train_gpt for the strategies without a pipeline or experts over EP.
+  WEFT_REQUIRE(o.precision == "fp32" || (o.pp == 1 && o.ep == 1), ConfigError, "--precision ", o.precision,
+               " with --mesh pp=", o.pp, ",ep=", o.ep, ": train_gpt compiles bf16 products (weft::Precision<BF16>) for "
+               "meshes of dp, tp and cp only; drop pp and ep or use --precision fp32");
   o.model.batch = weft::parallel::local_microbatch(o.batch, std::size_t(c.ndp * o.ep), o.microbatches);
   o.model.validate();
   if (o.cp > 1) {
@@ -1600,7 +1631,15 @@ struct RunArgs {
 /// The parts of the strategy table, one per translation unit: every strategy
 /// without a pipeline or expert parallelism (DP x TP x CP), every one with
 /// expert parallelism and no pipeline, and the pipelined ones by DP mode.
-enum class Part { data_tensor, expert, pipeline_replicated, pipeline_zero1, pipeline_zero2, pipeline_fully_shard };
+enum class Part {
+  data_tensor,
+  data_tensor_bf16,  // the same strategies with weft::Precision<BF16> (--precision bf16)
+  expert,
+  pipeline_replicated,
+  pipeline_zero1,
+  pipeline_zero2,
+  pipeline_fully_shard
+};
 
 /// The part that holds the strategy the (checked) flags name.
 inline Part part_of(const Options& o) {
@@ -1612,7 +1651,8 @@ inline Part part_of(const Options& o) {
       case weft::parallel::DPMode::fsdp: return Part::pipeline_fully_shard;
     }
   }
-  return o.ep > 1 ? Part::expert : Part::data_tensor;
+  if (o.ep > 1) return Part::expert;
+  return o.precision == "bf16" ? Part::data_tensor_bf16 : Part::data_tensor;
 }
 
 /// Whether the compiled strategy S belongs to part P (the same rule as part_of).
@@ -1626,6 +1666,8 @@ constexpr bool in_part() {
     else return P == Part::pipeline_fully_shard;
   } else if constexpr (S::expert_parallel_v) {
     return P == Part::expert;
+  } else if constexpr (S::precision::mixed) {
+    return P == Part::data_tensor_bf16;
   } else {
     return P == Part::data_tensor;
   }
@@ -1650,6 +1692,7 @@ int run_part(const RunArgs& a) {
 }
 
 extern template int run_part<Part::data_tensor>(const RunArgs&);
+extern template int run_part<Part::data_tensor_bf16>(const RunArgs&);
 extern template int run_part<Part::expert>(const RunArgs&);
 extern template int run_part<Part::pipeline_replicated>(const RunArgs&);
 extern template int run_part<Part::pipeline_zero1>(const RunArgs&);

@@ -42,19 +42,37 @@ struct gpt_layer_policy {
                 "single-process model). The execution space is the third argument: write "
                 "nn::GPT<T, weft::SingleProcess, Space>, or nn::GPTModel<T, Space, LayerPolicy>");
   using type = NoPolicy;
+  using precision = Precision<>;
 };
 template <class... E>
 struct gpt_layer_policy<Strategy<E...>> {
   using type = layer_policy_t<Strategy<E...>>;
+  using precision = typename Strategy<E...>::precision;
 };
 }  // namespace detail
 
 /// The reference GPT, parameterised by what of a strategy changes its code:
 /// LayerPolicy is weft::NoPolicy (the single-process model),
-/// weft::TensorParallel<> or weft::TensorParallel<weft::SequenceParallel>.
+/// weft::TensorParallel<> or weft::TensorParallel<weft::SequenceParallel>;
+/// Prec is the strategy's weft::Precision, whose Param sets the operand type
+/// of every weight product (Context::products; T must then be float: the
+/// weights, activations and gradients stay fp32).
 /// Usually named through nn::GPT<T, Strategy, Space>.
-template <class T, class Space = Kokkos::DefaultExecutionSpace, class LayerPolicy = NoPolicy>
+template <class T, class Space = Kokkos::DefaultExecutionSpace, class LayerPolicy = NoPolicy, class Prec = Precision<>>
 class GPTModel {
+  static_assert(is_precision_v<Prec>,
+                "weft::nn::GPTModel<T, Space, LayerPolicy, Prec>: Prec must be a weft::Precision<...> (the "
+                "strategy's: typename S::precision)");
+  static_assert(!Prec::mixed || std::is_same_v<T, float>,
+                "weft::nn::GPTModel: a mixed weft::Precision (BF16 or FP16 products) needs T = float -- the "
+                "weights, activations and gradients stay fp32 and only the products' operands are 2-byte");
+  static_assert(!Prec::loss_scaled,
+                "weft::nn::GPTModel: weft::Precision<FP16, F32, DynamicLossScale> is not trained yet -- the training "
+                "steps do not scale the loss, so fp16 gradients would underflow; use weft::Precision<weft::BF16> "
+                "(bf16 has float's exponent range and needs no loss scaling)");
+  static_assert(std::is_same_v<typename Prec::reduce, F32>,
+                "weft::nn::GPTModel: a 2-byte gradient reduction (weft::Precision<BF16, BF16>) is not implemented yet "
+                "-- gradients are reduced in fp32; use weft::Precision<weft::BF16> (= Precision<BF16, F32>)");
   static_assert(detail::is_layer_policy_v<LayerPolicy>,
                 "weft::nn::GPTModel<T, Space, LayerPolicy>: LayerPolicy must be weft::NoPolicy, "
                 "weft::TensorParallel<> or weft::TensorParallel<weft::SequenceParallel> (weft::layer_policy_t of a "
@@ -63,6 +81,8 @@ class GPTModel {
  public:
   /// The layer policy (weft::layer_policy_t of the strategies that select this model).
   using layer_policy = LayerPolicy;
+  /// The precision policy (the strategy's weft::Precision).
+  using precision = Prec;
   /// Whether the layers are split over a TP axis.
   static constexpr bool tensor_parallel_v = !std::is_same_v<LayerPolicy, NoPolicy>;
   /// Whether the residual stream's tokens are sharded over TP too.
@@ -130,7 +150,8 @@ class GPTModel {
   GPTModel(const GPTConfig& c, TensorParallel tp, ContextParallel<T, Space> cp, int, ExpertSplit ep = {})
       : global_(c), cp_(std::move(cp)), cfg_(checked(c, tp, cp_, ep)),
         ctx_(std::make_shared<Context>(
-            Context{nullptr, tp, ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, ep})),
+            Context{nullptr, tp, ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, ep,
+                    product_precision_v<Prec>, nullptr})),
         emb_(ctx_, cfg_),
         ln_f_(ctx_, "ln_f", cfg_.norm, cfg_.d_model, cfg_.norm_eps),
         head_(ctx_, "lm_head", cfg_.d_model, cfg_.vocab, false, cfg_.seed, cfg_.init_std,
@@ -485,6 +506,6 @@ class GPTModel {
 ///                            weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>>;
 ///   weft::nn::GPT<float, S> split(mesh, cfg);                      // split over mesh.axis<weft::TP>()
 template <class T, class S = SingleProcess, class Space = Kokkos::DefaultExecutionSpace>
-using GPT = GPTModel<T, Space, typename detail::gpt_layer_policy<S>::type>;
+using GPT = GPTModel<T, Space, typename detail::gpt_layer_policy<S>::type, typename detail::gpt_layer_policy<S>::precision>;
 
 }  // namespace weft::nn

@@ -10,6 +10,7 @@
 #include <weft/ops/elementwise.hpp>
 #include <weft/ops/gemm.hpp>
 #include <weft/ops/random.hpp>
+#include <weft/precision/convert.hpp>
 
 namespace weft::nn {
 
@@ -41,7 +42,9 @@ struct LinearSplit {
   }
 };
 
-/// A dense layer with optional bias.
+/// A dense layer with optional bias. Its three products (forward, input
+/// gradient, weight gradient) run in the context's ProductPrecision
+/// (Context::products): fp32, or bf16 / fp16 operands accumulated in fp32.
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class Linear {
  public:
@@ -105,7 +108,7 @@ class Linear {
   void forward(const XV& x, const YV& y) const {
     {
       metrics::Profiler::Scope s(ctx_->profiler, "gemm");
-      ops::gemm(ops::Trans::N, ops::Trans::N, T(1), x, weight_.matrix(), T(0), y);
+      product_xw(x, y);
     }
     if (!bias_.empty() && split_.kind != LinearSplit::Kind::row) add_bias(y);
   }
@@ -115,7 +118,7 @@ class Linear {
   template <class XV, class YV>
   void forward_product(const XV& x, const YV& y) const {
     metrics::Profiler::Scope s(ctx_->profiler, "gemm");
-    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), x, weight_.matrix(), T(0), y);
+    product_xw(x, y);
   }
 
   /// y += b: the bias of a row-parallel layer, added once to the reduced sum.
@@ -154,10 +157,14 @@ class Linear {
         Kokkos::deep_copy(kept, dy);
         ctx_->deferred_weight_grads->push([this, x, kept] { backward_weight(x, kept); });
       } else {
+        if constexpr (std::is_same_v<T, float>) {
+          // 2-byte products: dy rounded once for both
+          if (ctx_->products == ProductPrecision::bf16) return staged_backward<bf16>(x, dy, dx, accumulate_dx);
+          if (ctx_->products == ProductPrecision::fp16) return staged_backward<fp16>(x, dy, dx, accumulate_dx);
+        }
         weight_gemm(x, dy);
       }
-      if (dx.extent(0) != 0)
-        ops::gemm(ops::Trans::N, ops::Trans::T, T(1), dy, weight_.matrix(), T(accumulate_dx ? 1 : 0), dx);
+      if (dx.extent(0) != 0) product_dx(dy, dx, accumulate_dx);
     }
   }
 
@@ -211,9 +218,70 @@ class Linear {
     return s;
   }
 
+  // The three products, in the context's product precision. In fp32 (and for
+  // a T other than float) they are the plain gemms. With 2-byte products each
+  // operand is rounded once to H (weft::bf16 or weft::fp16) into the model's
+  // staging slots and the product accumulates in float into the float output
+  // (ops::gemm's provider rule: oneDNN's bf16 x bf16 -> f32 where it has one,
+  // an exact widening otherwise). The weight's compute copy is made again for
+  // every product that reads it, so it is never stale, whatever changed the
+  // weight (an optimizer step, an FSDP gather, a checkpoint load).
+  template <class XV, class YV>
+  void product_xw(const XV& x, const YV& y) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (ctx_->products == ProductPrecision::bf16) return staged_xw<bf16>(x, y);
+      if (ctx_->products == ProductPrecision::fp16) return staged_xw<fp16>(x, y);
+    }
+    ops::gemm(ops::Trans::N, ops::Trans::N, T(1), x, weight_.matrix(), T(0), y);
+  }
+  template <class DYV, class DXV>
+  void product_dx(const DYV& dy, const DXV& dx, bool accumulate) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (ctx_->products == ProductPrecision::bf16) return staged_dx<bf16>(dy, dx, accumulate);
+      if (ctx_->products == ProductPrecision::fp16) return staged_dx<fp16>(dy, dx, accumulate);
+    }
+    ops::gemm(ops::Trans::N, ops::Trans::T, T(1), dy, weight_.matrix(), T(accumulate ? 1 : 0), dx);
+  }
   template <class XV, class DYV>
   void weight_gemm(const XV& x, const DYV& dy) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (ctx_->products == ProductPrecision::bf16) return staged_dw<bf16>(x, dy);
+      if (ctx_->products == ProductPrecision::fp16) return staged_dw<fp16>(x, dy);
+    }
     ops::gemm(ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), weight_.grad_matrix());
+  }
+
+  ProductStaging<Space>& staging() const {
+    if (!ctx_->staging) ctx_->staging = std::make_shared<ProductStaging<Space>>();
+    return static_cast<ProductStaging<Space>&>(*ctx_->staging);
+  }
+  // Slot `slot` of the staging holding src rounded to H.
+  template <class H, class V>
+  MatrixRef<H, Space> staged(int slot, const V& src) const {
+    auto m = staging().template matrix<H>(slot, src.extent(0), src.extent(1));
+    weft::convert(m, src);
+    return m;
+  }
+  template <class H, class XV, class YV>
+  void staged_xw(const XV& x, const YV& y) const {
+    const auto w = staged<H>(0, weight_.matrix());
+    ops::gemm(ops::Trans::N, ops::Trans::N, 1.0f, staged<H>(1, x), w, 0.0f, y);
+  }
+  template <class H, class DYV, class DXV>
+  void staged_dx(const DYV& dy, const DXV& dx, bool accumulate) const {
+    const auto w = staged<H>(0, weight_.matrix());
+    ops::gemm(ops::Trans::N, ops::Trans::T, 1.0f, staged<H>(2, dy), w, accumulate ? 1.0f : 0.0f, dx);
+  }
+  template <class H, class XV, class DYV, class DXV>
+  void staged_backward(const XV& x, const DYV& dy, const DXV& dx, bool accumulate) {
+    const auto dyh = staged<H>(2, dy);
+    ops::gemm(ops::Trans::T, ops::Trans::N, 1.0f, staged<H>(1, x), dyh, 1.0f, weight_.grad_matrix());
+    if (dx.extent(0) != 0)
+      ops::gemm(ops::Trans::N, ops::Trans::T, 1.0f, dyh, staged<H>(0, weight_.matrix()), accumulate ? 1.0f : 0.0f, dx);
+  }
+  template <class H, class XV, class DYV>
+  void staged_dw(const XV& x, const DYV& dy) {
+    ops::gemm(ops::Trans::T, ops::Trans::N, 1.0f, staged<H>(1, x), staged<H>(2, dy), 1.0f, weight_.grad_matrix());
   }
 
   ContextPtr ctx_;

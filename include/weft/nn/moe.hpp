@@ -372,7 +372,8 @@ class MoE {
   MoE(ContextPtr ctx, const std::string& name, const GPTConfig& c)
       : ctx_(checked(std::move(ctx), name, c)),
         inner_(std::make_shared<Context>(Context{ctx_->profiler, TensorParallel{}, ContextSplit{},
-                                                 ctx_->deferred_weight_grads, ExpertSplit{}})),
+                                                 ctx_->deferred_weight_grads, ExpertSplit{}, ctx_->products,
+                                                 nullptr})),
         cfg_(c),
         local_(c.experts / ctx_->ep.ep_size()),
         first_(ctx_->ep.ep_rank() * local_),

@@ -15,6 +15,7 @@
 #include <weft/metrics/memory.hpp>
 #include <weft/metrics/profiler.hpp>
 #include <weft/ops/common.hpp>
+#include <weft/precision/policy.hpp>
 
 namespace weft::nn {
 
@@ -243,16 +244,77 @@ class DeferredWork {
   std::size_t bytes_ = 0;
 };
 
+/// The element type of the operands of a model's weight products (every
+/// nn::Linear's forward, input-gradient and weight-gradient product): f32
+/// (the products in fp32), bf16 or fp16. A model sets it from its strategy's
+/// weft::Precision (product_precision_v) when it is built; it is never read
+/// from a run-time flag.
+enum class ProductPrecision { f32, bf16, fp16 };
+
+/// The ProductPrecision of a weft::Precision<Param, ...>: its Param tag's.
+template <class Prec>
+inline constexpr ProductPrecision product_precision_v =
+    std::is_same_v<typename Prec::param, BF16>   ? ProductPrecision::bf16
+    : std::is_same_v<typename Prec::param, FP16> ? ProductPrecision::fp16
+                                                 : ProductPrecision::f32;
+
+/// "f32", "bf16" or "fp16".
+inline const char* to_string(ProductPrecision p) {
+  return p == ProductPrecision::bf16 ? "bf16" : p == ProductPrecision::fp16 ? "fp16" : "f32";
+}
+
+/// Scratch memory the 2-byte products of one model share (ProductStaging<Space>):
+/// the compute copy of a weight and the two operands, rounded to 2 bytes just
+/// before a product. One per model, grown to the largest product; its bytes
+/// are the "product staging" workspace of the memory ledger.
+struct ProductStagingBase {
+  virtual ~ProductStagingBase() = default;
+  /// Bytes held.
+  virtual std::size_t bytes() const = 0;
+};
+
+/// ProductStagingBase in the memory of Space: three slots of 2-byte elements
+/// (0: a weight's compute copy, 1 and 2: the products' activation operands).
+template <class Space>
+struct ProductStaging : ProductStagingBase {
+  /// Slot s as a [rows, cols] matrix of H (weft::bf16 or weft::fp16), grown
+  /// (without initialisation) when it holds fewer than rows x cols elements.
+  /// Valid until the next call for the same slot.
+  template <class H>
+  MatrixRef<H, Space> matrix(int s, std::size_t rows, std::size_t cols) {
+    static_assert(sizeof(H) == sizeof(std::uint16_t), "weft::nn::ProductStaging holds 2-byte elements");
+    auto& v = slots_[s];
+    if (v.extent(0) < rows * cols)
+      v = allocate_view<Kokkos::View<std::uint16_t*, Space>>("product_staging." + std::to_string(s), rows * cols);
+    return MatrixRef<H, Space>(reinterpret_cast<H*>(v.data()), rows, cols);
+  }
+  std::size_t bytes() const override {
+    std::size_t b = 0;
+    for (const auto& v : slots_) b += v.extent(0) * sizeof(std::uint16_t);
+    return b;
+  }
+
+ private:
+  Kokkos::View<std::uint16_t*, Space> slots_[3];
+};
+
 /// What every layer of one model shares: the profiler that kernel scopes
-/// charge (null: no timing, no fences), the tensor-parallel split, and where
+/// charge (null: no timing, no fences), the tensor-parallel split, where
 /// weight-gradient gemms go when they are deferred (null: computed during
-/// backward, the default).
+/// backward, the default), and the precision of the weight products.
 struct Context {
   metrics::Profiler* profiler = nullptr;
   TensorParallel tp;  ///< the TP axis (inactive: the single-process model)
   ContextSplit cp;    ///< the CP axis (inactive: every rank holds whole sequences)
   DeferredWork* deferred_weight_grads = nullptr;
   ExpertSplit ep;     ///< the EP axis and the microbatch's ranks (inactive: one process)
+  /// The operand type of every nn::Linear product (f32: fp32 products, the
+  /// default). With bf16 or fp16 the float weights and activations are
+  /// rounded to 2 bytes just before each product, which accumulates in fp32
+  /// and writes fp32; the weights, activations and gradients stay fp32.
+  ProductPrecision products = ProductPrecision::f32;
+  /// The 2-byte products' scratch (made by the first product that needs it).
+  std::shared_ptr<ProductStagingBase> staging;
 };
 
 /// Called by a model around the forward and backward of each parameter group

@@ -141,7 +141,8 @@ class GPTStage {
            nn::ContextParallel<T, Space> cp, nn::ExpertSplit experts, int)
       : global_(cfg), cp_(std::move(cp)), cfg_(checked(cfg, tp, cp_)),
         ctx_(std::make_shared<nn::Context>(
-            nn::Context{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, experts})),
+            nn::Context{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, experts,
+                        nn::ProductPrecision::f32, nullptr})),
         ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
     WEFT_REQUIRE(cfg.experts > 0 || !experts.global(), ConfigError,
                  "pipeline::Stage: a routing split was given for a model without mixture-of-experts blocks");
