@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include <weft/core/parse.hpp>
 #include <weft/weft.hpp>
 #include <weft/parallel/context.hpp>
 
@@ -183,7 +184,7 @@ int main(int argc, char** argv) {
   {
     std::stringstream ss(a.seqs);
     std::string item;
-    while (std::getline(ss, item, ',')) seqs.push_back(std::stoul(item));
+    while (std::getline(ss, item, ',')) seqs.push_back(weft::parse_integer<std::size_t>("--seqs entry", item, 1));
   }
   if (root)
     std::printf("bench_context: 2 ranks, causal attention, H=%zu KV heads=%zu head_dim=%zu, float, forward + backward, "

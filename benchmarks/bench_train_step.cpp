@@ -10,6 +10,9 @@
 //     only the attention comparison: one causal layer of one sequence at each
 //     T, BLAS products around stored [T, T] probabilities against the
 //     blockwise kernel (CPU seconds, median of --reps, alternating)
+//   bench_train_step --config M --precision-ratio 7 [--warmup 2]
+//     bf16 products (weft::Precision<BF16>) against fp32: one step of each
+//     model in turn, medians of the wall times, and the ratio
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -23,6 +26,7 @@
 
 #include <time.h>
 
+#include <weft/core/parse.hpp>
 #include <weft/weft.hpp>
 
 namespace {
@@ -174,7 +178,7 @@ int attention_only(const std::string& seqs, std::size_t H, std::size_t hd, int r
   std::printf("%8s %12s %12s %16s %14s\n", "T", "BLAS s", "blockwise s", "blockwise/BLAS", "[T,T] MiB");
   std::stringstream in(seqs);
   for (std::string item; std::getline(in, item, ',');) {
-    const std::size_t T = std::stoul(item);
+    const std::size_t T = weft::parse_integer<std::size_t>("--attention-seqs entry", item, 1);
     const weft::nn::GPTConfig c = make(1, H * hd, H, T, 1, 256);
     const auto [tb, tf] = attention_kernels(c, reps);
     std::printf("%8zu %12.4f %12.4f %16.2f %14.1f\n", T, tb, tf, tf / tb,
@@ -184,9 +188,40 @@ int attention_only(const std::string& seqs, std::size_t H, std::size_t hd, int r
   return 0;
 }
 
+// bf16 products against fp32: the same config as nn::GPT<float> and as
+// nn::GPT<float, Strategy<Precision<BF16>>>, one step of each in turn for
+// `rounds` rounds after a warm-up, medians of the wall times.
+template <class Config>
+void precision_ratio(const char* name, const Config& c, const std::vector<std::uint8_t>& corpus, int rounds, int warmup) {
+  using BF16 = weft::Strategy<weft::Precision<weft::BF16>>;
+  weft::nn::GPT<float, weft::SingleProcess, Space> f32(c);
+  weft::nn::GPT<float, BF16, Space> b16(c);
+  weft::optim::AdamW<float, Space> opt32(f32.parameters()), opt16(b16.parameters());
+  weft::data::TokenStream s32(corpus, c.seq, c.seed), s16(corpus, c.seq, c.seed);
+  const std::size_t N = c.tokens();
+  weft::ops::Tokens<Space> ids("ids", N), tg("targets", N);
+  std::vector<double> t32, t16;
+  double l32 = 0, l16 = 0;
+  for (int r = 0; r < warmup + rounds; ++r) {
+    auto timed = [&](auto& gpt, auto& opt, auto& stream, double& loss) {
+      Kokkos::fence();
+      const auto t0 = Clock::now();
+      loss = weft::optim::train_step(gpt, opt, stream, std::uint64_t(r), 1, ids, tg, 1e-4, 1.0).loss;
+      Kokkos::fence();
+      return seconds_since(t0);
+    };
+    const double a = timed(f32, opt32, s32, l32), b = timed(b16, opt16, s16, l16);
+    if (r >= warmup) t32.push_back(a), t16.push_back(b);
+  }
+  const double m32 = median(t32), m16 = median(t16);
+  std::printf("config %s, bf16 products against fp32 (alternating steps, median of %d): fp32 %.0f tok/s (loss %.4f), "
+              "bf16 %.0f tok/s (loss %.4f), bf16 / fp32 %.2fx\n",
+              name, rounds, double(N) / m32, l32, double(N) / m16, l16, m32 / m16);
+}
+
 int run(int argc, char** argv) {
   std::string which = "all", attention_seqs;
-  int steps = 0, warmup = 2, threads = 1, reps = 3;
+  int steps = 0, warmup = 2, threads = 1, reps = 3, precision_rounds = 0;
   std::size_t heads = 8, head_dim = 32;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -195,17 +230,18 @@ int run(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--config") which = value();
-    else if (a == "--steps") steps = std::stoi(value());
-    else if (a == "--warmup") warmup = std::stoi(value());
-    else if (a == "--threads") threads = std::stoi(value());
+    else if (a == "--steps") steps = weft::parse_integer<int>(a, value(), 0);
+    else if (a == "--warmup") warmup = weft::parse_integer<int>(a, value(), 0);
+    else if (a == "--threads") threads = weft::parse_integer<int>(a, value(), 1, 1024);
     else if (a == "--attention-seqs") attention_seqs = value();
-    else if (a == "--heads") heads = std::stoul(value());
-    else if (a == "--head-dim") head_dim = std::stoul(value());
-    else if (a == "--reps") reps = std::stoi(value());
+    else if (a == "--heads") heads = weft::parse_integer<std::size_t>(a, value(), 1);
+    else if (a == "--head-dim") head_dim = weft::parse_integer<std::size_t>(a, value(), 1);
+    else if (a == "--reps") reps = weft::parse_integer<int>(a, value(), 1);
+    else if (a == "--precision-ratio") precision_rounds = weft::parse_integer<int>(a, value(), 1);
     else
       weft::detail::throw_error<weft::ConfigError>("unknown flag ", a,
                                                    "; expected --config S|M|all, --steps N, --warmup N, --threads N, "
-                                                   "--attention-seqs T,T,... [--heads H] [--head-dim D] [--reps N]");
+                                                   "--attention-seqs T,T,... [--heads H] [--head-dim D] [--reps N], --precision-ratio ROUNDS");
   }
   WEFT_REQUIRE(reps >= 1 && heads >= 1 && head_dim >= 1, weft::ConfigError, "--reps, --heads and --head-dim must be positive");
   if (!attention_seqs.empty()) {
@@ -230,6 +266,10 @@ int run(int argc, char** argv) {
               core.fp32 * 1e-9, core.fp32_isa, core.bf16 * 1e-9, core.bf16_isa, compute_threads, fma_peak * 1e-9);
 
   const auto corpus = weft::data::synthetic_corpus(1 << 20, 0);
+  if (precision_rounds > 0) {
+    for (const auto& [name, c] : configs) precision_ratio(name, c, corpus, precision_rounds, warmup);
+    return 0;
+  }
   for (const auto& [name, c] : configs) {
     // The peak: the best of a square gemm and the model's own largest shapes.
     const std::size_t N = c.tokens(), D = c.d_model;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <weft/core/host_allocator.hpp>
+#include <weft/core/parse.hpp>
 
 namespace {
 
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
   int reps = 7;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--reps" && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
+      reps = weft::parse_integer<int>("--reps", argv[++i], 1);
     } else {
       std::fprintf(stderr, "probe_strided_gather: unknown option '%s' (options: --reps N)\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);
