@@ -74,6 +74,9 @@ double cross_entropy_forward_backward(const LV& logits, const IV& targets, detai
         const T mx = detail::lane_max<T>(v, [&](std::size_t j) { return load<T>(z[j]); });
         const int t = targets(i);
         const T zt = load<T>(z[t]);
+        // Read outside the constexpr-if: nvcc's extended lambdas may not
+        // capture a variable for the first time inside one.
+        const T gs = grad_scale;
         if constexpr (detail::stores_exactly_v<Z, T>) {
           const T s = detail::lane_sum<T>(v, [&](std::size_t j) {
             const T e = math::fast_exp(z[j] - mx);
@@ -81,18 +84,18 @@ double cross_entropy_forward_backward(const LV& logits, const IV& targets, detai
             return e;
           });
           acc += double(mx + math::log(s) - zt);
-          const T f = grad_scale / s;
+          const T f = gs / s;
           for (std::size_t j = 0; j < v; ++j) z[j] *= f;
-          z[t] -= grad_scale;
+          z[t] -= gs;
         } else {
           // A 2-byte row would round a kept exponential twice: recompute it
           // and round each gradient element once.
           const T s = detail::lane_sum<T>(v, [&](std::size_t j) { return math::fast_exp(load<T>(z[j]) - mx); });
           acc += double(mx + math::log(s) - zt);
-          const T f = grad_scale / s;
+          const T f = gs / s;
           for (std::size_t j = 0; j < v; ++j) {
             const T g = math::fast_exp(load<T>(z[j]) - mx) * f;
-            z[j] = detail::store<Z>(int(j) == t ? g - grad_scale : g);
+            z[j] = detail::store<Z>(int(j) == t ? g - gs : g);
           }
         }
       },
@@ -180,13 +183,16 @@ double vocab_parallel_finish(const LV& logits, const IV& targets, std::size_t fi
         if (!backward) return;
         const T f = grad_scale / s;
         const long t = long(targets(i)) - long(first);
+        // Captured outside the constexpr-if (nvcc's extended-lambda rule).
+        const std::size_t nv = v;
+        const auto& lg = logits;
         if constexpr (detail::stores_exactly_v<Z, T>) {
-          for (std::size_t j = 0; j < v; ++j) logits(i, j) = math::fast_exp(logits(i, j) - mx) * f;
-          if (t >= 0 && t < long(v)) logits(i, std::size_t(t)) -= grad_scale;
+          for (std::size_t j = 0; j < nv; ++j) lg(i, j) = math::fast_exp(lg(i, j) - mx) * f;
+          if (t >= 0 && t < long(nv)) lg(i, std::size_t(t)) -= grad_scale;
         } else {  // 2-byte logits: each gradient element rounded once
-          for (std::size_t j = 0; j < v; ++j) {
-            const T g = math::fast_exp(load<T>(logits(i, j)) - mx) * f;
-            logits(i, j) = detail::store<Z>(long(j) == t ? g - grad_scale : g);
+          for (std::size_t j = 0; j < nv; ++j) {
+            const T g = math::fast_exp(load<T>(lg(i, j)) - mx) * f;
+            lg(i, j) = detail::store<Z>(long(j) == t ? g - grad_scale : g);
           }
         }
       },

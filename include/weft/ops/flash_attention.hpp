@@ -92,19 +92,25 @@ KOKKOS_INLINE_FUNCTION void flash_axpy(T* __restrict y, std::size_t n, T a, cons
 /// The view a kernel computing in T accumulates a rank-3 gradient G into:
 /// G itself when it holds T, else a LayoutRight scratch of T holding G's
 /// values (widened, exactly); accumulator_finish rounds it back into G once.
+// (A function of its own, with its return type spelled: nvcc's extended
+// lambdas may not sit in a function whose return type is deduced.)
+template <class T, class G>
+Kokkos::View<T***, Kokkos::LayoutRight, typename G::memory_space> widened_copy(const G& g, const char* label) {
+  Kokkos::View<T***, Kokkos::LayoutRight, typename G::memory_space> a(
+      Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), g.extent(0), g.extent(1), g.extent(2));
+  const std::size_t n1 = g.extent(1), n2 = g.extent(2);
+  Kokkos::parallel_for(
+      "weft::flash_attention.widen", range(g, g.extent(0) * n1), KOKKOS_LAMBDA(std::size_t r) {
+        for (std::size_t d = 0; d < n2; ++d) a(r / n1, r % n1, d) = load<T>(g(r / n1, r % n1, d));
+      });
+  return a;
+}
 template <class T, class G>
 auto accumulator_for(const G& g, const char* label) {
   if constexpr (stores_exactly_v<value_t<G>, T>) {
     return g;
   } else {
-    Kokkos::View<T***, Kokkos::LayoutRight, typename G::memory_space> a(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), g.extent(0), g.extent(1), g.extent(2));
-    const std::size_t n1 = g.extent(1), n2 = g.extent(2);
-    Kokkos::parallel_for(
-        "weft::flash_attention.widen", range(g, g.extent(0) * n1), KOKKOS_LAMBDA(std::size_t r) {
-          for (std::size_t d = 0; d < n2; ++d) a(r / n1, r % n1, d) = load<T>(g(r / n1, r % n1, d));
-        });
-    return a;
+    return widened_copy<T>(g, label);
   }
 }
 /// g = a rounded to g's element type, when accumulator_for gave a scratch.

@@ -134,10 +134,15 @@ void decode_attention(const QV& qkv, const DecodeTokens<Space>& tok, const Decod
         // a cached position's keys or values of every key/value head, are
         // consecutive elements. o points at head h0's output features.
         QE* q = &qkv(r, 0);
-        [[maybe_unused]] T obuf[in_out ? 1 : HG * MAXD];
+        [[maybe_unused]] T obuf[ops::detail::stores_exactly_v<O, T> ? 1 : HG * MAXD];
+        // out and hd are captured outside the constexpr-ifs, whose conditions
+        // name the trait rather than the local in_out (nvcc's extended lambdas
+        // may not capture a variable for the first time inside one).
+        [[maybe_unused]] const auto& outv = out;
+        const std::size_t hdim = hd;
         T* o;
-        if constexpr (in_out)
-          o = &out(r, h0 * hd);
+        if constexpr (ops::detail::stores_exactly_v<O, T>)
+          o = &outv(r, h0 * hdim);
         else
           o = obuf;
         T mx[HG], sum[HG], e[TL][HG];
@@ -184,7 +189,7 @@ void decode_attention(const QV& qkv, const DecodeTokens<Space>& tok, const Decod
           }
         }
         for (std::size_t hh = 0; hh < nh; ++hh) {
-          if constexpr (in_out) {
+          if constexpr (ops::detail::stores_exactly_v<O, T>) {
             ops::detail::row_scale(o + hh * hd, T(1) / sum[hh], hd);
           } else {
             const T inv = T(1) / sum[hh];
