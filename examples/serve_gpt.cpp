@@ -153,16 +153,7 @@ Range parse_range(const std::string& flag, const std::string& v) {
   return r;
 }
 
-template <class E>
-E parse_choice(const std::string& flag, const std::string& v, const std::map<std::string, E>& choices) {
-  auto it = choices.find(v);
-  if (it == choices.end()) {
-    std::string names;
-    for (const auto& [k, e] : choices) names += (names.empty() ? "" : ", ") + k;
-    weft::detail::throw_error<ConfigError>(flag, " ", v, ": expected one of ", names);
-  }
-  return it->second;
-}
+using weft::parse_choice;
 
 struct Options {
   weft::nn::GPTConfig model;
@@ -342,37 +333,44 @@ double percentile(std::vector<double> v, double p) {
   return i + 1 < v.size() ? v[i] + (x - double(i)) * (v[i + 1] - v[i]) : v.back();
 }
 
+// Where each rank's n elements land in a gather onto rank 0 of comm: the
+// counts and offsets MPI_Gatherv takes on the root, and the total.
+struct GatherLayout {
+  std::vector<int> counts, displs;
+  int total = 0;
+};
+GatherLayout gather_layout(MPI_Comm comm, int n) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  GatherLayout g;
+  g.counts.resize(static_cast<std::size_t>(size));
+  g.displs.resize(static_cast<std::size_t>(size));
+  MPI_Gather(&n, 1, MPI_INT, g.counts.data(), 1, MPI_INT, 0, comm);
+  for (int r = 0; r < size; ++r) {
+    g.displs[std::size_t(r)] = g.total;
+    g.total += g.counts[std::size_t(r)];
+  }
+  return g;
+}
+
 // Gathers every rank's vector of doubles onto world rank 0 (concatenated in rank order).
 std::vector<double> gather(MPI_Comm comm, const std::vector<double>& mine) {
-  int n = int(mine.size()), size = 0, rank = 0;
-  MPI_Comm_size(comm, &size);
+  int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
-  MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm);
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    displs[std::size_t(r)] = total;
-    total += counts[std::size_t(r)];
-  }
-  std::vector<double> all(rank == 0 ? std::size_t(total) : 0);
-  MPI_Gatherv(mine.data(), n, MPI_DOUBLE, all.data(), counts.data(), displs.data(), MPI_DOUBLE, 0, comm);
+  const GatherLayout g = gather_layout(comm, int(mine.size()));
+  std::vector<double> all(rank == 0 ? std::size_t(g.total) : 0);
+  MPI_Gatherv(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), g.counts.data(), g.displs.data(), MPI_DOUBLE, 0,
+              comm);
   return all;
 }
 
 // Gathers every rank's text onto world rank 0 (concatenated in rank order; empty elsewhere).
 std::string gather_text(MPI_Comm comm, const std::string& mine) {
-  int n = int(mine.size()), size = 0, rank = 0;
-  MPI_Comm_size(comm, &size);
+  int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
-  MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm);
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    displs[std::size_t(r)] = total;
-    total += counts[std::size_t(r)];
-  }
-  std::string all(rank == 0 ? std::size_t(total) : 0, '\0');
-  MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0, comm);
+  const GatherLayout g = gather_layout(comm, int(mine.size()));
+  std::string all(rank == 0 ? std::size_t(g.total) : 0, '\0');
+  MPI_Gatherv(mine.data(), int(mine.size()), MPI_CHAR, all.data(), g.counts.data(), g.displs.data(), MPI_CHAR, 0, comm);
   return all;
 }
 

@@ -169,16 +169,7 @@ inline double parse_real(const std::string& flag, const std::string& v, bool pos
   return x;
 }
 
-template <class E>
-E parse_choice(const std::string& flag, const std::string& v, const std::map<std::string, E>& choices) {
-  auto it = choices.find(v);
-  if (it == choices.end()) {
-    std::string names;
-    for (const auto& [k, e] : choices) names += (names.empty() ? "" : ", ") + k;
-    weft::detail::throw_error<ConfigError>(flag, " ", v, ": expected one of ", names);
-  }
-  return it->second;
-}
+using weft::parse_choice;
 
 // --mesh dp=A[,tp=B,pp=C,cp=D,ep=E]: the mesh's axes (ep: expert
 // parallelism, whose ranks are data ranks too: world = dp x ep x tp x pp x cp).

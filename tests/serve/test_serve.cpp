@@ -127,6 +127,16 @@ struct Served {
   std::size_t preemptions = 0, rejected = 0, steps = 0;
 };
 
+// An engine of blocks of 4 tokens, at most 4 sequences at once.
+EngineConfig small_engine(std::size_t blocks, std::size_t token_budget) {
+  EngineConfig ec;
+  ec.block_size = 4;
+  ec.blocks = blocks;
+  ec.token_budget = token_budget;
+  ec.max_seqs = 4;
+  return ec;
+}
+
 std::vector<Request> requests(std::size_t n, std::size_t max_new = 6) {
   std::vector<Request> r;
   for (std::size_t i = 0; i < n; ++i) {
@@ -188,11 +198,7 @@ TEST_CASE("serve: greedy tokens split over TP equal the single-process tokens") 
   weft::nn::GPT<double, TPOnly> split(c, weft::test::world());
   set_selection_bias(single);
   set_selection_bias(split);
-  EngineConfig ec;
-  ec.block_size = 4;
-  ec.blocks = 64;
-  ec.token_budget = 32;
-  ec.max_seqs = 4;
+  const EngineConfig ec = small_engine(64, 32);
   const auto rs = requests(5);
   const Served a = serve(single, ec, rs), b = serve(split, ec, rs);
   CHECK(a.tokens == b.tokens);
@@ -232,11 +238,7 @@ TEST_CASE("serve: a request's greedy tokens do not depend on its batch, nor on p
 TEST_CASE("serve: bad requests are rejected with a message and the others are served") {
   const GPTConfig c = tiny(true);
   weft::nn::GPT<double, TPOnly> model(c, weft::test::world());
-  EngineConfig ec;
-  ec.block_size = 4;
-  ec.blocks = 8;  // 32 tokens
-  ec.token_budget = 16;
-  ec.max_seqs = 4;
+  const EngineConfig ec = small_engine(8, 16);  // 32 tokens
   Engine<double, Kokkos::DefaultExecutionSpace, weft::TensorParallel<>> e(model, ec);
   auto good = requests(2);
   CHECK(e.submit(good[0]).accepted);
@@ -283,11 +285,7 @@ TEST_CASE("serve: seeded sampling is reproducible and independent of the batch")
   weft::nn::GPT<double, TPOnly> model(c, weft::test::world());
   auto rs = requests(4, 10);
   for (std::size_t i = 0; i < rs.size(); ++i) rs[i].sampling = {0.8, 20, 1000 + i};
-  EngineConfig ec;
-  ec.block_size = 4;
-  ec.blocks = 64;
-  ec.token_budget = 16;
-  ec.max_seqs = 4;
+  EngineConfig ec = small_engine(64, 16);
   const Served together = serve(model, ec, rs);
   ec.max_seqs = 1;
   for (std::size_t i = 0; i < rs.size(); ++i) CHECK(serve(model, ec, {rs[i]}).tokens[0] == together.tokens[i]);
@@ -370,11 +368,7 @@ TEST_CASE("serve: weights from a checkpoint are the saved model's") {
   weft::checkpoint::save(dir.string(), 3, state_of(saved), weft::metrics::Json::object(), weft::test::world().native());
   c.seed = 12345;  // another initialisation, replaced by the checkpoint's weights
   Model loaded(c, weft::test::world());
-  EngineConfig ec;
-  ec.block_size = 4;
-  ec.blocks = 64;
-  ec.token_budget = 32;
-  ec.max_seqs = 4;
+  const EngineConfig ec = small_engine(64, 32);
   const auto rs = requests(4);
   const Served before = serve(loaded, ec, rs);
   auto st = state_of(loaded);
@@ -544,11 +538,7 @@ TEST_CASE("serve: bf16 greedy generation follows fp32's first tokens, split over
   const GPTConfig c = tiny(false);
   weft::nn::GPT<float> single(c);
   weft::nn::GPT<float, TPOnly> split(c, weft::test::world());
-  EngineConfig ec;
-  ec.block_size = 4;
-  ec.blocks = 64;
-  ec.token_budget = 32;
-  ec.max_seqs = 4;
+  const EngineConfig ec = small_engine(64, 32);
   const auto rs = requests(5);
   auto run = [&](auto& engine) {
     for (const auto& r : rs) REQUIRE(engine.submit(r).accepted);

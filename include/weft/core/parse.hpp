@@ -1,5 +1,5 @@
-// Strict parsing of the numbers weft's programs read from command lines and
-// the environment. The whole text must be the number, and a value outside
+// Strict parsing of the numbers (and named choices) weft's programs read
+// from command lines and the environment. The whole text must be the number, and a value outside
 // the destination's range is refused with the value and the range: a plain
 // std::stoll and a cast would turn --mesh dp=4294967298 into dp=2 in an int.
 #pragma once
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -98,6 +99,20 @@ inline std::optional<double> parse_seconds(const std::string& text) {
   if (unit == "ms") return x / 1000.0;
   if (unit == "min") return x * 60.0;
   return std::nullopt;
+}
+
+/// The value `choices` maps `text` to (the whole text, case-sensitive).
+/// Throws weft::ConfigError "<what> <text>: expected one of a, b, c" (the
+/// names in the map's order) for any other text.
+template <class E>
+E parse_choice(const std::string& what, const std::string& text, const std::map<std::string, E>& choices) {
+  const auto it = choices.find(text);
+  if (it == choices.end()) {
+    std::string names;
+    for (const auto& entry : choices) names += (names.empty() ? "" : ", ") + entry.first;
+    detail::throw_error<ConfigError>(what, " ", text, ": expected one of ", names);
+  }
+  return it->second;
 }
 
 }  // namespace weft

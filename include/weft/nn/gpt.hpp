@@ -363,6 +363,8 @@ class GPTModel {
     m.add(C::activations, "ln_f", detail::bytes_of(hf_) + sf_.bytes() + detail::bytes_of(hf_full_));
     m.add(C::activations, "lm_head.logits", detail::bytes_of(logits_));
     m.add(C::buffers, "block backward workspace", ws_->bytes());
+    // 2-byte products (a mixed Precision): their operands' staging, once a product has grown it.
+    if (ctx_->staging) m.add(C::buffers, "product staging", ctx_->staging->bytes());
     m.add(C::buffers, "residual gradients",
           detail::bytes_of(dxs_[0]) * 2 + detail::bytes_of(dhf_) + detail::bytes_of(dhf_full_));
     if (ctx_->tp.active())

@@ -23,6 +23,7 @@
 #include <weft/ops/gemm_cublas.hpp>
 #endif
 #include <weft/ops/gemm_provider.hpp>
+#include <weft/precision/convert.hpp>
 
 namespace weft::ops {
 
@@ -129,79 +130,45 @@ inline constexpr std::size_t few_rows_group_tiles = 8;
 /// sums continue from c's values (the previous rows of B), so splitting k
 /// into consecutive passes adds in the same order as one pass.
 #if WEFT_FEW_ROWS_AVX512
-/// few_rows_tile for float and W = 64 in AVX-512 registers: each q loads B's
-/// four vectors once and multiplies them by every row's broadcast element, so
-/// a q costs 4 + R loads for 4 R FMAs (the plain loop below, as compiled,
-/// folds B's load into each FMA and reads it once per row). The same sums in
-/// the same order as the plain loop.
-template <std::size_t R>
-[[gnu::noinline]] inline void few_rows_tile_avx512(const float* __restrict a, std::size_t lda,
-                                                   const float* __restrict b, std::size_t ldb, float* __restrict c,
-                                                   std::size_t ldc, std::size_t k, bool accumulate) {
-  const float* ar_ptr[R];
-  WEFT_UNROLL(16)
-  for (std::size_t r = 0; r < R; ++r) ar_ptr[r] = a + r * lda;
-  __m512 acc[R][4];
-  WEFT_UNROLL(16)
-  for (std::size_t r = 0; r < R; ++r)
-    WEFT_UNROLL(4)
-    for (std::size_t j = 0; j < 4; ++j)
-      acc[r][j] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
-  for (std::size_t q = 0; q < k; ++q) {
-    const float* bq = b + q * ldb;
-    if (q + few_rows_ahead < k)
-      WEFT_UNROLL(4)
-      for (std::size_t j = 0; j < 64; j += 16) __builtin_prefetch(bq + few_rows_ahead * ldb + j);
-    __m512 bv[4];
-    WEFT_UNROLL(4)
-    for (std::size_t j = 0; j < 4; ++j) {
-      bv[j] = _mm512_loadu_ps(bq + 16 * j);
-      // Keep B's vectors in registers: without this the compiler folds the
-      // load into every row's FMA and reads B R times per q.
-      asm("" : "+v"(bv[j]));
-    }
-    WEFT_UNROLL(16)
-    for (std::size_t r = 0; r < R; ++r) {
-      const __m512 ar = _mm512_set1_ps(ar_ptr[r][q]);
-      WEFT_UNROLL(4)
-      for (std::size_t j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(ar, bv[j], acc[r][j]);
-    }
-  }
-  WEFT_UNROLL(16)
-  for (std::size_t r = 0; r < R; ++r)
-    WEFT_UNROLL(4)
-    for (std::size_t j = 0; j < 4; ++j) _mm512_storeu_ps(c + r * ldc + 16 * j, acc[r][j]);
-}
-
-/// 16 elements of a bf16 or fp16 row widened to float in a register, exactly:
-/// a bf16 is the top half of a float (zero-extend, shift left by 16), an
-/// fp16 goes through vcvtph2ps (AVX-512F).
+/// 16 elements of a B row as floats in a register: a float row loaded as
+/// is; a bf16 or fp16 row widened exactly (a bf16 is the top half of a
+/// float: zero-extend, shift left by 16; an fp16 goes through vcvtph2ps).
 template <class TB>
-inline __m512 few_rows_widen16(const TB* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  // The zero-masked forms with every lane set: gcc 12 warns (-Wmaybe-uninitialized)
-  // that the plain intrinsics' undefined pass-through operand is uninitialised.
-  constexpr __mmask16 all = 0xffff;
-  if constexpr (std::is_same_v<TB, bf16>)
-    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, raw), 16));
-  else
-    return _mm512_maskz_cvtph_ps(all, raw);
+inline __m512 few_rows_load16(const TB* p) {
+  if constexpr (std::is_same_v<TB, float>) {
+    return _mm512_loadu_ps(p);
+  } else {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    // The zero-masked forms with every lane set: gcc 12 warns (-Wmaybe-uninitialized)
+    // that the plain intrinsics' undefined pass-through operand is uninitialised.
+    constexpr __mmask16 all = 0xffff;
+    if constexpr (std::is_same_v<TB, bf16>)
+      return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(all, _mm512_maskz_cvtepu16_epi32(all, raw), 16));
+    else
+      return _mm512_maskz_cvtph_ps(all, raw);
+  }
 }
 
-/// few_rows_tile for float A and C with B in bf16 or fp16 (the weights of a
-/// 2-byte serving runner) and W = 64: B's 64 elements of a row, 128 bytes,
-/// are loaded once and widened in registers (few_rows_widen16), then
-/// multiplied as in few_rows_tile_avx512. B is read in its own 2 bytes, so a
-/// decode step that is bound by reading the weights reads half the bytes;
-/// the products and sums are the float kernel's, on the exact float values of
-/// B's elements. `k_rows` (>= k) is how many rows of B from b exist: the
-/// prefetches reach past this pass's k rows into the next pass.
+/// few_rows_tile for float A and C, B in float, bf16 or fp16, and W = 64, in
+/// AVX-512 registers: each q loads B's four vectors once (a 2-byte B widened
+/// in registers, few_rows_load16) and multiplies them by every row's
+/// broadcast element, so a q costs 4 + R loads for 4 R FMAs (the plain loop
+/// below, as compiled, folds B's load into each FMA and reads it once per
+/// row). The same sums in the same order as the plain loop, on B's exact
+/// float values. A 2-byte B is read in its own 2 bytes, so a decode step
+/// bound by reading the weights reads half the bytes.
+///
+/// Prefetches: a float row of the tile is four cache lines, fetched
+/// few_rows_ahead rows ahead within this pass's k rows; a 2-byte row is two
+/// lines, fetched few_rows_ahead_narrow rows ahead and on into the next
+/// pass's rows (`k_rows` >= k: the rows of B from b).
 template <std::size_t R, class TB>
-[[gnu::noinline]] inline void few_rows_tile_avx512_narrow(const float* __restrict a, std::size_t lda,
-                                                          const TB* __restrict b, std::size_t ldb,
-                                                          float* __restrict c, std::size_t ldc, std::size_t k,
-                                                          bool accumulate, std::size_t k_rows) {
-  static_assert(sizeof(TB) == 2, "few_rows_tile_avx512_narrow reads 2-byte elements");
+[[gnu::noinline]] inline void few_rows_tile_avx512(const float* __restrict a, std::size_t lda, const TB* __restrict b,
+                                                   std::size_t ldb, float* __restrict c, std::size_t ldc,
+                                                   std::size_t k, bool accumulate, std::size_t k_rows) {
+  constexpr bool narrow = sizeof(TB) == 2;
+  constexpr std::size_t ahead = narrow ? few_rows_ahead_narrow : few_rows_ahead;
+  const std::size_t ahead_limit = narrow ? k_rows : k;
   const float* ar_ptr[R];
   WEFT_UNROLL(16)
   for (std::size_t r = 0; r < R; ++r) ar_ptr[r] = a + r * lda;
@@ -213,15 +180,16 @@ template <std::size_t R, class TB>
       acc[r][j] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16 * j) : _mm512_setzero_ps();
   for (std::size_t q = 0; q < k; ++q) {
     const TB* bq = b + q * ldb;
-    if (q + few_rows_ahead_narrow < k_rows) {  // a row of the tile is two cache lines
-      __builtin_prefetch(bq + few_rows_ahead_narrow * ldb);
-      __builtin_prefetch(bq + few_rows_ahead_narrow * ldb + 32);
-    }
+    if (q + ahead < ahead_limit)
+      WEFT_UNROLL(4)
+      for (std::size_t j = 0; j < 64; j += 64 / sizeof(TB)) __builtin_prefetch(bq + ahead * ldb + j);
     __m512 bv[4];
     WEFT_UNROLL(4)
     for (std::size_t j = 0; j < 4; ++j) {
-      bv[j] = few_rows_widen16(bq + 16 * j);
-      asm("" : "+v"(bv[j]));  // as in few_rows_tile_avx512: widen once per q, not once per row
+      bv[j] = few_rows_load16(bq + 16 * j);
+      // Keep B's vectors in registers: without this the compiler folds the
+      // load (or widening) into every row's FMA and does it R times per q.
+      asm("" : "+v"(bv[j]));
     }
     WEFT_UNROLL(16)
     for (std::size_t r = 0; r < R; ++r) {
@@ -245,14 +213,10 @@ template <std::size_t R, std::size_t W, class TA, class TB, class TC>
 inline void few_rows_tile(const TA* __restrict a, std::size_t lda, const TB* __restrict b, std::size_t ldb,
                           TC* __restrict c, std::size_t ldc, std::size_t k, bool accumulate, std::size_t k_rows) {
 #if WEFT_FEW_ROWS_AVX512
-  if constexpr (std::is_same_v<TA, float> && std::is_same_v<TC, float> && W == 64) {
-    if constexpr (std::is_same_v<TB, float>) {
-      few_rows_tile_avx512<R>(a, lda, b, ldb, c, ldc, k, accumulate);
-      return;
-    } else if constexpr (std::is_same_v<TB, bf16> || std::is_same_v<TB, fp16>) {
-      few_rows_tile_avx512_narrow<R>(a, lda, b, ldb, c, ldc, k, accumulate, k_rows);
-      return;
-    }
+  if constexpr (std::is_same_v<TA, float> && std::is_same_v<TC, float> && W == 64 &&
+                (std::is_same_v<TB, float> || std::is_same_v<TB, bf16> || std::is_same_v<TB, fp16>)) {
+    few_rows_tile_avx512<R>(a, lda, b, ldb, c, ldc, k, accumulate, k_rows);
+    return;
   }
 #endif
   using Acc = accumulation_t<TC>;
@@ -408,13 +372,7 @@ void gemm_few_rows(const AV& A, const BV& B, const CV& C) {
   if constexpr (same) {
     gemm(Trans::N, Trans::N, TC(1), A, B, TC(0), C);
   } else {
-    Kokkos::View<TB**, Kokkos::LayoutRight, typename CV::memory_space> a(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::gemm_few_rows.A_rounded"), m, k);
-    Kokkos::parallel_for(
-        "weft::gemm_few_rows_round_A", Kokkos::RangePolicy<Exec>(0, m), KOKKOS_LAMBDA(std::size_t i) {
-          for (std::size_t q = 0; q < k; ++q) a(i, q) = detail::store<TB>(A(i, q));
-        });
-    gemm(Trans::N, Trans::N, 1.0f, a, B, 0.0f, C);
+    gemm(Trans::N, Trans::N, 1.0f, weft::converted<TB>(A, "weft::gemm_few_rows.A_rounded"), B, 0.0f, C);
   }
 }
 

@@ -27,6 +27,7 @@
 #   --gone          no file may match the glob afterwards (nothing left behind)
 #   --present       a file must match the glob afterwards
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../job.sh"
 
 if [[ "${WEFT_SMALL_FS_INSIDE:-}" != 1 ]]; then
   if ! why="$(unshare --mount --propagation private true 2>&1)"; then
@@ -60,20 +61,8 @@ done
 mnt="$(mktemp -d /tmp/weft-small-fs.XXXXXX)"
 log="$(mktemp)"
 job=""
-descendants() {
-  local c
-  for c in $(ps -o pid= --ppid "$1" 2> /dev/null); do
-    echo "$c"
-    descendants "$c"
-  done
-}
 cleanup() {
-  if [[ -n "$job" ]]; then
-    local all=($(descendants "$job"))
-    kill -KILL -- "-$job" 2> /dev/null
-    for p in "${all[@]}"; do kill -KILL "$p" 2> /dev/null; done
-    wait "$job" 2> /dev/null
-  fi
+  [[ -z "$job" ]] || kill_job_tree "$job"
   umount "$mnt" 2> /dev/null
   rmdir "$mnt" 2> /dev/null
   rm -f "$log"
@@ -91,18 +80,11 @@ if [[ $read_only -eq 1 ]] && ! why="$(mount -o remount,ro "$mnt" 2>&1)"; then
   exit 77
 fi
 
-fail() {
-  echo "FAIL: $*"
-  echo "----- output of the command -----"
-  cat "$log"
-  exit 1
-}
 
 cmd=()
 for a in "$@"; do cmd+=("${a//@FS@/$mnt}"); done
 echo "file system: tmpfs of $size at $mnt$([[ $read_only -eq 1 ]] && echo ', read-only')"
 echo "command: ${cmd[*]}"
-now() { date +%s%3N; }
 t0=$(now)
 setsid "${cmd[@]}" > "$log" 2>&1 &
 job=$!
@@ -128,13 +110,7 @@ job=""
 echo "the command ended after $(( ($(now) - t0) / 1000 )) s, exit status $rc"
 [[ $fill -eq 0 || $filled -eq 1 ]] || fail "no process of the command stopped itself, so the file system was never filled"
 [[ "$rc" == "$exit_want" ]] || fail "expected exit status $exit_want, got $rc"
-for re in "${expect[@]}"; do
-  grep -Eq -- "$re" "$log" || fail "the output does not match /$re/"
-done
-for re in "${once[@]}"; do
-  n=$(grep -Ec -- "$re" "$log")
-  [[ $n -eq 1 ]] || fail "the output matches /$re/ on $n lines, expected exactly one"
-done
+check_output
 for re in "${absent[@]}"; do
   ! grep -Eq -- "$re" "$log" || fail "the output must not match /$re/"
 done

@@ -15,6 +15,7 @@
 #   --expect          the output must match the (extended) regex.
 #   --once            the output must match the regex on exactly one line.
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/../job.sh"
 
 signal="" rank="" when="" max=""
 expect=() once=()
@@ -36,35 +37,13 @@ log="$(mktemp)"
 job=""
 ranks=()
 
-# Every descendant of a process, depth first.
-descendants() {
-  local c
-  for c in $(ps -o pid= --ppid "$1" 2> /dev/null); do
-    echo "$c"
-    descendants "$c"
-  done
-}
-
 cleanup() {
-  if [[ -n "$job" ]]; then
-    local all=("${ranks[@]}" $(descendants "$job"))
-    kill -KILL -- "-$job" 2> /dev/null   # the session's process group: launcher and ranks
-    for p in "${all[@]}"; do kill -KILL "$p" 2> /dev/null; done
-    wait "$job" 2> /dev/null
-  fi
+  [[ -z "$job" ]] || kill_job_tree "$job" "${ranks[@]}"
   rm -f "$log"
 }
 trap cleanup EXIT
 trap 'exit 3' INT TERM
 
-fail() {
-  echo "FAIL: $*"
-  echo "----- output of the job -----"
-  cat "$log"
-  exit 1
-}
-
-now() { date +%s%3N; }                # milliseconds
 elapsed_ms() { echo $(( $(now) - $1 )); }
 seconds() { printf '%d.%03d' $(( $1 / 1000 )) $(( $1 % 1000 )); }
 
@@ -113,13 +92,7 @@ done
 job=""
 echo "the job ended ${took} s after the fault, exit status $rc"
 [[ $rc -ne 0 ]] || fail "the job exited 0; a fault must end it with an error"
-for re in "${expect[@]}"; do
-  grep -Eq -- "$re" "$log" || fail "the output does not match /$re/"
-done
-for re in "${once[@]}"; do
-  n=$(grep -Ec -- "$re" "$log")
-  [[ $n -eq 1 ]] || fail "the output matches /$re/ on $n lines, expected exactly one"
-done
+check_output
 echo "----- output of the job -----"
 cat "$log"
 echo "PASS"
