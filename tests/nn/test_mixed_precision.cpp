@@ -150,15 +150,17 @@ std::vector<double> single_curve(const weft::nn::GPTConfig& c) {
 
 // Measured (12 steps of the tiny GPT at 1, 2 and 4 ranks, every DP mode and
 // TP at 2): the bf16 curves of the meshes differ from the one-process bf16
-// curve by at most 5.3e-6 relative -- what reordering fp32 sums moves once a
+// curve by at most 5.3e-6 relative with g++ -O2, and by 2.1e-5 with clang++
+// -O1 under ASan (DP at 2 ranks) -- what reordering fp32 sums moves once a
 // few of the values they produce land on the other side of a bf16 rounding
-// boundary. The tolerance, 2e-5, is about four times that. A real bug fails
-// it by orders of magnitude: a DP run whose gradients are not reduced (each
-// rank steps on its own share of the batch), checked below, is off by more
-// than 1e-3 from step 1. (The fp32 curve of this tiny model, d_model 16, is
-// only about 3e-5 from the bf16 one: it tells a wrong precision apart, but
-// not by orders of magnitude.)
-constexpr double kMeshTolerance = 2e-5;
+// boundary, which the compiler's contraction and ordering choices move too.
+// The tolerance, 1e-4, is about five times the larger. A real bug fails it
+// by more than an order of magnitude: a DP run whose gradients are not
+// reduced (each rank steps on its own share of the batch), checked below, is
+// off by more than 1e-3. (The fp32 curve of this tiny model, d_model 16, is
+// only about 3e-5 from the bf16 one: the precision is checked apart, on the
+// products, by the test above.)
+constexpr double kMeshTolerance = 1e-4;
 
 double worst_difference(const std::vector<double>& got, const std::vector<double>& ref) {
   double worst = 0;
@@ -197,11 +199,12 @@ TEST_CASE("the bf16 GPT follows the one-process bf16 curve on every DP mode and 
   const auto ref = single_curve<BF16Single>(cfg(kGlobalBatch));
   const auto fp32 = single_curve<weft::nn::GPT<float>>(cfg(kGlobalBatch));
   CHECK(ref.back() < ref.front());  // it trains
-  // The precision is real: bf16 products move the curve (by more than the tolerance).
+  // The policy is not ignored: a model whose products stayed fp32 would give
+  // the fp32 curve bit for bit; bf16 products move it (measured 3.3e-5 with g++).
   double apart = 0;
   for (std::size_t s = 1; s < ref.size(); ++s) apart = std::max(apart, rel(ref[s], fp32[s]));
   MESSAGE("bf16 against fp32 curve: worst relative difference ", apart);
-  CHECK(apart > kMeshTolerance);
+  CHECK(apart > 1e-6);
   CHECK(rel(ref.back(), fp32.back()) < 0.01);
 
   weft::test::for_each_dp_policy([&]<class P>() {
@@ -215,7 +218,7 @@ TEST_CASE("the bf16 GPT follows the one-process bf16 curve on every DP mode and 
     const auto unreduced = dp_curve<weft::Replicated>(alone, kGlobalBatch / std::size_t(w.size()));
     const double off = worst_difference(unreduced, ref);
     MESSAGE("unreduced gradients: worst relative difference ", off);
-    CHECK(off > 50 * kMeshTolerance);
+    CHECK(off > 10 * kMeshTolerance);
   }
 
   const auto c = cfg(kGlobalBatch);
