@@ -9,18 +9,20 @@
 #                  cached between runs), the suite at 2 OpenMP threads per rank
 # and, on request only (WEFT_CI_VARIANTS=clang),
 #   clang          clang++ Release                                             build-ci-clang
-# The asan variant is also the clang build: it compiles every target with
-# clang++ (-Werror) and runs clang's compile-fail tests, so a separate clang
-# Release build adds no check that these two do not make.
-# Every variant also installs weft and builds a downstream project against the
-# installed package (CTest test downstream.installed_package).
+# The asan variant is also the clang build: it compiles the library's tests
+# and tools with clang++ (-Werror) and runs clang's compile-fail tests; the
+# examples (and their runs), the 4- and 8-rank tests and the downstream
+# builds are left to gcc and kokkos-openmp unless WEFT_CI_ASAN_NP8=1.
+# The gcc and kokkos-openmp variants also install weft and build a
+# downstream project against the installed package (CTest test
+# downstream.installed_package).
 #
 #   scripts/run_tests.sh                         the default variants (gcc asan kokkos-openmp)
 #   WEFT_CI_VARIANTS=gcc scripts/run_tests.sh    one variant
 #   scripts/run_tests.sh -R mesh                 extra arguments go to ctest
 # Other knobs: WEFT_CI_JOBS (parallel compile jobs, default: the core count),
 # WEFT_CI_WERROR=0 (warnings do not fail the build), WEFT_CI_ASAN_CXX (default clang++),
-# WEFT_CI_ASAN_NP8=1 (the sanitizer variant also runs the 4- and 8-rank and downstream tests),
+# WEFT_CI_ASAN_NP8=1 (the full sanitizer run: also the examples, the 4- and 8-rank and downstream tests),
 # WEFT_CI_KOKKOS_OPENMP_THREADS (OpenMP threads per rank of the kokkos-openmp
 # suite, one run per entry; default "2"), WEFT_KOKKOS_CACHE (where the
 # Kokkos builds are kept; default /var/cache/weft).
