@@ -8,6 +8,10 @@
 include_guard(GLOBAL)
 
 set(WEFT_TEST_RANKS "1;2;4;8" CACHE STRING "Rank counts at which every MPI test runs")
+# A ceiling on the rank counts of weft_add_mpi_test: the runs above it are not
+# registered, and a program none of whose runs remain is not built (CI's
+# sanitizer variant sets 2; tests registered by hand are left to ctest -E).
+set(WEFT_TEST_MAX_RANKS "" CACHE STRING "Highest rank count of weft_add_mpi_test's runs (empty: no limit)")
 set(WEFT_MPIEXEC_FLAGS "--oversubscribe;--bind-to;none;--mca;mpi_yield_when_idle;1" CACHE STRING
     "Flags of mpiexec for the tests (Open MPI spellings)")
 # OpenMP threads per rank of every test (Kokkos' OpenMP backend reads
@@ -31,6 +35,18 @@ function(weft_add_mpi_test name)
   endif()
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
+  endif()
+  if(NOT WEFT_TEST_MAX_RANKS STREQUAL "")
+    set(_kept)
+    foreach(n IN LISTS T_RANKS)
+      if(n LESS_EQUAL WEFT_TEST_MAX_RANKS)
+        list(APPEND _kept ${n})
+      endif()
+    endforeach()
+    set(T_RANKS ${_kept})
+    if(NOT T_RANKS)
+      return()
+    endif()
   endif()
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE weft_test_harness)

@@ -32,31 +32,38 @@ weft_build_dir() { echo "${WEFT_ROOT}/build-ci-$1"; }
 #   kokkos-cuda    that prefix's nvcc_wrapper, RelWithDebInfo, the Kokkos + Kokkos
 #                  Kernels installed in ${WEFT_CI_KOKKOS_CUDA} (... cuda), for
 #                  ${NVCC_WRAPPER_DEFAULT_ARCH:-sm_90}
-# The sanitizer variant builds at -O1, as the sanitizers' documentation
-# advises: clang++ compiles tests/parallel/test_expert_parallel.cpp with
-# ASan+UBSan in 84 s at -O1 against 127 s at -O2 here.
-# RelWithDebInfo here is -O2 with line tables only (-g1): backtraces and the
-# sanitizers' reports keep file and line, and the builds take about a fifth
-# less time than with full debug information (-g: 25.8 s against 20.9 s for
-# tests/ops/test_ops.cpp with g++ 12).
+# Optimisation and debug information (CMAKE_CXX_FLAGS_RELWITHDEBINFO):
+# - asan: -O1 -g1. -O1 as the sanitizers' documentation advises (clang++
+#   compiles tests/parallel/test_expert_parallel.cpp with ASan+UBSan in 84 s
+#   at -O1 against 127 s at -O2 here); line tables (-g1) so that the
+#   sanitizers' reports keep file and line.
+# - gcc and kokkos-openmp: -O1 -g0. Compile time is most of a CI run, and a
+#   failing test here reports through its own messages, not a debugger:
+#   g++ 12 compiles tests/parallel/test_pipeline_tp.cpp in 36 s of CPU at
+#   -O1 -g0 against 42 s at -O1 -g1 and 59 s at -O2 -g1.
+# - kokkos-cuda: -O2 -g1 (clang is a Release build, -O3; neither is in the
+#   default run).
+# WEFT_CI_OPT overrides the flags of every variant (e.g. "-O2 -g1").
 # -Werror applies to weft's own targets only (CMAKE_COMPILE_WARNING_AS_ERROR
 # sets their COMPILE_WARNING_AS_ERROR property); Kokkos' headers are system
 # headers and consumers of the installed package are untouched.
 weft_configure() {
-  local variant="$1" cxx type extra=() opt=-O2
+  local variant="$1" cxx type extra=() opt="-O2 -g1"
   case "$variant" in
-    gcc)   cxx=g++;                 type=RelWithDebInfo ;;
+    gcc)   cxx=g++;                 type=RelWithDebInfo; opt="-O1 -g0" ;;
     clang) cxx=clang++;             type=Release; extra=(-DWEFT_BUILD_BENCHMARKS=OFF) ;;
-    asan)  cxx="$WEFT_CI_ASAN_CXX"; type=RelWithDebInfo; opt=-O1
+    asan)  cxx="$WEFT_CI_ASAN_CXX"; type=RelWithDebInfo; opt="-O1 -g1"
            extra=(-DWEFT_SANITIZE=address,undefined -DWEFT_BUILD_BENCHMARKS=OFF)
            # The library's tests only, unless the full sanitizer run is asked for
            # (run_tests.sh: WEFT_CI_ASAN_NP8=1): the example programs were 37 % of
            # this variant's compile time, and their runs are the gcc and
            # kokkos-openmp variants' to check.
-           [[ "${WEFT_CI_ASAN_NP8:-0}" == 1 ]] || extra+=(-DWEFT_BUILD_EXAMPLES=OFF) ;;
+           # Nor are the test programs built that run at 4 ranks or more only
+           # (WEFT_TEST_MAX_RANKS; run_tests.sh leaves their runs out here).
+           [[ "${WEFT_CI_ASAN_NP8:-0}" == 1 ]] || extra+=(-DWEFT_BUILD_EXAMPLES=OFF -DWEFT_TEST_MAX_RANKS=2) ;;
     kokkos-openmp)
       [[ -n "${WEFT_CI_KOKKOS_OPENMP:-}" ]] || { echo "variant kokkos-openmp needs WEFT_CI_KOKKOS_OPENMP=<prefix>" >&2; return 2; }
-      cxx=g++; type=RelWithDebInfo
+      cxx=g++; type=RelWithDebInfo; opt="-O1 -g0"
       extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_OPENMP" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_OPENMP"
              -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_ENABLE_ONEDNN=OFF
              -DWEFT_TEST_OMP_NUM_THREADS="${WEFT_CI_OMP_THREADS:-2}") ;;
@@ -79,6 +86,6 @@ weft_configure() {
     rm -rf "$dir"
   fi
   cmake -S "$WEFT_ROOT" -B "$dir" "${generator[@]}" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE="$type" \
-        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt -g1 -DNDEBUG" \
+        -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="${WEFT_CI_OPT:-$opt} -DNDEBUG" \
         -DCMAKE_COMPILE_WARNING_AS_ERROR="$([[ $WEFT_CI_WERROR == 1 ]] && echo ON || echo OFF)" "${extra[@]}"
 }
