@@ -22,6 +22,7 @@
 
 #include <weft/comm/environment.hpp>
 #include <weft/serve/serve.hpp>
+#include <weft/metrics/counters.hpp>
 
 #include "bench_args.hpp"
 
@@ -240,8 +241,8 @@ int main(int argc, char** argv) {
     const double bandwidth = 2.0 * double(n * sizeof(float)) / best;
 
     // Pure decode: decode_batch sequences of decode_context prompt tokens, then timed steps of one token each.
-    WEFT_REQUIRE(decode_context + decode_steps + 2 <= seq, weft::ConfigError, "--decode-context ",
-                 decode_context, " + --decode-steps ", decode_steps, " + 2 exceed the context --seq ", seq);
+    WEFT_REQUIRE(decode_context + decode_steps + 3 <= seq, weft::ConfigError, "--decode-context ",
+                 decode_context, " + --decode-steps ", decode_steps, " + 3 exceed the context --seq ", seq);
     // Bytes of the weights a decode step reads on this rank: every weight except the embedding tables (it
     // reads one row of those per sequence).
     std::size_t tables = 0;
@@ -262,7 +263,7 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < batch; ++i) {
         weft::serve::Request r;
         for (std::size_t k = 0; k < decode_context; ++k) r.prompt.push_back(int((i * 31 + k * 7) % vocab));
-        r.max_new_tokens = decode_steps + 2;
+        r.max_new_tokens = decode_steps + 3;  // the prefill's, the first decode step's, the timed ones, one counted
         WEFT_REQUIRE(e.submit(r).accepted, weft::Error, "decode request rejected");
       }
       // Prefill (untimed) until every sequence is decoding.
@@ -276,6 +277,13 @@ int main(int argc, char** argv) {
       const auto t = std::chrono::steady_clock::now();
       for (std::size_t s = 0; s < decode_steps; ++s) e.step();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      // One more decode step (every request has a token left), counted:
+      // Kokkos' kernels, fences, deep copies and allocations of a step.
+      weft::metrics::KernelCounters::install();
+      const auto k0 = weft::metrics::KernelCounters::snapshot();
+      const auto counted = e.step();
+      const auto k = weft::metrics::KernelCounters::snapshot() - k0;
+      weft::metrics::KernelCounters::uninstall();
       const auto mem = e.runner().memory();
       // Each sequence's keys and values of every layer at its mean context in the timed steps.
       const double ctx = double(decode_context) + 1.0 + double(decode_steps) / 2.0;
@@ -293,6 +301,10 @@ int main(int argc, char** argv) {
                     batch, decode_steps, ctx, tokens_per_s, step * 1e3, step / one_seq_step, step_bytes / 1e6,
                     double(mem.weights - tables) / 1e6, kv_read / 1e6, step_bytes / double(batch) / 1e6, limit,
                     tokens_per_s / limit);
+      if (root)
+        std::printf("  decode: Kokkos events per step of %zu sequences (rank 0): %s%s\n", counted.sequences,
+                    k.summary().c_str(),
+                    weft::metrics::KernelCounters::fences_reported() ? "" : " (this Kokkos reports no fences)");
     }
 
     // bf16 weights and KV cache against fp32 at batch 1: alternating runs, medians.

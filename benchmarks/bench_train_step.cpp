@@ -333,6 +333,19 @@ int run(int argc, char** argv) {
                   tb, tf, tf / tb);
     }
 
+    // Kokkos events of one more step (kernels, fences, deep copies,
+    // allocations), counted after the timed steps so that none of them pays
+    // for the callbacks.
+    {
+      weft::metrics::KernelCounters::install();
+      const auto k0 = weft::metrics::KernelCounters::snapshot();
+      weft::optim::train_step(gpt, opt, stream, step++, 1, ids, tg, 1e-4, 1.0);
+      const auto k = weft::metrics::KernelCounters::snapshot() - k0;
+      weft::metrics::KernelCounters::uninstall();
+      std::printf("  Kokkos events per step: %s%s\n", k.summary().c_str(),
+                  weft::metrics::KernelCounters::fences_reported() ? "" : " (this Kokkos reports no fences)");
+    }
+
     // Where the time goes: one more step with fenced kernel scopes.
     weft::metrics::Profiler prof;
     gpt.set_profiler(&prof);

@@ -45,6 +45,7 @@
 #include <weft/checkpoint/checkpoint.hpp>
 #include <weft/comm/environment.hpp>
 #include <weft/metrics/json.hpp>
+#include <weft/metrics/counters.hpp>
 #include <weft/comm/node.hpp>
 #include <weft/core/parse.hpp>
 #include <weft/ops/blas_threads.hpp>
@@ -490,6 +491,14 @@ int run(int argc, char** argv, weft::Environment& env) {
   std::size_t next = 0, finished = 0, in_flight = 0, rejected = 0;
   double kv_sum = 0, kv_max = 0, occ_sum = 0, tok_sum = 0;
   std::size_t steps = 0;
+  // Kokkos events per step (kernels, fences, deep copies, allocations):
+  // the first step and up to `decode_counted_most` decode steps (every
+  // sequence in the batch adds one token), then the callbacks go (on a
+  // device, counting fences around every kernel).
+  constexpr std::size_t decode_counted_most = 4;
+  weft::metrics::KernelCounts first_counts, decode_counts;
+  std::size_t decode_counted = 0, decode_sequences = 0;
+  weft::metrics::KernelCounters::install();
   const double t_start = engine.now();
   std::size_t generated = 0;
   auto submit = [&](std::size_t k, double at) {
@@ -525,7 +534,18 @@ int run(int argc, char** argv, weft::Environment& env) {
     tpc.broadcast(nv, 0);
     for (long k = 0; k < n; ++k, ++next) submit(next, o.rate > 0 ? all.arrival[mine[next]] + t_start : engine.now());
     if (engine.idle()) continue;
+    const auto k0 = weft::metrics::KernelCounters::snapshot();
     const auto st = engine.step();
+    if (weft::metrics::KernelCounters::installed()) {
+      const auto counts = weft::metrics::KernelCounters::snapshot() - k0;
+      if (steps == 0) {
+        first_counts = counts;
+      } else if (st.sequences > 0 && st.tokens == st.sequences) {
+        decode_counts = weft::metrics::max_of(decode_counts, counts);
+        decode_sequences = std::max(decode_sequences, st.sequences);
+        if (++decode_counted == decode_counted_most) weft::metrics::KernelCounters::uninstall();
+      }
+    }
     ++steps;
     kv_sum += double(st.blocks_used) / double(o.engine.blocks);
     kv_max = std::max(kv_max, double(st.blocks_used) / double(o.engine.blocks));
@@ -543,6 +563,7 @@ int run(int argc, char** argv, weft::Environment& env) {
     }
   }
   const double seconds = engine.now() - t_start;
+  weft::metrics::KernelCounters::uninstall();
 
   // Every replica's results onto world rank 0: its leader sends, the other TP ranks send nothing.
   auto share = [&](const std::vector<double>& v) { return gather(env.world().native(), leader ? v : std::vector<double>{}); };
@@ -619,6 +640,11 @@ int run(int argc, char** argv, weft::Environment& env) {
   std::printf("serve_gpt: memory per rank %zu bytes (%s weights %zu, KV %zu, workspace %zu, buffers %zu); planned %.0f: %+.1f %%\n",
               mem.total(), o.bf16 ? "bf16" : "fp32", mem.weights, mem.kv_cache, mem.workspace, mem.buffers, planned,
               100.0 * (double(mem.total()) - planned) / planned);
+  std::printf("serve_gpt: Kokkos events of world rank 0's first step: %s\n", first_counts.summary().c_str());
+  if (decode_counted)
+    std::printf("serve_gpt: per decode step (most of %zu, up to %zu sequences): %s%s\n", decode_counted, decode_sequences,
+                decode_counts.summary().c_str(),
+                weft::metrics::KernelCounters::fences_reported() ? "" : " (this Kokkos reports no fences)");
   if (o.record.empty()) return 0;
 
   Json r = Json::object();
@@ -710,6 +736,15 @@ int run(int argc, char** argv, weft::Environment& env) {
   pj.set("relative_error", (double(mem.total()) - planned) / planned);
   r.set("planned_memory_bytes_per_rank", pj);
   r.set("checkpoint_load_seconds", load_seconds);
+  Json cj = Json::object();
+  cj.set("first_step", weft::metrics::to_json(first_counts));
+  cj.set("decode_step", decode_counted ? weft::metrics::to_json(decode_counts) : Json());
+  cj.set("decode_steps_counted", decode_counted);
+  cj.set("decode_sequences_max", decode_sequences);
+  cj.set("fences_reported", weft::metrics::KernelCounters::fences_reported());
+  cj.set("note", "world rank 0's Kokkos events (tools callbacks) inside engine.step(): its first step, and the most of each "
+                 "count over its first decode steps (each sequence adds one token; up to 4); see docs/records.md");
+  r.set("counters", cj);
   Json::Array oa, ra;
   for (const auto& why : rejected_why) ra.push_back(why.empty() ? Json() : Json(why));
   r.set("rejections", Json(std::move(ra)));

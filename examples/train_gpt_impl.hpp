@@ -669,13 +669,28 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
   double stop_loss = 0, stop_norm = 0, stop_wall = 0;
   std::size_t stop_step = 0;
   train_gpt_checks::DivergenceGuard guard{.factor = o.divergence_factor, .window = o.divergence_window};
+  // Kokkos events per step (kernels, fences, deep copies, allocations),
+  // counted over the first steps only: the first (warm-up allocations) and
+  // two after it. Counting makes Kokkos fence around each kernel on a device,
+  // so the callbacks are removed before the steps behind the throughput.
+  const std::size_t counted_steps = std::min<std::size_t>(3, run_steps);
+  weft::metrics::KernelCounts first_counts, later_counts;
+  std::size_t later_counted = 0;
+  if (counted_steps > 0) weft::metrics::KernelCounters::install();
   for (std::size_t s = first; s < o.steps; ++s) {
     const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
     Kokkos::fence();
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = weft::metrics::process_cpu_seconds();
+    const auto k0 = weft::metrics::KernelCounters::snapshot();
     const weft::optim::StepResult r = job.step(s, lr, &prof);
+    const auto counts = weft::metrics::KernelCounters::snapshot() - k0;
     Kokkos::fence();
+    if (s - first < counted_steps) {
+      if (s == first) first_counts = counts;
+      else later_counts = weft::metrics::max_of(later_counts, counts), ++later_counted;
+      if (s - first + 1 == counted_steps) weft::metrics::KernelCounters::uninstall();
+    }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const train_gpt_checks::DivergenceCauses causes{.lr = lr, .clip = o.clip, .weight_decay = o.weight_decay,
                                                     .moe = c.experts > 0, .aux_loss = c.aux_loss, .z_loss = c.z_loss};
@@ -719,6 +734,14 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
     std::fflush(stdout);
   }
   if (tty) std::printf("\r\033[K");
+  weft::metrics::KernelCounters::uninstall();  // a run that stopped inside the counted steps
+  if (root && counted_steps > 0) {
+    std::printf("train_gpt: Kokkos events of rank 0's first step: %s\n", first_counts.summary().c_str());
+    if (later_counted)
+      std::printf("train_gpt: per step after the first (most of %zu): %s%s\n", later_counted,
+                  later_counts.summary().c_str(),
+                  weft::metrics::KernelCounters::fences_reported() ? "" : " (this Kokkos reports no fences)");
+  }
   // Tokens/s: median over the steps after warm-up (the first steps pay for
   // first-touch and BLAS buffers). A run that stopped before the warm-up was
   // over excludes nothing (and has no throughput when no step completed).
@@ -1030,6 +1053,14 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
     rec.set("collectives_tp", collectives_of(tp_stats));
     if (ppc) rec.set("collectives_pp", collectives_of(pp_stats));
     if (cpc) rec.set("collectives_cp", collectives_of(cp_stats));
+    rec.set("counters", Json::object()
+                            .set("first_step", weft::metrics::to_json(first_counts))
+                            .set("after_first", later_counted ? weft::metrics::to_json(later_counts) : Json(nullptr))
+                            .set("steps_counted", Json(later_counted + (counted_steps > 0 ? 1 : 0)))
+                            .set("fences_reported", weft::metrics::KernelCounters::fences_reported())
+                            .set("note", "rank 0's Kokkos events (tools callbacks) inside job.step: the first step, and the most of each "
+                                         "count over the steps after it (up to 2; none are counted later, so the timed steps run "
+                                         "without callbacks); see docs/records.md"));
     rec.set("unigram_entropy", unigram);
     rec.set("moe", moe_record(c, moe));
     train_gpt_checks::write_file_whole("--record", o.record, rec.dump() + "\n");

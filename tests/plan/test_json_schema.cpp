@@ -113,7 +113,7 @@ TEST_CASE("schema: a train_gpt record passes the shipped schema") {
 
 TEST_CASE("schema: the record missing a field fails, naming it") {
   const auto schema = shipped_schema();
-  for (const char* key : {"git_commit", "mfu", "exposed_comm_seconds", "loss_parity", "checkpoint_seconds"}) {
+  for (const char* key : {"git_commit", "mfu", "exposed_comm_seconds", "loss_parity", "checkpoint_seconds", "counters"}) {
     auto rec = sample_record();
     erase(rec, key);
     const auto e = schema_errors(schema, rec);
@@ -190,4 +190,47 @@ TEST_CASE("schema: a null loss or gradient norm and an unknown stop reason fail"
   member(rec, "loss").array[1] = parse_json("2.5");
   member(rec, "grad_norm").array[2] = parse_json("1.5");
   CHECK(schema_errors(schema, rec).empty());
+}
+
+// The Kokkos event counters (weft/metrics/counters.hpp) of both records:
+// train_gpt's first step and the steps after it, serve_gpt's first step and
+// its decode steps; every count a non-negative integer, a missing one named.
+TEST_CASE("schema: the counters of the train and serve records are checked") {
+  const auto schema = shipped_schema();
+  auto rec = sample_record();
+  auto& c = member(rec, "counters");
+  member(member(c, "first_step"), "kernels") = parse_json("12.5");
+  member(member(c, "after_first"), "allocations") = parse_json("-1");
+  erase(member(c, "after_first"), "deep_copies_host_device");
+  member(c, "fences_reported") = parse_json("0");
+  auto e = schema_errors(schema, rec);
+  for (const auto& x : e) INFO(x);
+  CHECK(e.size() == 4);
+  CHECK(has(e, "$.counters.first_step.kernels: expected integer, got number"));
+  CHECK(has(e, "$.counters.after_first.allocations: -1 is less than the minimum 0"));
+  CHECK(has(e, "$.counters.after_first: required field \"deep_copies_host_device\" is missing"));
+  CHECK(has(e, "$.counters.fences_reported: expected boolean, got number"));
+  member(member(rec, "counters"), "after_first") = parse_json("null");  // a one-step run
+  member(member(member(rec, "counters"), "first_step"), "kernels") = parse_json("12");
+  member(member(rec, "counters"), "fences_reported") = parse_json("false");
+  CHECK(schema_errors(schema, rec).empty());
+
+  const std::string path = std::string(WEFT_SOURCE_DIR) + "/docs/schema/serve_record.schema.json";
+  auto serve = parse_json(weft::plan::read_text_file(path), path);
+  CHECK(has(schema_errors(serve, parse_json("{}")), "$: required field \"counters\" is missing"));
+  const auto& sc = member(member(serve, "properties"), "counters");
+  const std::string counts = R"({"kernels": 35, "parallel_for": 34, "parallel_reduce": 1, "parallel_scan": 0, "fences": 0,
+    "deep_copies_host_device": 5, "deep_copies_same_space": 1, "fills": 0, "allocations": 1, "allocated_bytes": 2048})";
+  auto ok = parse_json(R"({"first_step": )" + counts + R"(, "decode_step": )" + counts +
+                       R"(, "decode_steps_counted": 4, "decode_sequences_max": 2, "fences_reported": false})");
+  CHECK(schema_errors(sc, ok).empty());
+  member(ok, "decode_step") = parse_json("null");
+  CHECK(schema_errors(sc, ok).empty());
+  erase(member(ok, "first_step"), "fences");
+  member(ok, "decode_steps_counted") = parse_json(R"("4")");
+  e = schema_errors(sc, ok);
+  for (const auto& x : e) INFO(x);
+  CHECK(e.size() == 2);
+  CHECK(has(e, "$.first_step: required field \"fences\" is missing"));
+  CHECK(has(e, "$.decode_steps_counted: expected integer, got string"));
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +12,8 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+
+#include <weft/metrics/json.hpp>
 
 namespace weft::metrics {
 
@@ -74,6 +77,37 @@ struct KernelCounts {
     return s.str();
   }
 };
+
+/// The most of each count of two regions (labels dropped): the worst of
+/// several steps.
+inline KernelCounts max_of(const KernelCounts& a, const KernelCounts& b) {
+  KernelCounts m;
+  m.parallel_for = std::max(a.parallel_for, b.parallel_for);
+  m.parallel_reduce = std::max(a.parallel_reduce, b.parallel_reduce);
+  m.parallel_scan = std::max(a.parallel_scan, b.parallel_scan);
+  m.fences = std::max(a.fences, b.fences);
+  m.copies_host_device = std::max(a.copies_host_device, b.copies_host_device);
+  m.copies_same_space = std::max(a.copies_same_space, b.copies_same_space);
+  m.fills = std::max(a.fills, b.fills);
+  m.allocations = std::max(a.allocations, b.allocations);
+  m.allocated_bytes = std::max(a.allocated_bytes, b.allocated_bytes);
+  return m;
+}
+
+/// The counts as a run record's object (docs/records.md, "counters").
+inline Json to_json(const KernelCounts& c) {
+  return Json::object()
+      .set("kernels", Json(long(c.kernels())))
+      .set("parallel_for", Json(long(c.parallel_for)))
+      .set("parallel_reduce", Json(long(c.parallel_reduce)))
+      .set("parallel_scan", Json(long(c.parallel_scan)))
+      .set("fences", Json(long(c.fences)))
+      .set("deep_copies_host_device", Json(long(c.copies_host_device)))
+      .set("deep_copies_same_space", Json(long(c.copies_same_space)))
+      .set("fills", Json(long(c.fills)))
+      .set("allocations", Json(long(c.allocations)))
+      .set("allocated_bytes", Json(long(c.allocated_bytes)));
+}
 
 namespace detail {
 
