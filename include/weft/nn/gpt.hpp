@@ -56,7 +56,10 @@ struct gpt_layer_policy<Strategy<E...>> {
 /// weft::TensorParallel<> or weft::TensorParallel<weft::SequenceParallel>;
 /// Prec is the strategy's weft::Precision, whose Param sets the operand type
 /// of every weight product (Context::products; T must then be float: the
-/// weights, activations and gradients stay fp32).
+/// weights, activations and gradients stay fp32). A loss-scaled Prec
+/// (weft::Precision<FP16, F32, DynamicLossScale>) trains through the
+/// optim::train_step and parallel::train_step overloads that take a
+/// weft::DynamicLossScaler; the others refuse it at compile time.
 /// Usually named through nn::GPT<T, Strategy, Space>.
 template <class T, class Space = Kokkos::DefaultExecutionSpace, class LayerPolicy = NoPolicy, class Prec = Precision<>>
 class GPTModel {
@@ -66,10 +69,6 @@ class GPTModel {
   static_assert(!Prec::mixed || std::is_same_v<T, float>,
                 "weft::nn::GPTModel: a mixed weft::Precision (BF16 or FP16 products) needs T = float -- the "
                 "weights, activations and gradients stay fp32 and only the products' operands are 2-byte");
-  static_assert(!Prec::loss_scaled,
-                "weft::nn::GPTModel: weft::Precision<FP16, F32, DynamicLossScale> is not trained yet -- the training "
-                "steps do not scale the loss, so fp16 gradients would underflow; use weft::Precision<weft::BF16> "
-                "(bf16 has float's exponent range and needs no loss scaling)");
   static_assert(std::is_same_v<typename Prec::reduce, F32>,
                 "weft::nn::GPTModel: a 2-byte gradient reduction (weft::Precision<BF16, BF16>) is not implemented yet "
                 "-- gradients are reduced in fp32; use weft::Precision<weft::BF16> (= Precision<BF16, F32>)");

@@ -14,6 +14,7 @@
 #include <weft/metrics/memory.hpp>
 #include <weft/nn/parameter.hpp>
 #include <weft/ops/common.hpp>
+#include <weft/precision/loss_scale.hpp>
 
 namespace weft::optim {
 
@@ -52,26 +53,54 @@ double grad_norm(const std::vector<nn::Parameter<T, Space>*>& params, Comm* tp =
   return std::sqrt(sums[0] + sums[1]);
 }
 
+/// Multiplies every gradient of `params` by f (rounded to T once).
+template <class T, class Space>
+void scale_grads(const std::vector<nn::Parameter<T, Space>*>& params, double factor) {
+  const T f = T(factor);
+  for (auto* p : params) {
+    T* __restrict gp = p->grad.data();
+    const std::size_t n = p->grad.extent(0), chunk = 4096;
+    Kokkos::parallel_for(
+        "weft::clip_grad", Kokkos::RangePolicy<typename Space::execution_space>(0, (n + chunk - 1) / chunk),
+        KOKKOS_LAMBDA(std::size_t c) {
+          const std::size_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+          for (std::size_t i = c * chunk; i < end; ++i) gp[i] *= f;
+        });
+  }
+}
+
 /// Scales every gradient by max_norm / norm when the global norm exceeds
 /// max_norm (max_norm <= 0: no clipping). Returns the norm before clipping.
 /// `tp`: as in grad_norm.
 template <class T, class Space>
 double clip_grad_norm(const std::vector<nn::Parameter<T, Space>*>& params, double max_norm, Comm* tp = nullptr) {
   const double norm = grad_norm(params, tp);
-  if (max_norm > 0 && norm > max_norm) {
-    const T f = T(max_norm / (norm + 1e-6));
-    for (auto* p : params) {
-      T* __restrict gp = p->grad.data();
-      const std::size_t n = p->grad.extent(0), chunk = 4096;
-      Kokkos::parallel_for(
-          "weft::clip_grad", Kokkos::RangePolicy<typename Space::execution_space>(0, (n + chunk - 1) / chunk),
-          KOKKOS_LAMBDA(std::size_t c) {
-            const std::size_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
-            for (std::size_t i = c * chunk; i < end; ++i) gp[i] *= f;
-          });
-    }
-  }
+  if (max_norm > 0 && norm > max_norm) scale_grads(params, max_norm / (norm + 1e-6));
   return norm;
+}
+
+/// The end of a loss-scaled step, once the gradients of (loss x
+/// scaler.scale()) are complete on every rank: `scaled_norm` is their global
+/// norm (identical on every rank, so every rank decides alike). An infinite
+/// or NaN norm is an overflow: scaler.update(true) skips the step and backs
+/// the scale off, and the gradients are left as they are (the caller does
+/// not step the optimizer). Otherwise the gradients are multiplied once by
+/// 1 / scale, times the clipping factor min(1, clip / (norm + 1e-6)) of the
+/// unscaled norm when clip > 0, through `scale_by(f)`. Returns whether the
+/// step is skipped; `norm` receives the unscaled norm (the scaled one, not
+/// finite, on a skipped step).
+template <class ScaleBy>
+bool unscale_and_clip(DynamicLossScaler& scaler, double scaled_norm, double clip, double& norm, ScaleBy&& scale_by) {
+  const double scale = scaler.scale();  // this step's: update() may grow it
+  if (scaler.update(!std::isfinite(scaled_norm))) {
+    norm = scaled_norm;
+    return true;
+  }
+  norm = scaled_norm / scale;
+  double f = 1.0 / scale;
+  if (clip > 0 && norm > clip) f *= clip / (norm + 1e-6);
+  scale_by(f);
+  return false;
 }
 
 /// AdamW's hyper-parameters (GPT-2 style defaults).

@@ -4,6 +4,7 @@
 // updates and re-syncs.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include <weft/data/stream.hpp>
@@ -35,17 +36,13 @@ inline std::size_t microbatch_first_sample(std::size_t m, std::size_t rank, std:
   return (m * p + rank) * mb;
 }
 
-/// Trains `model` (hooks set to `dp`, any DataParallel<T, Policy, Space>;
-/// config().batch sequences per microbatch) on step `step` of `data` with the
-/// global batch split over the DP ranks. A model split over a TP axis (one
-/// with tensor_parallel()) takes the same data on every rank of a TP group,
-/// and its gradient norm counts TP-replicated parameters once. Returns the
-/// global mean loss (identical on every rank) and the global gradient norm
-/// before clipping.
+namespace detail {
+// parallel::train_step's body; scaler is null without loss scaling.
 template <class Model, DataParallelType DP, class Optimizer, class IV, class TV>
 optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::TokenStream& data,
                              std::uint64_t step, std::size_t global_batch, std::size_t microbatches, const IV& ids,
-                             const TV& targets, double lr, double clip, metrics::Profiler* profiler = nullptr) {
+                             const TV& targets, double lr, double clip, DynamicLossScaler* scaler,
+                             metrics::Profiler* profiler) {
   // Under context parallelism DataParallel runs over DP x CP (CP inner, as
   // mesh.axes<DP, CP>() orders it): the CP ranks of a DP rank take the same
   // sequences, and the model picks each rank's tokens of them.
@@ -65,6 +62,7 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
                microbatches, " = ", mb);
   const std::size_t rank = static_cast<std::size_t>(dp.comm().rank()) / cp;
   optim::StepResult r;
+  if (scaler) r.loss_scale = scaler->scale();
   dp.zero_grad();
   double local = 0;
   for (std::size_t m = 0; m < microbatches; ++m) {
@@ -73,7 +71,7 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
       metrics::Profiler::Scope sc(profiler, "data");
       data.fill(step, global_batch, microbatch_first_sample(m, rank, mb, p), mb, ids, targets);
     }
-    local += model.forward_backward(ids, targets, 1.0 / double(global_batch * model.config().seq));
+    local += model.forward_backward(ids, targets, r.loss_scale / double(global_batch * model.config().seq));
   }
   {
     metrics::Profiler::Scope sc(profiler, "dp_gradients");
@@ -83,8 +81,16 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
     metrics::Profiler::Scope sc(profiler, "optimizer");
     Comm* tp = nullptr;
     if constexpr (requires { model.tensor_parallel().comm; }) tp = model.tensor_parallel().comm;
-    r.grad_norm = dp.clip_grad_norm(clip, tp);
-    opt.step(lr);
+    if (!scaler) {
+      r.grad_norm = dp.clip_grad_norm(clip, tp);
+      opt.step(lr);
+    } else {
+      // The norm is reduced over every rank that holds gradients, so an
+      // overflow on one rank skips the step on all of them.
+      r.skipped = optim::unscale_and_clip(*scaler, std::sqrt(dp.gradient_squares(tp)), clip, r.grad_norm,
+                                          [&](double f) { dp.scale_gradients(f); });
+      if (!r.skipped) opt.step(lr);
+    }
   }
   {
     metrics::Profiler::Scope sc(profiler, "dp_parameters");
@@ -97,6 +103,45 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
   dp.comm().all_reduce(v, ReduceOp::avg);
   r.loss = mean;
   return r;
+}
+
+}  // namespace detail
+
+/// Trains `model` (hooks set to `dp`, any DataParallel<T, Policy, Space>;
+/// config().batch sequences per microbatch) on step `step` of `data` with the
+/// global batch split over the DP ranks. A model split over a TP axis (one
+/// with tensor_parallel()) takes the same data on every rank of a TP group,
+/// and its gradient norm counts TP-replicated parameters once. Returns the
+/// global mean loss (identical on every rank) and the global gradient norm
+/// before clipping.
+/// A loss-scaled (fp16) model does not compile here: it takes the overload
+/// with a scaler.
+template <class Model, DataParallelType DP, class Optimizer, class IV, class TV>
+optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::TokenStream& data,
+                             std::uint64_t step, std::size_t global_batch, std::size_t microbatches, const IV& ids,
+                             const TV& targets, double lr, double clip, metrics::Profiler* profiler = nullptr) {
+  static_assert(!optim::loss_scaled_model_v<Model>,
+                "weft::parallel::train_step: the model's weft::Precision<FP16, F32, DynamicLossScale> scales its "
+                "loss; pass the weft::DynamicLossScaler that holds the scale: train_step(..., lr, clip, scaler)");
+  return detail::train_step(model, dp, opt, data, step, global_batch, microbatches, ids, targets, lr, clip, nullptr,
+                            profiler);
+}
+
+/// The same step with dynamic loss scaling (optim::train_step's overload
+/// with a scaler says how), for a loss-scaled (fp16) model. Every rank
+/// decides alike whether the step is skipped: the decision reads the global
+/// gradient norm.
+template <class Model, DataParallelType DP, class Optimizer, class IV, class TV>
+optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::TokenStream& data,
+                             std::uint64_t step, std::size_t global_batch, std::size_t microbatches, const IV& ids,
+                             const TV& targets, double lr, double clip, DynamicLossScaler& scaler,
+                             metrics::Profiler* profiler = nullptr) {
+  static_assert(optim::loss_scaled_model_v<Model>,
+                "weft::parallel::train_step: a weft::DynamicLossScaler was given, but the model's precision does not "
+                "scale its loss (fp32 and bf16 need none); drop the scaler, or use weft::Precision<weft::FP16, "
+                "weft::F32, weft::DynamicLossScale>");
+  return detail::train_step(model, dp, opt, data, step, global_batch, microbatches, ids, targets, lr, clip, &scaler,
+                            profiler);
 }
 
 }  // namespace weft::parallel

@@ -679,10 +679,23 @@ class GPTStage {
   ops::Tokens<Space> local_ids_, local_targets_;  // context parallelism: this rank's tokens of them
 };
 
+namespace detail {
+// The layer policy of S's stage, refusing what the stage would ignore.
+template <class S>
+struct stage_layer_policy {
+  static_assert(!precision_of_t<S>::mixed,
+                "weft::pipeline::Stage<T, S>: the pipelined GPT computes its products in fp32 only; a "
+                "weft::Precision<BF16> or <FP16, ...> entry in a pipelined strategy is not implemented yet -- drop the "
+                "Precision entry, or train with pp = 1 (nn::GPT<T, S> takes it)");
+  using type = layer_policy_t<S>;
+};
+}  // namespace detail
+
 /// The GPT stage a strategy S gives: its layers split as S's TP policy says
-/// (the DP mode and the schedule do not change the stage's type).
+/// (the DP mode and the schedule do not change the stage's type). A mixed
+/// weft::Precision in S does not compile (the stage computes in fp32).
 template <class T, StrategyType S = SingleProcess, class Space = Kokkos::DefaultExecutionSpace>
-using Stage = GPTStage<T, Space, layer_policy_t<S>>;
+using Stage = GPTStage<T, Space, typename detail::stage_layer_policy<S>::type>;
 
 /// Measures what --stages auto partitions by: for each unit (embedding,
 /// blocks, head) the seconds of its forward and backward on one microbatch of
