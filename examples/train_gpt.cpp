@@ -105,6 +105,7 @@ int run(int argc, char** argv, weft::Environment& env) {
   switch (part_of(opts)) {
     case Part::data_tensor: return run_part<Part::data_tensor>(args);
     case Part::data_tensor_bf16: return run_part<Part::data_tensor_bf16>(args);
+    case Part::data_tensor_fp16: return run_part<Part::data_tensor_fp16>(args);
     case Part::expert: return run_part<Part::expert>(args);
     case Part::pipeline_replicated: return run_part<Part::pipeline_replicated>(args);
     case Part::pipeline_zero1: return run_part<Part::pipeline_zero1>(args);

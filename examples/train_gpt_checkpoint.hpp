@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include <weft/checkpoint/checkpoint.hpp>
+#include <weft/precision/loss_scale.hpp>
 #include <weft/metrics/json.hpp>
 #include <weft/plan/json_read.hpp>
 
@@ -220,6 +222,54 @@ inline void check_same_run(const weft::plan::JsonValue& run, const std::string& 
   const auto* opt = run.find("optimizer")->find("name");
   WEFT_REQUIRE(opt && opt->string == optimizer, weft::ConfigError, "--resume ", file, ": the checkpoint's optimizer is ",
                opt ? opt->string : std::string("?"), ", this run's --optimizer ", optimizer);
+}
+
+/// The manifest's (and the record's) "loss_scale" object of an fp16 run: the
+/// scaler's settings and the state the next step starts from.
+inline weft::metrics::Json loss_scale_json(const weft::DynamicLossScaler& scaler) {
+  const auto& o = scaler.options();
+  const auto& st = scaler.state();
+  using weft::metrics::Json;
+  return Json::object()
+      .set("initial", o.initial_scale).set("min", o.min_scale).set("growth_interval", Json(long(o.growth_interval)))
+      .set("hysteresis", Json(long(o.hysteresis))).set("growth_factor", o.growth_factor)
+      .set("backoff_factor", o.backoff_factor).set("scale", st.scale)
+      .set("growth_tracker", Json(long(st.growth_tracker))).set("hysteresis_tracker", Json(long(st.hysteresis_tracker)))
+      .set("skipped_steps", Json(long(st.skipped_steps)));
+}
+
+/// --resume of an fp16 run: the scaler continues from the checkpoint's
+/// "run.loss_scale" state, so the resumed run takes the same scales as the
+/// uninterrupted one. A checkpoint of an fp32 or bf16 run has none: the
+/// scaler starts from --loss-scale, and rank 0 (`say`) prints so.
+inline void restore_loss_scale(weft::DynamicLossScaler& scaler, const weft::plan::JsonValue& manifest,
+                               const std::string& file, bool say) {
+  const weft::plan::JsonValue* ls = run_of(manifest, file).find("loss_scale");
+  if (!ls || ls->kind != weft::plan::JsonValue::Kind::object) {
+    if (say)
+      std::printf("train_gpt: %s holds no loss-scaler state (not an fp16 run): the scale starts at %.0f\n", file.c_str(),
+                  scaler.scale());
+    return;
+  }
+  auto num = [&](const char* k) {
+    const auto* v = ls->find(k);
+    WEFT_REQUIRE(v && v->kind == weft::plan::JsonValue::Kind::number, weft::IoError, "--resume ", file,
+                 ": run.loss_scale has no number \"", k, "\"");
+    return v->number;
+  };
+  const auto& o = scaler.options();
+  WEFT_REQUIRE(num("min") == o.min_scale && num("growth_interval") == double(o.growth_interval) &&
+                   num("hysteresis") == double(o.hysteresis) && num("growth_factor") == o.growth_factor &&
+                   num("backoff_factor") == o.backoff_factor,
+               weft::ConfigError, "--resume ", file, ": the checkpoint's loss scaler has other settings (min ", num("min"),
+               ", growth interval ", num("growth_interval"), ", hysteresis ", num("hysteresis"), ", factors ",
+               num("growth_factor"), " and ", num("backoff_factor"), ") than this run's");
+  weft::LossScaleState st;
+  st.scale = num("scale");
+  st.growth_tracker = std::int64_t(num("growth_tracker"));
+  st.hysteresis_tracker = std::int64_t(num("hysteresis_tracker"));
+  st.skipped_steps = std::int64_t(num("skipped_steps"));
+  scaler.set_state(st);  // ConfigError for a state these settings cannot produce
 }
 
 }  // namespace train_gpt_checkpoint

@@ -57,7 +57,9 @@ struct Options {
   int pp = 1;
   int cp = 1;
   int ep = 1;  // expert parallelism: the MoE blocks' experts over ep ranks (folded over DP)
-  std::string precision = "fp32";  // --precision: the operand type of the weight products (fp32, bf16)
+  std::string precision = "fp32";  // --precision: the operand type of the weight products (fp32, bf16, fp16)
+  double loss_scale = 65536;       // --loss-scale: fp16's initial dynamic loss scale
+  bool loss_scale_given = false;
   std::string context = "ring";  // --context: the CP variant (ring, allgather, alltoall), a compiled type each
   bool sequence_parallel = false;
   std::string schedule = "1f1b", stages = "equal";
@@ -108,10 +110,14 @@ inline constexpr const char* kUsage =
     "  --stages S        pipeline stage boundaries: auto (measured time and memory), equal, or blocks per stage L1,L2,... (equal)\n"
     "  --stage-memory-mb X  memory limit per stage for --stages auto (0: none)\n"
     "  --dp replicate|zero1|zero2|fsdp  data-parallel mode (replicate)\n"
-    "  --precision fp32|bf16  the weight products' operand type (fp32): bf16 rounds weights and activations\n"
-    "                    to bf16 for every Linear product and accumulates in fp32 (weft::Precision<BF16>);\n"
-    "                    weights, optimizer state, activations and reductions stay fp32. Compiled for\n"
-    "                    meshes of dp, tp and cp (no pp, no ep). fp16 needs loss scaling: not yet\n"
+    "  --precision fp32|bf16|fp16  the weight products' operand type (fp32): bf16 and fp16 round weights and\n"
+    "                    activations to 2 bytes for every Linear product and accumulate in fp32\n"
+    "                    (weft::Precision<BF16>, weft::Precision<FP16, F32, DynamicLossScale>); weights,\n"
+    "                    optimizer state, activations and reductions stay fp32. fp16 scales the loss\n"
+    "                    dynamically: a step whose gradients overflow is skipped and halves the scale (after\n"
+    "                    2 such steps in a row), 1000 clean steps double it. Compiled for meshes of dp, tp\n"
+    "                    and cp (no pp, no ep)\n"
+    "  --loss-scale X    fp16: the initial loss scale (65536 = 2^16)\n"
     "  --bucket-mb X     gradient bucket size of replicate and zero1 in MiB (25)\n"
     "  --no-overlap      reduce gradients after backward instead of during it\n"
     "  --baseline FILE   loss parity: fail unless the loss curve follows FILE's (a --record of another run)\n"
@@ -269,11 +275,15 @@ inline Options parse(int argc, char** argv) {
       {"--divergence-window", [&](const std::string& v) { o.divergence_window = parse_count("--divergence-window", v); }},
       {"--dp", [&](const std::string& v) { o.dp_mode = weft::parallel::parse_dp_mode(v); }},
       {"--precision", [&](const std::string& v) {
-         WEFT_REQUIRE(v != "fp16", ConfigError, "--precision fp16: fp16 training needs dynamic loss scaling "
-                      "(weft::Precision<FP16, F32, DynamicLossScale>), which train_gpt's steps do not do yet; use "
-                      "--precision bf16 (bf16 has float's exponent range and needs no loss scaling) or fp32");
-         WEFT_REQUIRE(v == "fp32" || v == "bf16", ConfigError, "--precision ", v, ": expected fp32 or bf16");
+         WEFT_REQUIRE(v == "fp32" || v == "bf16" || v == "fp16", ConfigError, "--precision ", v,
+                      ": expected fp32, bf16 or fp16");
          o.precision = v;
+       }},
+      {"--loss-scale", [&](const std::string& v) {
+         o.loss_scale = parse_real("--loss-scale", v, true);
+         WEFT_REQUIRE(o.loss_scale >= 1, ConfigError, "--loss-scale ", v,
+                      ": the initial loss scale must be >= 1 (the scale never backs off below 1); 65536 is usual");
+         o.loss_scale_given = true;
        }},
       {"--checkpoint", [&](const std::string& v) { o.ckpt.dir = v; }},
       {"--save-every", [&](const std::string& v) { o.ckpt.save_every = parse_count("--save-every", v); }},
@@ -418,7 +428,8 @@ struct Job {
   weft::Comm* cp = nullptr;    // the CP axis (null without context parallelism)
   weft::Comm* ep = nullptr;    // the EP axis (null without expert parallelism; dp is then DP x EP)
   std::string context;         // the CP policy ("Context<Ring>", ...; empty without)
-  std::string precision = "fp32";  // the weight products' operand type: "fp32" or "bf16" (the strategy's weft::Precision)
+  std::string precision = "fp32";  // the weight products' operand type: "fp32", "bf16" or "fp16" (the strategy's weft::Precision)
+  weft::DynamicLossScaler* scaler = nullptr;  // fp16: the dynamic loss scaler (null otherwise)
   weft::Comm* pp = nullptr;    // the PP axis (null without a pipeline)
   std::string schedule, stages;  // pipeline: the schedule's name, blocks per virtual stage
   int microbatches = 1;
@@ -612,6 +623,8 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
   if (ppc) ppc->reset_stats();
   if (cpc) cpc->reset_stats();
   std::vector<double> losses, norms, walls, cpus;
+  std::vector<double> scales;              // fp16: the loss scale of each step
+  std::vector<std::size_t> skipped_steps;  // fp16: the steps skipped because their gradients overflowed
   std::vector<weft::nn::MoEStats> moe;  // per step, MoE models only
   weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
   weft::CommStats warm_stats;    // communication during the warm-up steps (excluded from the steady figures)
@@ -629,6 +642,7 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                                          data_name, c.seed, c.seq, o.batch, o.optimizer);
     loaded = job.load(dir);
     first = loaded.step;
+    if (job.scaler) train_gpt_checkpoint::restore_loss_scale(*job.scaler, manifest, dir + "/manifest.json", root);
     WEFT_REQUIRE(first < o.steps, ConfigError, "--resume ", loaded.path, " is the checkpoint after step ", first,
                  ", but --steps ", o.steps, " ends there; give more --steps");
     if (root)
@@ -658,7 +672,8 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                         .set("next_counter", Json(next_step * o.batch))
                         .set("note", "initialisation depends on (seed, parameter name, global index) and data on (seed, counter); training draws no other random numbers"))
         .set("schedule", Json::object().set("lr", o.lr).set("warmup", Json(o.warmup)).set("clip", o.clip)
-                             .set("steps", Json(o.steps)));
+                             .set("steps", Json(o.steps)))
+        .set("loss_scale", job.scaler ? train_gpt_checkpoint::loss_scale_json(*job.scaler) : Json(nullptr));
   };
   const std::size_t run_steps = o.steps - first;
   const std::size_t skip = run_steps > 1 ? std::min<std::size_t>(5, std::max<std::size_t>(1, run_steps / 10)) : 0;
@@ -694,7 +709,8 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const train_gpt_checks::DivergenceCauses causes{.lr = lr, .clip = o.clip, .weight_decay = o.weight_decay,
                                                     .moe = c.experts > 0, .aux_loss = c.aux_loss, .z_loss = c.z_loss};
-    diverged = train_gpt_checks::divergence(s, r.loss, r.grad_norm, causes);
+    // A loss-scaled step that overflowed was skipped (its norm is not finite by design): only its loss can diverge.
+    diverged = train_gpt_checks::divergence(s, r.loss, r.skipped ? 0.0 : r.grad_norm, causes);
     if (diverged.empty()) diverged = guard.observe(s, r.loss, causes);
     if (!diverged.empty()) {
       stop_step = s, stop_loss = r.loss, stop_norm = r.grad_norm, stop_wall = wall;
@@ -716,12 +732,15 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
       if (cpc) warm_cp_stats = cpc->stats();
     }
     losses.push_back(r.loss);
-    norms.push_back(r.grad_norm);
+    norms.push_back(r.skipped ? std::numeric_limits<double>::quiet_NaN() : r.grad_norm);
+    scales.push_back(r.loss_scale);
+    if (r.skipped) skipped_steps.push_back(s);
     if (job.moe_stats) moe.push_back(job.moe_stats());
     if (!root) continue;
     if (tty) std::printf("\r\033[K");
     std::printf("step %zu loss %.4f tok/s %.0f grad_norm %.4f lr %.3g ms %.1f", s, r.loss,
                 double(tokens_per_step) / wall, r.grad_norm, lr, wall * 1e3);
+    if (job.scaler) std::printf(" loss_scale %.0f%s", r.loss_scale, r.skipped ? " skipped (gradients overflowed)" : "");
     if (!moe.empty())
       std::printf(" moe imbalance %.2f dropped %.0f entropy %.3f aux %.4g z %.4g", moe.back().imbalance(),
                   moe.back().dropped, moe.back().entropy(), moe.back().aux_loss_term(), moe.back().z_loss_term());
@@ -962,6 +981,14 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
     rec.set("tokens_per_step", Json(tokens_per_step));
     rec.set("loss", Json(losses));
     rec.set("grad_norm", Json(norms));
+    if (job.scaler) {
+      Json::Array skipped;
+      for (const std::size_t k : skipped_steps) skipped.emplace_back(Json(k));
+      rec.set("loss_scale", train_gpt_checkpoint::loss_scale_json(*job.scaler)
+                                .set("per_step", Json(scales)).set("skipped", Json(std::move(skipped))));
+    } else {
+      rec.set("loss_scale", Json(nullptr));
+    }
     rec.set("step_seconds", Json(walls));
     rec.set("warmup_steps_excluded", Json(excluded));
     Json stop = Json::object().set("reason", diverged.empty() ? "completed" : "diverged").set("steps_completed", Json(done));
@@ -1100,7 +1127,7 @@ Job job_of(const char* model_name, Model& model, DP& dp, AnyOptimizer& opt) {
   job.model_name = model_name;
   job.dp_mode = DP::mode();
   job.sequence_parallel = S::sequence_parallel;
-  job.precision = S::precision::mixed ? "bf16" : "fp32";
+  job.precision = S::precision::loss_scaled ? "fp16" : S::precision::mixed ? "bf16" : "fp32";
   job.dp = &dp.comm();
   for (auto* p : model.parameters()) job.parameters += p->size();
   job.model_memory = [&model] { return model.memory(); };
@@ -1265,10 +1292,18 @@ int run_data_tensor_on(const Options& o, MeshT& mesh, weft::nn::ContextParallel<
   Job job = job_of<S>("weft GPT (nn::GPT)", gpt, dp, opt);
   job.strategy = strategy;
   if (o.cp > 1) job.cp = &mesh.template axis<weft::CP>(), job.context = context;
+  // fp16: the dynamic loss scaler (Megatron's hysteresis and growth window; --loss-scale sets the first scale).
+  weft::DynamicLossScaler scaler({.initial_scale = o.loss_scale});
+  if constexpr (S::precision::loss_scaled) job.scaler = &scaler;
   job.step = [&](std::size_t step, double lr, weft::metrics::Profiler* prof) {
     gpt.reset_moe_statistics();
-    const auto r = weft::parallel::train_step(gpt, dp, opt, stream, step, o.batch, o.microbatches, ids, tg, lr, o.clip, prof);
-    gpt.update_expert_bias();  // the aux-loss-free balancing step, after the optimizer's (nothing for a dense model)
+    weft::optim::StepResult r;
+    if constexpr (S::precision::loss_scaled)
+      r = weft::parallel::train_step(gpt, dp, opt, stream, step, o.batch, o.microbatches, ids, tg, lr, o.clip, scaler, prof);
+    else
+      r = weft::parallel::train_step(gpt, dp, opt, stream, step, o.batch, o.microbatches, ids, tg, lr, o.clip, prof);
+    // The aux-loss-free balancing step, after the optimizer's (nothing for a dense model; nor on a skipped step).
+    if (!r.skipped) gpt.update_expert_bias();
     return r;
   };
   if (o.model.experts > 0) job.moe_stats = [&] { return gpt.moe_statistics(); };
@@ -1360,15 +1395,14 @@ template <class D>
 struct StrategyOf<D, weft::NoPolicy, void> {
   using type = weft::Strategy<weft::On<weft::DP, D>>;
 };
-// --precision bf16: the same strategy with a weft::Precision<BF16> entry last.
-template <class S, bool BF16>
-struct WithPrecision {
-  using type = S;
+// --precision bf16 or fp16: the same strategy with the weft::Precision entry Prec last.
+template <class S, class Prec>
+struct WithPrecision;
+template <class... E, class Prec>
+struct WithPrecision<weft::Strategy<E...>, Prec> {
+  using type = weft::Strategy<E..., Prec>;
 };
-template <class... E>
-struct WithPrecision<weft::Strategy<E...>, true> {
-  using type = weft::Strategy<E..., weft::Precision<weft::BF16>>;
-};
+using FP16Precision = weft::Precision<weft::FP16, weft::F32, weft::DynamicLossScale>;
 
 // Calls f(std::type_identity<S>{}) with the compiled strategy the flags name.
 template <class F>
@@ -1431,9 +1465,11 @@ int pick_strategy(const Options& o, F&& f) {
       return with_schedule([&]<class Sched>(std::type_identity<Sched>) {
         return with_cp([&]<class C>(std::type_identity<C>) {
           using S = typename WithContext<typename StrategyOf<D, TPPolicy, Sched>::type, C>::type;
-          // bf16 products are compiled for the strategies without a pipeline (checked before step 0)
-          if constexpr (std::is_void_v<Sched>)
-            if (o.precision == "bf16") return f(std::type_identity<typename WithPrecision<S, true>::type>{});
+          // bf16 and fp16 products are compiled for the strategies without a pipeline (checked before step 0)
+          if constexpr (std::is_void_v<Sched>) {
+            if (o.precision == "bf16") return f(std::type_identity<typename WithPrecision<S, weft::Precision<weft::BF16>>::type>{});
+            if (o.precision == "fp16") return f(std::type_identity<typename WithPrecision<S, FP16Precision>::type>{});
+          }
           return f(std::type_identity<S>{});
         });
       });
@@ -1521,10 +1557,13 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
                "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
   WEFT_REQUIRE(o.cp > 1 || o.context == "ring", ConfigError, "--context ", o.context,
                " needs a context-parallel axis: add cp=N (N > 1) to --mesh");
-  // bf16 products are compiled into train_gpt for the strategies without a pipeline or experts over EP.
+  // bf16 and fp16 products are compiled into train_gpt for the strategies without a pipeline or experts over EP.
   WEFT_REQUIRE(o.precision == "fp32" || (o.pp == 1 && o.ep == 1), ConfigError, "--precision ", o.precision,
-               " with --mesh pp=", o.pp, ",ep=", o.ep, ": train_gpt compiles bf16 products (weft::Precision<BF16>) for "
-               "meshes of dp, tp and cp only; drop pp and ep or use --precision fp32");
+               " with --mesh pp=", o.pp, ",ep=", o.ep, ": train_gpt compiles ", o.precision, " products (weft::Precision<",
+               o.precision == "bf16" ? "BF16" : "FP16, F32, DynamicLossScale", ">) for meshes of dp, tp and cp only; "
+               "drop pp and ep or use --precision fp32");
+  WEFT_REQUIRE(!o.loss_scale_given || o.precision == "fp16", ConfigError, "--loss-scale applies to --precision fp16 "
+               "only (fp32 and bf16 need no loss scaling); drop it or add --precision fp16");
   o.model.batch = weft::parallel::local_microbatch(o.batch, std::size_t(c.ndp * o.ep), o.microbatches);
   o.model.validate();
   if (o.cp > 1) {
@@ -1656,6 +1695,7 @@ struct RunArgs {
 enum class Part {
   data_tensor,
   data_tensor_bf16,  // the same strategies with weft::Precision<BF16> (--precision bf16)
+  data_tensor_fp16,  // and with weft::Precision<FP16, F32, DynamicLossScale> (--precision fp16)
   expert,
   pipeline_replicated,
   pipeline_zero1,
@@ -1674,7 +1714,8 @@ inline Part part_of(const Options& o) {
     }
   }
   if (o.ep > 1) return Part::expert;
-  return o.precision == "bf16" ? Part::data_tensor_bf16 : Part::data_tensor;
+  if (o.precision == "bf16") return Part::data_tensor_bf16;
+  return o.precision == "fp16" ? Part::data_tensor_fp16 : Part::data_tensor;
 }
 
 /// Whether the compiled strategy S belongs to part P (the same rule as part_of).
@@ -1688,6 +1729,8 @@ constexpr bool in_part() {
     else return P == Part::pipeline_fully_shard;
   } else if constexpr (S::expert_parallel_v) {
     return P == Part::expert;
+  } else if constexpr (S::precision::loss_scaled) {
+    return P == Part::data_tensor_fp16;
   } else if constexpr (S::precision::mixed) {
     return P == Part::data_tensor_bf16;
   } else {
@@ -1715,6 +1758,7 @@ int run_part(const RunArgs& a) {
 
 extern template int run_part<Part::data_tensor>(const RunArgs&);
 extern template int run_part<Part::data_tensor_bf16>(const RunArgs&);
+extern template int run_part<Part::data_tensor_fp16>(const RunArgs&);
 extern template int run_part<Part::expert>(const RunArgs&);
 extern template int run_part<Part::pipeline_replicated>(const RunArgs&);
 extern template int run_part<Part::pipeline_zero1>(const RunArgs&);

@@ -2,6 +2,7 @@
 // of its subset accepts what it should and rejects what it should, with the
 // JSON path in the message; a record written by train_gpt passes the shipped
 // schema, and the same record missing a field or with a wrong type fails it.
+#include <algorithm>
 #include <string>
 
 #include <weft/plan/json_schema.hpp>
@@ -172,8 +173,10 @@ TEST_CASE("schema: the moe object of a MoE record is checked, null passes") {
 }
 
 // A run stops at its first non-finite loss, so a record with a null loss
-// (what JSON writes for NaN) did not come from a run that checked.
-TEST_CASE("schema: a null loss or gradient norm and an unknown stop reason fail") {
+// (what JSON writes for NaN) did not come from a run that checked. A null
+// gradient norm is an fp16 step skipped for overflow (its norm is infinite
+// by design; the step is listed in loss_scale.skipped), so the schema takes it.
+TEST_CASE("schema: a null loss and an unknown stop reason fail; a skipped fp16 step's null gradient norm passes") {
   const auto schema = shipped_schema();
   auto rec = sample_record();
   member(rec, "loss").array[1] = parse_json("null");
@@ -182,14 +185,45 @@ TEST_CASE("schema: a null loss or gradient norm and an unknown stop reason fail"
   rec.members.push_back(parse_json(R"({"reason": "tired", "steps_completed": 3})"));
   const auto e = schema_errors(schema, rec);
   for (const auto& x : e) INFO(x);
-  CHECK(e.size() == 3);
+  CHECK(e.size() == 2);
   CHECK(has(e, "$.loss[1]: expected number, got null"));
-  CHECK(has(e, "$.grad_norm[2]: expected number, got null"));
   CHECK(has(e, "$.stop.reason: \"tired\" is not one of \"completed\", \"diverged\""));
   member(rec, "stop") = parse_json(R"({"reason": "diverged", "steps_completed": 3, "step": 3, "loss": "nan"})");
   member(rec, "loss").array[1] = parse_json("2.5");
+  member(rec, "grad_norm").array[2] = parse_json("\"inf\"");
+  CHECK(has(schema_errors(schema, rec), "$.grad_norm[2]: expected number or null, got string"));
   member(rec, "grad_norm").array[2] = parse_json("1.5");
   CHECK(schema_errors(schema, rec).empty());
+}
+
+// fp16 runs record their loss scaler (train_gpt's loss_scale; null otherwise).
+TEST_CASE("schema: the loss scaler of an fp16 record is checked") {
+  const auto schema = shipped_schema();
+  auto rec = sample_record();
+  CHECK(schema_errors(schema, rec).empty());
+  const std::string scaler = R"({"initial": 16777216, "min": 1, "growth_interval": 1000, "hysteresis": 2,
+      "growth_factor": 2, "backoff_factor": 0.5, "scale": 4194304, "growth_tracker": 1, "hysteresis_tracker": 0,
+      "skipped_steps": 2, "per_step": [16777216, 16777216, 8388608, 4194304], "skipped": [0, 1]})";
+  auto with = [&](const std::string& text) {
+    auto r = rec;
+    const auto it = std::find(r.keys.begin(), r.keys.end(), "loss_scale");
+    if (it == r.keys.end()) {
+      r.keys.push_back("loss_scale");
+      r.members.push_back(parse_json(text));
+    } else {
+      r.members[std::size_t(it - r.keys.begin())] = parse_json(text);
+    }
+    return schema_errors(schema, r);
+  };
+  CHECK(with("null").empty());
+  CHECK(with(scaler).empty());
+  std::string negative = scaler;
+  negative.replace(negative.find(R"("skipped": [0, 1])"), std::string(R"("skipped": [0, 1])").size(), R"("skipped": [-1])");
+  CHECK(has(with(negative), "$.loss_scale.skipped[0]: -1 is less than the minimum 0"));
+  std::string text_scale = scaler;
+  text_scale.replace(text_scale.find(R"("scale": 4194304)"), std::string(R"("scale": 4194304)").size(), R"("scale": "big")");
+  CHECK(has(with(text_scale), "$.loss_scale.scale: expected number"));
+  CHECK(has(with(R"({"initial": 65536})"), "$.loss_scale: required field \"per_step\" is missing"));
 }
 
 // The Kokkos event counters (weft/metrics/counters.hpp) of both records:

@@ -1,0 +1,5 @@
+// One part of train_gpt's strategy table (train_gpt_impl.hpp, run_part):
+// compiled in a translation unit of its own so that the parts build in parallel.
+#include "train_gpt_impl.hpp"
+
+template int train_gpt::run_part<train_gpt::Part::data_tensor_fp16>(const train_gpt::RunArgs&);
