@@ -224,6 +224,8 @@ class ModelRunner {
     hn_ = Mat("serve.logit_norm_out", R, D);
     logits_local_ = Mat("serve.logits_local", R, cfg_.vocab / tp_.size());
     if (tp_.active()) logits_full_ = Mat("serve.logits_gathered", R, cfg_.vocab);
+    // Kept across passes: a host view allocated per pass would be an allocation (and a fill) in every decode step.
+    host_logits_ = HostLogits(Kokkos::view_alloc(Kokkos::WithoutInitializing, "serve.logits"), R, cfg_.vocab);
   }
 
   /// The model's configuration (whole model, as built).
@@ -256,7 +258,8 @@ class ModelRunner {
     m.workspace += nn::detail::bytes_of(moe_row_token_) + nn::detail::bytes_of(moe_slot_row_) +
                    nn::detail::bytes_of(moe_row_gate_);
     m.workspace += nn::detail::bytes_of(mean_) + nn::detail::bytes_of(rstd_);
-    m.buffers = nn::detail::bytes_of(logits_full_) + nn::detail::bytes_of(tables_) + 4 * nn::detail::bytes_of(ids_);
+    m.buffers = nn::detail::bytes_of(logits_full_) + nn::detail::bytes_of(tables_) + 4 * nn::detail::bytes_of(ids_) +
+                nn::detail::bytes_of(host_logits_);
     return m;
   }
   /// Bytes of the parameter values as served on this rank (Param elements).
@@ -266,7 +269,8 @@ class ModelRunner {
 
   /// Runs batch b: writes its tokens' keys and values into their blocks and
   /// returns the logits [b.logit_rows.size(), vocab] of the wanted tokens,
-  /// whole on every TP rank. Throws ShapeError for a batch over the limits
+  /// whole on every TP rank: the first rows of a host buffer the runner keeps,
+  /// so they are valid until the next forward (copy them to keep them). Throws ShapeError for a batch over the limits
   /// or a position beyond the context, and for token ids outside the vocabulary.
   HostLogits forward(const StepBatch& b) {
     const std::size_t N = b.tokens.size(), S = b.block_tables.size(), R = b.logit_rows.size();
@@ -310,7 +314,7 @@ class ModelRunner {
       }
       ops::add(x, x, out);
     }
-    HostLogits result("serve.logits", R, cfg_.vocab);
+    HostLogits result = Kokkos::subview(host_logits_, std::make_pair(std::size_t(0), R), Kokkos::ALL);
     if (R == 0) return result;
     auto hl = rows(hl_, R), hn = rows(hn_, R);
     {
@@ -593,6 +597,7 @@ class ModelRunner {
   typename ops::Vector<T, Space>::HostMirror moe_row_gate_h_;
   std::size_t weight_bytes_ = 0;
   Mat x_, h_, out_, qkv_, up_, act_, hl_, hn_, logits_local_, logits_full_;
+  HostLogits host_logits_;  // forward's result rows (the logits' host copy)
   ops::Vector<T, Space> mean_, rstd_;
   ops::Tokens<Space> ids_, posv_, seqv_, rows_;
   Kokkos::View<int**, Kokkos::LayoutRight, Space> tables_;
