@@ -279,10 +279,9 @@ int main(int argc, char** argv) {
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
       // One more decode step (every request has a token left), counted:
       // Kokkos' kernels, fences, deep copies and allocations of a step.
-      weft::metrics::KernelCounters::install();
-      const auto k0 = weft::metrics::KernelCounters::snapshot();
+      weft::metrics::CountedRegion region;
       const auto counted = e.step();
-      const auto k = weft::metrics::KernelCounters::snapshot() - k0;
+      const auto k = region.counts();
       weft::metrics::KernelCounters::uninstall();
       const auto mem = e.runner().memory();
       // Each sequence's keys and values of every layer at its mean context in the timed steps.
@@ -302,9 +301,8 @@ int main(int argc, char** argv) {
                     double(mem.weights - tables) / 1e6, kv_read / 1e6, step_bytes / double(batch) / 1e6, limit,
                     tokens_per_s / limit);
       if (root)
-        std::printf("  decode: Kokkos events per step of %zu sequences (rank 0): %s%s\n", counted.sequences,
-                    k.summary().c_str(),
-                    weft::metrics::KernelCounters::fences_reported() ? "" : " (this Kokkos reports no fences)");
+        std::printf("  decode: Kokkos events per step of %zu sequences (rank 0): %s\n", counted.sequences,
+                    k.summary().c_str());
     }
 
     // bf16 weights and KV cache against fp32 at batch 1: alternating runs, medians.

@@ -337,13 +337,11 @@ int run(int argc, char** argv) {
     // allocations), counted after the timed steps so that none of them pays
     // for the callbacks.
     {
-      weft::metrics::KernelCounters::install();
-      const auto k0 = weft::metrics::KernelCounters::snapshot();
+      weft::metrics::CountedRegion region;
       weft::optim::train_step(gpt, opt, stream, step++, 1, ids, tg, 1e-4, 1.0);
-      const auto k = weft::metrics::KernelCounters::snapshot() - k0;
+      const auto k = region.counts();
       weft::metrics::KernelCounters::uninstall();
-      std::printf("  Kokkos events per step: %s%s\n", k.summary().c_str(),
-                  weft::metrics::KernelCounters::fences_reported() ? "" : " (this Kokkos reports no fences)");
+      std::printf("  Kokkos events per step: %s\n", k.summary().c_str());
     }
 
     // Where the time goes: one more step with fenced kernel scopes.

@@ -642,9 +642,8 @@ int run(int argc, char** argv, weft::Environment& env) {
               100.0 * (double(mem.total()) - planned) / planned);
   std::printf("serve_gpt: Kokkos events of world rank 0's first step: %s\n", first_counts.summary().c_str());
   if (decode_counted)
-    std::printf("serve_gpt: per decode step (most of %zu, up to %zu sequences): %s%s\n", decode_counted, decode_sequences,
-                decode_counts.summary().c_str(),
-                weft::metrics::KernelCounters::fences_reported() ? "" : " (this Kokkos reports no fences)");
+    std::printf("serve_gpt: per decode step (most of %zu, up to %zu sequences): %s\n", decode_counted, decode_sequences,
+                decode_counts.summary().c_str());
   if (o.record.empty()) return 0;
 
   Json r = Json::object();

@@ -757,9 +757,8 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
   if (root && counted_steps > 0) {
     std::printf("train_gpt: Kokkos events of rank 0's first step: %s\n", first_counts.summary().c_str());
     if (later_counted)
-      std::printf("train_gpt: per step after the first (most of %zu): %s%s\n", later_counted,
-                  later_counts.summary().c_str(),
-                  weft::metrics::KernelCounters::fences_reported() ? "" : " (this Kokkos reports no fences)");
+      std::printf("train_gpt: per step after the first (most of %zu): %s\n", later_counted,
+                  later_counts.summary().c_str());
   }
   // Tokens/s: median over the steps after warm-up (the first steps pay for
   // first-touch and BLAS buffers). A run that stopped before the warm-up was

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -16,6 +17,15 @@
 #include <weft/metrics/json.hpp>
 
 namespace weft::metrics {
+
+/// Whether this Kokkos reports fences to tools (3.5 and later; before, a
+/// fence count is always 0).
+inline constexpr bool kokkos_reports_fences =
+#if KOKKOS_VERSION >= 30500
+    true;
+#else
+    false;
+#endif
 
 /// A snapshot of the counters (or the difference of two: a region's counts).
 struct KernelCounts {
@@ -37,26 +47,6 @@ struct KernelCounts {
   /// Deep copies of both kinds (fills not included).
   std::int64_t deep_copies() const { return copies_host_device + copies_same_space; }
 
-  /// The counts of the region between `earlier` and this snapshot.
-  KernelCounts operator-(const KernelCounts& earlier) const {
-    KernelCounts d;
-    d.parallel_for = parallel_for - earlier.parallel_for;
-    d.parallel_reduce = parallel_reduce - earlier.parallel_reduce;
-    d.parallel_scan = parallel_scan - earlier.parallel_scan;
-    d.fences = fences - earlier.fences;
-    d.copies_host_device = copies_host_device - earlier.copies_host_device;
-    d.copies_same_space = copies_same_space - earlier.copies_same_space;
-    d.fills = fills - earlier.fills;
-    d.allocations = allocations - earlier.allocations;
-    d.allocated_bytes = allocated_bytes - earlier.allocated_bytes;
-    for (const auto& [k, n] : labels) {
-      const auto it = earlier.labels.find(k);
-      const std::int64_t e = it == earlier.labels.end() ? 0 : it->second;
-      if (n != e) d.labels[k] = n - e;
-    }
-    return d;
-  }
-
   /// The events of `kind` ("for", "fence", ...) with their counts, one
   /// "label x count" per line: what a failing test prints.
   std::string labels_of(const std::string& kind) const {
@@ -67,46 +57,62 @@ struct KernelCounts {
     return s.str();
   }
 
-  /// One line: "kernels K (for F, reduce R, scan S), fences N, ...".
+  /// One line: "kernels K (for F, reduce R, scan S), fences N, ...", with a
+  /// note when this Kokkos reports no fences.
   std::string summary() const {
     std::ostringstream s;
     s << "kernels " << kernels() << " (for " << parallel_for << ", reduce " << parallel_reduce << ", scan "
       << parallel_scan << "), fences " << fences << ", deep copies host<->device " << copies_host_device
       << ", same-space " << copies_same_space << ", fills " << fills << ", allocations " << allocations << " ("
-      << allocated_bytes << " bytes)";
+      << allocated_bytes << " bytes)" << (kokkos_reports_fences ? "" : " (this Kokkos reports no fences)");
     return s.str();
   }
 };
+
+namespace detail {
+/// Every count of KernelCounts with its name in a run record, in record order.
+struct CountField {
+  const char* name;
+  std::int64_t KernelCounts::*member;
+};
+inline constexpr CountField count_fields[] = {
+    {"parallel_for", &KernelCounts::parallel_for},
+    {"parallel_reduce", &KernelCounts::parallel_reduce},
+    {"parallel_scan", &KernelCounts::parallel_scan},
+    {"fences", &KernelCounts::fences},
+    {"deep_copies_host_device", &KernelCounts::copies_host_device},
+    {"deep_copies_same_space", &KernelCounts::copies_same_space},
+    {"fills", &KernelCounts::fills},
+    {"allocations", &KernelCounts::allocations},
+    {"allocated_bytes", &KernelCounts::allocated_bytes}};
+}  // namespace detail
+
+/// The counts of the region between `earlier` and `later` (labels too).
+inline KernelCounts operator-(const KernelCounts& later, const KernelCounts& earlier) {
+  KernelCounts d;
+  for (const auto& f : detail::count_fields) d.*f.member = later.*f.member - earlier.*f.member;
+  for (const auto& [k, n] : later.labels) {
+    const auto it = earlier.labels.find(k);
+    const std::int64_t e = it == earlier.labels.end() ? 0 : it->second;
+    if (n != e) d.labels[k] = n - e;
+  }
+  return d;
+}
 
 /// The most of each count of two regions (labels dropped): the worst of
 /// several steps.
 inline KernelCounts max_of(const KernelCounts& a, const KernelCounts& b) {
   KernelCounts m;
-  m.parallel_for = std::max(a.parallel_for, b.parallel_for);
-  m.parallel_reduce = std::max(a.parallel_reduce, b.parallel_reduce);
-  m.parallel_scan = std::max(a.parallel_scan, b.parallel_scan);
-  m.fences = std::max(a.fences, b.fences);
-  m.copies_host_device = std::max(a.copies_host_device, b.copies_host_device);
-  m.copies_same_space = std::max(a.copies_same_space, b.copies_same_space);
-  m.fills = std::max(a.fills, b.fills);
-  m.allocations = std::max(a.allocations, b.allocations);
-  m.allocated_bytes = std::max(a.allocated_bytes, b.allocated_bytes);
+  for (const auto& f : detail::count_fields) m.*f.member = std::max(a.*f.member, b.*f.member);
   return m;
 }
 
-/// The counts as a run record's object (docs/records.md, "counters").
+/// The counts as a run record's object (docs/records.md, "counters"):
+/// "kernels" first, then every count.
 inline Json to_json(const KernelCounts& c) {
-  return Json::object()
-      .set("kernels", Json(long(c.kernels())))
-      .set("parallel_for", Json(long(c.parallel_for)))
-      .set("parallel_reduce", Json(long(c.parallel_reduce)))
-      .set("parallel_scan", Json(long(c.parallel_scan)))
-      .set("fences", Json(long(c.fences)))
-      .set("deep_copies_host_device", Json(long(c.copies_host_device)))
-      .set("deep_copies_same_space", Json(long(c.copies_same_space)))
-      .set("fills", Json(long(c.fills)))
-      .set("allocations", Json(long(c.allocations)))
-      .set("allocated_bytes", Json(long(c.allocated_bytes)));
+  Json j = Json::object().set("kernels", Json(long(c.kernels())));
+  for (const auto& f : detail::count_fields) j.set(f.name, Json(long(c.*f.member)));
+  return j;
 }
 
 namespace detail {
@@ -114,9 +120,8 @@ namespace detail {
 /// The process-wide tallies the callbacks add to, and the callbacks that were
 /// there before ours (a KOKKOS_TOOLS_LIBS tool's), which ours call on.
 struct CounterState {
-  std::atomic<std::int64_t> parallel_for{0}, parallel_reduce{0}, parallel_scan{0}, fences{0};
-  std::atomic<std::int64_t> copies_host_device{0}, copies_same_space{0}, fills{0};
-  std::atomic<std::int64_t> allocations{0}, allocated_bytes{0};
+  // One tally per entry of count_fields, in its order.
+  std::atomic<std::int64_t> tally[std::size(count_fields)] = {};
   std::atomic<bool> by_label{false};
   std::mutex label_mutex;
   std::map<std::string, std::int64_t> labels;
@@ -132,6 +137,12 @@ inline CounterState& counter_state() {
   return s;
 }
 
+// Adds n to the tally of KernelCounts::*member.
+inline void add(CounterState& s, std::int64_t KernelCounts::*member, std::int64_t n = 1) {
+  for (std::size_t i = 0; i < std::size(count_fields); ++i)
+    if (count_fields[i].member == member) s.tally[i].fetch_add(n, std::memory_order_relaxed);
+}
+
 inline void count_label(CounterState& s, const char* kind, const char* label) {
   if (!s.by_label.load(std::memory_order_relaxed)) return;
   std::string key = std::string(kind) + ":" + (label ? label : "");
@@ -141,19 +152,19 @@ inline void count_label(CounterState& s, const char* kind, const char* label) {
 
 inline void on_begin_for(const char* name, std::uint32_t dev, std::uint64_t* id) {
   auto& s = counter_state();
-  s.parallel_for.fetch_add(1, std::memory_order_relaxed);
+  add(s, &KernelCounts::parallel_for);
   count_label(s, "for", name);
   if (s.prev_for) s.prev_for(name, dev, id);
 }
 inline void on_begin_reduce(const char* name, std::uint32_t dev, std::uint64_t* id) {
   auto& s = counter_state();
-  s.parallel_reduce.fetch_add(1, std::memory_order_relaxed);
+  add(s, &KernelCounts::parallel_reduce);
   count_label(s, "reduce", name);
   if (s.prev_reduce) s.prev_reduce(name, dev, id);
 }
 inline void on_begin_scan(const char* name, std::uint32_t dev, std::uint64_t* id) {
   auto& s = counter_state();
-  s.parallel_scan.fetch_add(1, std::memory_order_relaxed);
+  add(s, &KernelCounts::parallel_scan);
   count_label(s, "scan", name);
   if (s.prev_scan) s.prev_scan(name, dev, id);
 }
@@ -166,7 +177,7 @@ inline bool is_tool_fence(const char* name) {
 inline void on_begin_fence(const char* name, std::uint32_t dev, std::uint64_t* id) {
   auto& s = counter_state();
   if (!is_tool_fence(name)) {
-    s.fences.fetch_add(1, std::memory_order_relaxed);
+    add(s, &KernelCounts::fences);
     count_label(s, "fence", name);
   }
   if (s.prev_fence) s.prev_fence(name, dev, id);
@@ -178,14 +189,14 @@ inline void on_begin_deep_copy(Kokkos::Tools::SpaceHandle dst_space, const char*
   // deep_copy(view, value) reports a host "Scalar" source: a fill, a kernel
   // on the destination's space, not a transfer.
   if (src_label && std::strcmp(src_label, "Scalar") == 0) {
-    s.fills.fetch_add(1, std::memory_order_relaxed);
+    add(s, &KernelCounts::fills);
     count_label(s, "fill", dst_label);
   } else {
     // A copy between two spaces crosses the host-device link; so does a
     // mirror copied onto itself (create_mirror_view on a host backend gives
     // the same allocation), which is a transfer on a device backend.
     const bool crossing = std::strncmp(dst_space.name, src_space.name, sizeof(dst_space.name)) != 0 || dst == src;
-    (crossing ? s.copies_host_device : s.copies_same_space).fetch_add(1, std::memory_order_relaxed);
+    add(s, crossing ? &KernelCounts::copies_host_device : &KernelCounts::copies_same_space);
     if (s.by_label.load(std::memory_order_relaxed)) {
       const std::string what = std::string(dst_label ? dst_label : "") + " <- " + (src_label ? src_label : "");
       count_label(s, crossing ? "copy_host_device" : "copy_same_space", what.c_str());
@@ -195,8 +206,8 @@ inline void on_begin_deep_copy(Kokkos::Tools::SpaceHandle dst_space, const char*
 }
 inline void on_allocate(Kokkos::Tools::SpaceHandle space, const char* label, const void* ptr, std::uint64_t bytes) {
   auto& s = counter_state();
-  s.allocations.fetch_add(1, std::memory_order_relaxed);
-  s.allocated_bytes.fetch_add(std::int64_t(bytes), std::memory_order_relaxed);
+  add(s, &KernelCounts::allocations);
+  add(s, &KernelCounts::allocated_bytes, std::int64_t(bytes));
   count_label(s, "alloc", label);
   if (s.prev_alloc) s.prev_alloc(space, label, ptr, bytes);
 }
@@ -272,31 +283,15 @@ class KernelCounters {
 
   static bool installed() { return detail::counter_state().installed; }
 
-  /// Turns counting by label on or off (the totals are always counted).
-  static void set_by_label(bool on) { detail::counter_state().by_label.store(on, std::memory_order_relaxed); }
-
   /// Whether this Kokkos reports fences to tools (3.5 and later).
-  static constexpr bool fences_reported() {
-#if KOKKOS_VERSION >= 30500
-    return true;
-#else
-    return false;
-#endif
-  }
+  static constexpr bool fences_reported() { return kokkos_reports_fences; }
 
   /// The tallies since the program started counting.
   static KernelCounts snapshot() {
     auto& s = detail::counter_state();
     KernelCounts c;
-    c.parallel_for = s.parallel_for.load(std::memory_order_relaxed);
-    c.parallel_reduce = s.parallel_reduce.load(std::memory_order_relaxed);
-    c.parallel_scan = s.parallel_scan.load(std::memory_order_relaxed);
-    c.fences = s.fences.load(std::memory_order_relaxed);
-    c.copies_host_device = s.copies_host_device.load(std::memory_order_relaxed);
-    c.copies_same_space = s.copies_same_space.load(std::memory_order_relaxed);
-    c.fills = s.fills.load(std::memory_order_relaxed);
-    c.allocations = s.allocations.load(std::memory_order_relaxed);
-    c.allocated_bytes = s.allocated_bytes.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < std::size(detail::count_fields); ++i)
+      c.*detail::count_fields[i].member = s.tally[i].load(std::memory_order_relaxed);
     if (s.by_label.load(std::memory_order_relaxed)) {
       const std::lock_guard<std::mutex> lock(s.label_mutex);
       c.labels = s.labels;
