@@ -70,10 +70,13 @@ struct KernelCounts {
 };
 
 namespace detail {
+/// A pointer to one count of KernelCounts (an alias: nvcc's host pass
+/// rewrites the plain declarator into one g++ warns about).
+using CountMember = std::int64_t KernelCounts::*;
 /// Every count of KernelCounts with its name in a run record, in record order.
 struct CountField {
   const char* name;
-  std::int64_t KernelCounts::*member;
+  CountMember member;
 };
 inline constexpr CountField count_fields[] = {
     {"parallel_for", &KernelCounts::parallel_for},
@@ -138,7 +141,7 @@ inline CounterState& counter_state() {
 }
 
 // Adds n to the tally of KernelCounts::*member.
-inline void add(CounterState& s, std::int64_t KernelCounts::*member, std::int64_t n = 1) {
+inline void add(CounterState& s, CountMember member, std::int64_t n = 1) {
   for (std::size_t i = 0; i < std::size(count_fields); ++i)
     if (count_fields[i].member == member) s.tally[i].fetch_add(n, std::memory_order_relaxed);
 }
