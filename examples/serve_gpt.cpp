@@ -5,10 +5,14 @@
 // their last one ends. Prompt and output lengths are drawn from the
 // --prompt-len and --output-len ranges, uniformly or with a long tail
 // (--prompt-dist, --output-dist: exponential or log-normal; prompt tokens uniformly from the
-// vocabulary, all from --seed). It prints the latency and throughput
-// summary, and with --record FILE writes a JSON record (every request's
-// generated tokens under "outputs"; fields in docs/serving.md, schema in
-// docs/schema/serve_record.schema.json).
+// vocabulary, all from --seed), or the prompts are a user's file (--prompts
+// FILE: one request per line, token ids or bytes; the format in
+// docs/serving.md). It prints the latency and throughput summary, and with
+// --record FILE writes a JSON record (every request's prompt under "prompts"
+// and its generated tokens under "outputs"; fields in docs/serving.md,
+// schema in docs/schema/serve_record.schema.json). --baseline FILE compares
+// every request's tokens with another run's record and fails on the first
+// difference.
 //
 //   mpirun -n 1 serve_gpt --layers 2 --d-model 64 --heads 4 --seq 128 --requests 32 --rate 20 --record serve.json
 //   mpirun -n 2 serve_gpt --mesh tp=2 --requests 32 --concurrency 8 --record serve.json
@@ -20,6 +24,7 @@
 // --precision bf16 serves a bf16 copy of the weights with a bf16 KV cache
 // (weft::Precision<weft::BF16>, computing in float); fp32 (the default) the
 // float weights as they are.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,6 +54,7 @@
 #include <weft/comm/node.hpp>
 #include <weft/core/parse.hpp>
 #include <weft/ops/blas_threads.hpp>
+#include <weft/plan/json_read.hpp>
 #include <weft/serve/serve.hpp>
 
 namespace {
@@ -99,6 +105,9 @@ const char* kUsage =
     "  --mesh tp=N[,dp=M]  tensor-parallel ranks per replica, independent replicas (default tp=world)\n"
     "Traffic:\n"
     "  --requests N        requests in all (default 32)\n"
+    "  --prompts FILE      the prompts from FILE, one request per line, instead of drawn: token ids separated by\n"
+    "                      spaces, or 'bytes:' and text (each byte after the colon is one token); blank lines and\n"
+    "                      lines starting with # are skipped. Replaces --requests and the --prompt-* flags\n"
     "  --rate R            Poisson arrivals at R requests per second\n"
     "  --concurrency C     closed loop: C clients, each sends its next request when its last ends (default 4)\n"
     "  --prompt-len A[-B]  prompt tokens, in [A, B] (default 8-32)\n"
@@ -118,8 +127,11 @@ const char* kUsage =
     "  --batching continuous|static (default continuous)\n"
     "Output:\n"
     "  --record FILE       write the JSON record\n"
+    "  --baseline FILE     output parity: fail unless every request's prompt and tokens are FILE's (a --record of\n"
+    "                      another run of the same requests)\n"
     "  --help              this text\n"
-    "Exit status: 0 done (rejected requests are reported, not fatal); 2 a bad flag or input.\n";
+    "Exit status: 0 done (rejected requests are reported, not fatal); 2 a bad flag or input; 3 the outputs differ\n"
+    "from --baseline's.\n";
 
 // A count flag: an integer from 1 (0 with allow_zero) to `max` (2^40 by
 // default: no product of counts overflows), parsed strictly
@@ -159,6 +171,8 @@ using weft::parse_choice;
 struct Options {
   weft::nn::GPTConfig model;
   std::string checkpoint, record;
+  std::string prompts;   ///< --prompts: the requests' prompts from this file instead of drawn
+  std::string baseline;  ///< --baseline: a serve_gpt record whose outputs this run's must equal
   int tp = 0, dp = 1;
   std::size_t requests = 32, concurrency = 4, kv_blocks = 0;
   double rate = 0;
@@ -220,6 +234,8 @@ Options parse(int argc, char** argv) {
       {"--expert-hidden", [&](const std::string& v) { o.model.expert_hidden = parse_count("--expert-hidden", v); }},
       {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
       {"--record", [&](const std::string& v) { o.record = v; }},
+      {"--prompts", [&](const std::string& v) { o.prompts = v; }},
+      {"--baseline", [&](const std::string& v) { o.baseline = v; }},
       {"--mesh", [&](const std::string& v) {
          std::size_t start = 0;
          std::set<std::string> seen;
@@ -286,6 +302,18 @@ Options parse(int argc, char** argv) {
   WEFT_REQUIRE(!(rate && conc), ConfigError, "--rate and --concurrency both given; choose Poisson arrivals (--rate) or a "
                "closed loop (--concurrency)");
   if (!rate && !conc) o.concurrency = 4;
+  WEFT_REQUIRE(!seen.count("--prompts") || !o.prompts.empty(), ConfigError,
+               "--prompts is given an empty file name; give the path of a prompts file");
+  WEFT_REQUIRE(!seen.count("--baseline") || !o.baseline.empty(), ConfigError,
+               "--baseline is given an empty file name; give the path of a serve_gpt record");
+  // The file's lines are the requests: a flag that would draw them is refused, not ignored.
+  if (!o.prompts.empty()) {
+    WEFT_REQUIRE(!seen.count("--requests"), ConfigError, "--requests and --prompts both given: with --prompts every line "
+                 "of ", o.prompts, " is one request; leave --requests out (or add or remove lines)");
+    for (const char* f : {"--prompt-len", "--prompt-dist", "--prompt-scale", "--prompt-sigma"})
+      WEFT_REQUIRE(!seen.count(f), ConfigError, f, " shapes drawn prompts, but --prompts ", o.prompts,
+                   " gives them; leave ", f, " out");
+  }
   if (o.model.experts == 0)
     for (const char* f : {"--moe-top-k", "--router", "--moe-every", "--shared-experts", "--expert-hidden"})
       WEFT_REQUIRE(!seen.count(f), ConfigError, f, " configures mixture-of-experts blocks, but --experts is not given; add --experts N");
@@ -309,21 +337,190 @@ struct Traffic {
   std::vector<double> arrival;  // seconds after the start (Poisson), 0 for the closed loop
 };
 
-Traffic traffic(const Options& o) {
+// The requests: prompts drawn, or `given` (--prompts; then o.requests is
+// their number). Output lengths, sampling seeds and arrivals are drawn the
+// same way in both cases, so a file holding the drawn prompts gives the
+// drawn run's requests.
+Traffic traffic(const Options& o, const std::vector<std::vector<int>>& given) {
   Traffic t;
   const std::uint64_t seed = o.model.seed ^ 0x5e7e5e7eull;
   double clock = 0;
   for (std::size_t i = 0; i < o.requests; ++i) {
     weft::serve::Request r;
-    const std::size_t np = o.prompt_dist().draw(draw(seed, 1, i));
     r.max_new_tokens = o.output_dist().draw(draw(seed, 2, i));
-    for (std::size_t k = 0; k < np; ++k) r.prompt.push_back(int(draw(seed, 3 + i, k) % o.model.vocab));
+    if (o.prompts.empty()) {
+      const std::size_t np = o.prompt_dist().draw(draw(seed, 1, i));
+      for (std::size_t k = 0; k < np; ++k) r.prompt.push_back(int(draw(seed, 3 + i, k) % o.model.vocab));
+    } else {
+      r.prompt = given.at(i);
+    }
     r.sampling = {o.temperature, o.top_k, seed + i};
     if (o.rate > 0) clock += -std::log(weft::ops::Philox(seed, 4, i).uniform()) / o.rate;
     t.arrival.push_back(o.rate > 0 ? clock : 0.0);
     t.requests.push_back(std::move(r));
   }
   return t;
+}
+
+// A user's file, the same on every rank: world rank 0 reads it and
+// broadcasts its bytes (ranks need not share a file system, and no rank can
+// see another version of it); a failure to read is broadcast too, so every
+// rank raises the same error and none is left waiting.
+std::string read_shared(MPI_Comm world, const std::string& flag, const std::string& path, const std::string& expected) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  std::string text, why;
+  if (rank == 0) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) why = std::strerror(errno);
+    for (char buf[65536]; fd >= 0;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) why = std::strerror(errno);
+      if (n <= 0) break;
+      text.append(buf, std::size_t(n));
+      if (text.size() > (std::size_t(1) << 30)) {
+        why = "larger than 1 GiB";
+        break;
+      }
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  long long n[2] = {static_cast<long long>(text.size()), static_cast<long long>(why.size())};
+  MPI_Bcast(n, 2, MPI_LONG_LONG, 0, world);
+  text.resize(std::size_t(n[0]));
+  why.resize(std::size_t(n[1]));
+  MPI_Bcast(text.data(), int(n[0]), MPI_CHAR, 0, world);
+  MPI_Bcast(why.data(), int(n[1]), MPI_CHAR, 0, world);
+  WEFT_REQUIRE(why.empty(), ConfigError, flag, " ", path, ": cannot read the file (", why, "); give the path of ", expected);
+  return text;
+}
+
+// The --prompts format (docs/serving.md): one request per line ('\n', a
+// '\r' before it dropped); a line that is blank or whose first non-blank
+// character is '#' is skipped. A line starting with "bytes:" is text: every
+// byte after the colon, to the end of the line, is one token (its value,
+// 0-255). Any other line is token ids: decimal integers separated by spaces
+// or tabs. Every token must lie in [0, vocab), and a prompt must leave room
+// in the context for one new token. Errors name the line (1-based).
+std::vector<std::vector<int>> parse_prompts(const std::string& text, const std::string& path,
+                                            const weft::nn::GPTConfig& m) {
+  std::vector<std::vector<int>> out;
+  const std::string where = "--prompts " + path + " line ";
+  std::size_t start = 0, line = 0;
+  while (start < text.size()) {
+    ++line;
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string s = text.substr(start, end - start);
+    start = end + 1;
+    if (!s.empty() && s.back() == '\r') s.pop_back();
+    const std::size_t first = s.find_first_not_of(" \t");
+    if (first == std::string::npos || s[first] == '#') continue;
+    std::vector<int> p;
+    if (s.rfind("bytes:", 0) == 0) {
+      for (std::size_t k = 6; k < s.size(); ++k) {
+        const unsigned v = static_cast<unsigned char>(s[k]);
+        WEFT_REQUIRE(v < m.vocab, ConfigError, where, line, ": byte ", v, " (column ", k + 1,
+                     ") is outside the vocabulary [0, ", m.vocab, "); a bytes: prompt of any text needs --vocab 256 "
+                     "or more, or write the line as token ids below ", m.vocab);
+        p.push_back(int(v));
+      }
+      WEFT_REQUIRE(!p.empty(), ConfigError, where, line, ": 'bytes:' with nothing after it; a prompt needs at least "
+                   "one token (write the text right after the colon)");
+    } else {
+      for (std::size_t k = first; k < s.size();) {
+        const std::size_t e = std::min(s.find_first_of(" \t", k), s.size());
+        const std::string word = s.substr(k, e - k);
+        k = std::min(s.find_first_not_of(" \t", e), s.size());
+        const auto d = weft::detail::parse_decimal(word);
+        WEFT_REQUIRE(d.has_value(), ConfigError, where, line, ": '", word, "' is not a token id; write token ids as "
+                     "decimal integers in [0, ", m.vocab, ") separated by spaces, or start the line with bytes: for text");
+        WEFT_REQUIRE(!d->negative || d->magnitude == 0, ConfigError, where, line, ": token id ", word,
+                     " is negative; token ids count from 0: give ids in [0, ", m.vocab, ")");
+        WEFT_REQUIRE(!d->overflow && d->magnitude < m.vocab, ConfigError, where, line, ": token id ", word,
+                     " is outside the vocabulary [0, ", m.vocab, "); give ids below ", m.vocab,
+                     " or serve a model with a larger --vocab");
+        p.push_back(int(d->magnitude));
+      }
+    }
+    WEFT_REQUIRE(p.size() < m.seq, ConfigError, where, line, ": the prompt has ", p.size(), " tokens, but the context (--seq) is ",
+                 m.seq, " and must keep room for at least one new token; shorten the prompt to at most ", m.seq - 1,
+                 " tokens or serve a model with a longer --seq");
+    out.push_back(std::move(p));
+  }
+  WEFT_REQUIRE(!out.empty(), ConfigError, "--prompts ", path, " holds no prompts (",
+               text.empty() ? "the file is empty" : "only blank and # lines",
+               "); write one prompt per line: token ids separated by spaces, or bytes: and text");
+  return out;
+}
+
+// The requests of a --baseline record: each one's prompt and output tokens.
+struct BaselineRecord {
+  std::vector<std::vector<int>> prompts, outputs;
+  std::string prompts_file;  ///< its traffic.prompts_file (--prompts), if any
+  /// How to serve the baseline's requests again, for a message.
+  std::string how() const {
+    return prompts_file.empty() ? "its --requests, --seed and --prompt-* flags"
+                                : "--prompts " + prompts_file + " as it did";
+  }
+};
+
+BaselineRecord read_baseline(const std::string& text, const std::string& path) {
+  using weft::plan::JsonValue;
+  const JsonValue doc = weft::plan::parse_json(text, "--baseline " + path);
+  auto tokens = [&](const char* key) {
+    const JsonValue* a = doc.kind == JsonValue::Kind::object ? doc.find(key) : nullptr;
+    WEFT_REQUIRE(a && a->kind == JsonValue::Kind::array, ConfigError, "--baseline ", path, ": no \"", key,
+                 "\" array found; expected a record written by serve_gpt --record",
+                 std::string(key) == "prompts" && doc.find("outputs")
+                     ? " (a record from before serve_gpt recorded its prompts: record the baseline run again)"
+                     : "");
+    std::vector<std::vector<int>> out;
+    for (std::size_t i = 0; i < a->array.size(); ++i) {
+      const JsonValue& r = a->array[i];
+      WEFT_REQUIRE(r.kind == JsonValue::Kind::array, ConfigError, "--baseline ", path, ": ", key, "[", i,
+                   "] is not an array of token ids");
+      out.emplace_back();
+      for (std::size_t k = 0; k < r.array.size(); ++k) {
+        const JsonValue& t = r.array[k];
+        WEFT_REQUIRE(t.kind == JsonValue::Kind::number && t.number >= 0 && t.number < 2147483648.0 &&
+                         t.number == std::floor(t.number),
+                     ConfigError, "--baseline ", path, ": ", key, "[", i, "][", k, "] is not a token id");
+        out.back().push_back(int(t.number));
+      }
+    }
+    return out;
+  };
+  BaselineRecord b;
+  b.outputs = tokens("outputs");
+  b.prompts = tokens("prompts");
+  if (const JsonValue* t = doc.find("traffic"); t && t->kind == JsonValue::Kind::object)
+    if (const JsonValue* f = t->find("prompts_file"); f && f->kind == JsonValue::Kind::string) b.prompts_file = f->string;
+  WEFT_REQUIRE(b.prompts.size() == b.outputs.size(), ConfigError, "--baseline ", path, ": ", b.prompts.size(),
+               " prompts but ", b.outputs.size(), " outputs; the record is damaged");
+  return b;
+}
+
+// The baseline must hold the same requests as this run, checked before any
+// work: the same number and, request by request, the same prompt.
+void check_baseline_requests(const BaselineRecord& b, const std::string& path, const Traffic& t) {
+  WEFT_REQUIRE(b.prompts.size() == t.requests.size(), ConfigError, "--baseline ", path, " has ", b.prompts.size(),
+               " requests, this run ", t.requests.size(), "; serve the baseline's requests (", b.how(), ")");
+  for (std::size_t i = 0; i < b.prompts.size(); ++i) {
+    const auto& mine = t.requests[i].prompt;
+    const auto& theirs = b.prompts[i];
+    std::size_t k = 0;
+    while (k < mine.size() && k < theirs.size() && mine[k] == theirs[k]) ++k;
+    if (k == mine.size() && k == theirs.size()) continue;
+    const auto tok = [](const std::vector<int>& v, std::size_t k) {
+      return k < v.size() ? std::to_string(v[k]) : "the end (" + std::to_string(v.size()) + " tokens)";
+    };
+    weft::detail::throw_error<ConfigError>("--baseline ", path, ": the prompt of request ", i, " differs at token ", k,
+                                           ": this run's ", tok(mine, k), ", the baseline's ", tok(theirs, k),
+                                           "; the outputs of other prompts cannot be compared. Serve the baseline's "
+                                           "requests (", b.how(), ")");
+  }
 }
 
 double percentile(std::vector<double> v, double p) {
@@ -390,6 +587,23 @@ int run(int argc, char** argv, weft::Environment& env) {
   WEFT_REQUIRE(o.tp <= world && o.dp <= world, ConfigError, "--mesh tp=", o.tp, ",dp=", o.dp, " needs ",
                static_cast<long long>(std::max(o.tp, 1)) * o.dp, " ranks but the job has ", world,
                " (an axis is larger than the job); launch more ranks or give smaller axes");
+  // The user's files before any work, and the same on every rank: the
+  // prompts (--prompts) and the baseline (--baseline), read on world rank 0
+  // and broadcast; every rank parses them and so raises the same error.
+  std::vector<std::vector<int>> given;
+  if (!o.prompts.empty()) {
+    given = parse_prompts(read_shared(env.world().native(), "--prompts", o.prompts,
+                                      "a prompts file (one prompt per line; docs/serving.md)"),
+                          o.prompts, o.model);
+    o.requests = given.size();
+  }
+  const Traffic all = traffic(o, given);
+  BaselineRecord base;
+  if (!o.baseline.empty()) {
+    base = read_baseline(read_shared(env.world().native(), "--baseline", o.baseline, "a serve_gpt --record file"),
+                         o.baseline);
+    check_baseline_requests(base, o.baseline, all);
+  }
   // The record's directory before the first request, not after the last.
   if (!o.record.empty()) {
     const std::size_t slash = o.record.find_last_of('/');
@@ -407,6 +621,9 @@ int run(int argc, char** argv, weft::Environment& env) {
       } catch (const weft::IoError&) {  // no checkpoint there: the load names it
       }
     std::error_code ec;
+    for (const auto& [flag, in] : {std::pair<std::string, std::string>{"--prompts", o.prompts}, {"--baseline", o.baseline}})
+      WEFT_REQUIRE(in.empty() || !std::filesystem::equivalent(o.record, in, ec), ConfigError, "--record ", o.record,
+                   " is the same file as ", flag, " ", in, "; writing it would destroy that input. Give --record another path");
     if (!served.empty())
       for (const auto& e : std::filesystem::directory_iterator(served, ec))
         WEFT_REQUIRE(!std::filesystem::equivalent(o.record, e.path(), ec), ConfigError, "--record ", o.record,
@@ -477,7 +694,6 @@ int run(int argc, char** argv, weft::Environment& env) {
       std::printf("serve_gpt: weights from %s (step %zu, %.3f s)\n", st.path.c_str(), st.step, st.seconds);
   }
   Server engine(model, o.engine, o.bf16);
-  const Traffic all = traffic(o);
   // This replica's requests: i mod dp == replica.
   std::vector<std::size_t> mine;
   for (std::size_t i = 0; i < all.requests.size(); ++i)
@@ -644,7 +860,46 @@ int run(int argc, char** argv, weft::Environment& env) {
   if (decode_counted)
     std::printf("serve_gpt: per decode step (most of %zu, up to %zu sequences): %s\n", decode_counted, decode_sequences,
                 decode_counts.summary().c_str());
-  if (o.record.empty()) return 0;
+  // Output parity against --baseline (its requests and prompts were checked
+  // before any work): request by request, token by token; the first
+  // difference is named. A rejected request has no tokens, in both records.
+  struct Parity {
+    bool match = true;
+    std::size_t request = 0, position = 0, tokens = 0;  // the first difference; tokens equal before it
+    std::string mine, theirs;
+  } parity;
+  if (!o.baseline.empty())
+    for (std::size_t i = 0; i < all_out.size() && parity.match; ++i) {
+      const auto& mine = all_out[i];
+      const auto& theirs = base.outputs[i];
+      std::size_t k = 0;
+      while (k < mine.size() && k < theirs.size() && mine[k] == theirs[k]) ++k;
+      parity.tokens += k;
+      if (k == mine.size() && k == theirs.size()) continue;
+      parity = {false, i, k, parity.tokens, "", ""};
+      auto end = [](std::size_t n) { return "the end of its output (" + std::to_string(n) + " tokens)"; };
+      parity.mine = k < mine.size() ? std::to_string(mine[k])
+                    : !rejected_why[i].empty() ? "no token (it was rejected: " + rejected_why[i] + ")"
+                                               : end(mine.size());
+      parity.theirs = k < theirs.size() ? std::to_string(theirs[k]) : theirs.empty() ? std::string("no token (rejected)") : end(theirs.size());
+    }
+  const int status = parity.match ? 0 : 3;
+  auto report_parity = [&] {
+    if (o.baseline.empty()) return;
+    std::fflush(stdout);
+    if (parity.match)
+      std::printf("serve_gpt: the outputs match --baseline %s: %zu requests, %zu tokens identical\n", o.baseline.c_str(),
+                  all_out.size(), parity.tokens);
+    else
+      std::fprintf(stderr, "serve_gpt: error: the outputs differ from --baseline %s at request %zu, token %zu: this run's %s, "
+                   "the baseline's %s (the %zu tokens before it, in request order, are identical)\n",
+                   o.baseline.c_str(), parity.request, parity.position, parity.mine.c_str(), parity.theirs.c_str(),
+                   parity.tokens);
+  };
+  if (o.record.empty()) {
+    report_parity();
+    return status;
+  }
 
   Json r = Json::object();
   r.set("record_version", 1);
@@ -689,9 +944,20 @@ int run(int argc, char** argv, weft::Environment& env) {
   tr.set("requests", o.requests);
   tr.set("rate", o.rate > 0 ? Json(o.rate) : Json());
   tr.set("concurrency", o.rate > 0 ? Json() : Json(o.concurrency));
-  tr.set("prompt_len", Json(Json::Array{Json(o.prompt.lo), Json(o.prompt.hi)}));
+  // With --prompts: the file, and its prompts' shortest and longest length.
+  tr.set("prompts_file", o.prompts.empty() ? Json() : Json(o.prompts));
+  if (o.prompts.empty()) {
+    tr.set("prompt_len", Json(Json::Array{Json(o.prompt.lo), Json(o.prompt.hi)}));
+  } else {
+    std::size_t lo = all.requests.front().prompt.size(), hi = lo;
+    for (const auto& q : all.requests) {
+      lo = std::min(lo, q.prompt.size());
+      hi = std::max(hi, q.prompt.size());
+    }
+    tr.set("prompt_len", Json(Json::Array{Json(lo), Json(hi)}));
+  }
   tr.set("output_len", Json(Json::Array{Json(o.output.lo), Json(o.output.hi)}));
-  tr.set("prompt_dist", o.prompt_dist().shape_name());
+  tr.set("prompt_dist", o.prompts.empty() ? o.prompt_dist().shape_name() : std::string("file"));
   tr.set("output_dist", o.output_dist().shape_name());
   using weft::serve::LengthShape;
   tr.set("prompt_scale", o.prompt_shape != LengthShape::uniform ? Json(o.prompt_dist().effective_scale()) : Json());
@@ -753,6 +1019,24 @@ int run(int argc, char** argv, weft::Environment& env) {
     oa.push_back(Json(std::move(t)));
   }
   r.set("outputs", Json(std::move(oa)));
+  Json::Array pa;
+  for (const auto& q : all.requests) {
+    Json::Array t;
+    for (int x : q.prompt) t.push_back(Json(x));
+    pa.push_back(Json(std::move(t)));
+  }
+  r.set("prompts", Json(std::move(pa)));
+  if (o.baseline.empty()) {
+    r.set("baseline", Json());
+  } else {
+    Json b = Json::object();
+    b.set("file", o.baseline);
+    b.set("requests", all_out.size());
+    b.set("match", parity.match);
+    b.set("identical_tokens", parity.tokens);
+    b.set("first_difference", parity.match ? Json() : Json::object().set("request", parity.request).set("token", parity.position));
+    r.set("baseline", b);
+  }
   {
     // Whole or not at all: a temporary file beside it, renamed over it; a
     // failed write names the system's reason and leaves nothing behind.
@@ -771,7 +1055,8 @@ int run(int argc, char** argv, weft::Environment& env) {
     }
   }
   std::printf("serve_gpt: record written to %s\n", o.record.c_str());
-  return 0;
+  report_parity();
+  return status;
 }
 
 }  // namespace
