@@ -268,3 +268,35 @@ TEST_CASE("schema: the counters of the train and serve records are checked") {
   CHECK(has(e, "$.first_step: required field \"fences\" is missing"));
   CHECK(has(e, "$.decode_steps_counted: expected integer, got string"));
 }
+
+// serve_gpt's record: every request's prompt (token ids, the --prompts file's
+// or drawn), prompt_dist "file", and the --baseline parity with the first
+// difference (docs/serving.md).
+TEST_CASE("schema: serve_gpt's prompts and baseline parity are checked") {
+  const std::string path = std::string(WEFT_SOURCE_DIR) + "/docs/schema/serve_record.schema.json";
+  auto serve = parse_json(weft::plan::read_text_file(path), path);
+  CHECK(has(schema_errors(serve, parse_json("{}")), "$: required field \"prompts\" is missing"));
+  auto& props = member(serve, "properties");
+  const auto& prompts = member(props, "prompts");
+  CHECK(schema_errors(prompts, parse_json("[[1, 2], [0], []]")).empty());
+  auto e = schema_errors(prompts, parse_json("[[1, -2], [0.5]]"));
+  for (const auto& x : e) INFO(x);
+  CHECK(e.size() == 2);
+  CHECK(has(e, "$[0][1]: -2 is less than the minimum 0"));
+  CHECK(has(e, "$[1][0]: expected integer, got number"));
+  const auto& dist = member(member(member(props, "traffic"), "properties"), "prompt_dist");
+  CHECK(schema_errors(dist, parse_json(R"("file")")).empty());
+  CHECK(has(schema_errors(dist, parse_json(R"("gaussian")")), "is not one of"));
+  const auto& base = member(props, "baseline");
+  CHECK(schema_errors(base, parse_json("null")).empty());
+  CHECK(schema_errors(base, parse_json(R"({"file": "a.json", "requests": 4, "match": true, "identical_tokens": 14,
+                                          "first_difference": null})")).empty());
+  CHECK(schema_errors(base, parse_json(R"({"file": "a.json", "requests": 4, "match": false, "identical_tokens": 3,
+                                          "first_difference": {"request": 1, "token": 0}})")).empty());
+  e = schema_errors(base, parse_json(R"({"file": "a.json", "requests": 4, "match": "no", "identical_tokens": 3,
+                                        "first_difference": {"request": 1}})"));
+  for (const auto& x : e) INFO(x);
+  CHECK(e.size() == 2);
+  CHECK(has(e, "$.match: expected boolean, got string"));
+  CHECK(has(e, "$.first_difference: required field \"token\" is missing"));
+}
