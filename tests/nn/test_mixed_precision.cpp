@@ -81,7 +81,7 @@ TEST_CASE("nn::Linear products in bf16 and fp16 are within the operands' roundin
     INFO("products ", weft::nn::to_string(p));
     const double u = p == ProductPrecision::bf16 ? std::ldexp(1.0, -8) : p == ProductPrecision::fp16 ? std::ldexp(1.0, -11) : 0.0;
     const double bound = 2 * u + u * u + double(in) * std::ldexp(1.0, -24);
-    auto ctx = std::make_shared<weft::nn::Context>();
+    auto ctx = std::make_shared<weft::nn::LayerContext>();
     ctx->products = p;
     weft::nn::Linear<float, Space> lin(ctx, "l", in, out, false, 3, 0.5);
     Mat x("x", n, in), y("y", n, out), dy("dy", n, out), dx("dx", n, in);

@@ -99,7 +99,7 @@ TEST_CASE("MoE: gradients of router, experts, aux loss and z-loss match finite d
     c.shared_experts = k.shared;
     c.aux_loss = 0.3;
     c.z_loss = 0.05;
-    auto ctx = std::make_shared<nn::Context>();
+    auto ctx = std::make_shared<nn::LayerContext>();
     MoE moe(ctx, "moe", c);
     MoE::Saved s("moe", c);
     MoE::Workspace ws(c);
@@ -132,7 +132,7 @@ TEST_CASE("MoE: the aux loss and z-loss values follow their definitions") {
   auto c = tiny_moe();
   c.aux_loss = 0.5;
   c.z_loss = 0.25;
-  auto ctx = std::make_shared<nn::Context>();
+  auto ctx = std::make_shared<nn::LayerContext>();
   MoE moe(ctx, "moe", c);
   MoE::Saved s("moe", c);
   Mat h("h", c.tokens(), c.d_model), out("out", c.tokens(), c.d_model);
@@ -175,7 +175,7 @@ TEST_CASE("MoE: every token to one expert -- statistics, zero-token experts, dro
     c.top_k = 1;
     c.capacity_factor = cf;
     c.aux_loss = 0.1;
-    auto ctx = std::make_shared<nn::Context>();
+    auto ctx = std::make_shared<nn::LayerContext>();
     MoE moe(ctx, "moe", c);
     MoE::Saved s("moe", c);
     MoE::Workspace ws(c);
@@ -242,7 +242,7 @@ TEST_CASE("MoE: dropped slots are the lowest scores per expert, ties by token in
   c.batch = 8;  // 32 tokens
   c.top_k = 2;
   c.capacity_factor = 1.0;
-  auto ctx = std::make_shared<nn::Context>();
+  auto ctx = std::make_shared<nn::LayerContext>();
   MoE a(ctx, "moe", c), b(ctx, "moe", c);
   MoE::Saved sa("a", c), sb("b", c);
   Mat h("h", c.tokens(), c.d_model), out("out", c.tokens(), c.d_model);
@@ -275,7 +275,7 @@ TEST_CASE("MoE: the selection bias moves against the load, is model state, and c
   auto c = tiny_moe();
   c.top_k = 2;
   c.bias_balance = 0.01;
-  auto ctx = std::make_shared<nn::Context>();
+  auto ctx = std::make_shared<nn::LayerContext>();
   MoE moe(ctx, "moe", c);
   MoE::Saved s("moe", c);
   Kokkos::deep_copy(moe.router().weight().value, 0.0);

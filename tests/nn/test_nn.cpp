@@ -61,7 +61,7 @@ void zero(const std::vector<Param*>& params) {
 }
 
 TEST_CASE("Linear: gradients of input, weight and bias; accumulate_dx adds") {
-  auto ctx = std::make_shared<nn::Context>();
+  auto ctx = std::make_shared<nn::LayerContext>();
   nn::Linear<double, Space> lin(ctx, "lin", 3, 4, true, 5, 0.5);
   fill_uniform(lin.bias().value, 1);
   Mat x("x", 5, 3), y("y", 5, 4), w("w", 5, 4), dx("dx", 5, 3);
@@ -113,7 +113,7 @@ TEST_CASE("Attention: causal, and its gradients match finite differences") {
   for (const auto& lc : kCases) {
     CAPTURE(lc.name);
     const auto c = with(lc);
-    auto ctx = std::make_shared<nn::Context>();
+    auto ctx = std::make_shared<nn::LayerContext>();
     nn::Attention<double, Space> attn(ctx, "attn", c);
     typename nn::Attention<double, Space>::Saved s("attn", c);
     typename nn::Attention<double, Space>::Workspace ws(c);
@@ -151,7 +151,7 @@ TEST_CASE("MLP (GELU and SwiGLU): gradients match finite differences") {
   for (const auto& lc : kCases) {
     CAPTURE(lc.name);
     const auto c = with(lc);
-    auto ctx = std::make_shared<nn::Context>();
+    auto ctx = std::make_shared<nn::LayerContext>();
     nn::MLP<double, Space> mlp(ctx, "mlp", c);
     typename nn::MLP<double, Space>::Saved s("mlp", c);
     typename nn::MLP<double, Space>::Workspace ws(c);
@@ -180,7 +180,7 @@ TEST_CASE("Block (with and without recompute): gradients match finite difference
       CAPTURE(rc);
       auto c = with(lc);
       c.recompute = rc;
-      auto ctx = std::make_shared<nn::Context>();
+      auto ctx = std::make_shared<nn::LayerContext>();
       auto saved = std::make_shared<nn::Block<double, Space>::Saved>("b", c);
       auto ws = std::make_shared<nn::Block<double, Space>::Workspace>(c);
       nn::Block<double, Space> blk(ctx, 0, c, saved, ws);

@@ -134,7 +134,7 @@ TEST_CASE("placed Linear: column-parallel then row-parallel equals the single-pr
   auto y = weft::redistribute<weft::Replicate>(yp, weft::TP{});
 
   // Single process: the same names and seed give the same values.
-  auto ctx = std::make_shared<weft::nn::Context>();
+  auto ctx = std::make_shared<weft::nn::LayerContext>();
   weft::nn::Linear<float> up1(ctx, "up", d, f, true, 3, 0.5), down1(ctx, "down", f, d, true, 3, 0.5);
   Kokkos::deep_copy(down1.bias().value, 0.25f);
   auto b1 = up1.bias().value;

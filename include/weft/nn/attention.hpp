@@ -75,7 +75,7 @@ class Attention {
     ops::Matrix<T, Space> input;  ///< sequence parallelism: [tokens, D], the all-gathered input; else empty
     Saved() = default;
     /// For the global config c split over tp.
-    Saved(const std::string& n, const GPTConfig& c, const TensorParallel& tp = {})
+    Saved(const std::string& n, const GPTConfig& c, const TensorSplit& tp = {})
         : Saved(n, c.local(tp.size()), c.d_model, tp.sp()) {}
     /// Bytes held.
     std::size_t bytes() const {
@@ -100,7 +100,7 @@ class Attention {
     ops::Matrix<T, Space> full;  ///< sequence parallelism: [tokens, D] gathered gradients and partial sums
     Workspace() = default;
     /// For the global config c split over tp.
-    explicit Workspace(const GPTConfig& c, const TensorParallel& tp = {}) : Workspace(c.local(tp.size()), c.d_model, tp.sp()) {}
+    explicit Workspace(const GPTConfig& c, const TensorSplit& tp = {}) : Workspace(c.local(tp.size()), c.d_model, tp.sp()) {}
     /// Bytes held.
     std::size_t bytes() const {
       return detail::bytes_of(dqkv) + detail::bytes_of(dheads) + detail::bytes_of(dprobs) + detail::bytes_of(full);
@@ -159,7 +159,7 @@ class Attention {
   /// (w is then needed for the partial sums).
   template <class HV, class OV>
   void forward(const HV& h, const Saved& s, const OV& out, const Workspace* w = nullptr) const {
-    const TensorParallel& tp = ctx_->tp;
+    const TensorSplit& tp = ctx_->tp;
     if (tp.sp()) {
       detail::tp_all_gather(*ctx_, h, s.input);
       qkv_.forward(s.input, s.qkv);
@@ -214,7 +214,7 @@ class Attention {
   /// dout and dh have the rows of forward.
   template <class HV, class DOV, class DHV>
   void backward(const HV& h, const Saved& s, const DOV& dout, const DHV& dh, const Workspace& w) {
-    const TensorParallel& tp = ctx_->tp;
+    const TensorSplit& tp = ctx_->tp;
     detail::row_parallel_backward(*ctx_, proj_, s.heads, dout, w.dheads, w.full);
     const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
     Kokkos::deep_copy(w.dqkv, T(0));  // K and V gradients sum over the query heads of a group

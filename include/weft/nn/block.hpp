@@ -49,7 +49,7 @@ class Block {
     }
     /// For the global config c split over tp; `index`: the block that keeps
     /// them (npos: any block).
-    Saved(const std::string& n, const GPTConfig& c, const TensorParallel& tp = {}, std::size_t index = npos)
+    Saved(const std::string& n, const GPTConfig& c, const TensorSplit& tp = {}, std::size_t index = npos)
         : n1(n + ".ln1", rows(c, tp)),
           n2(n + ".ln2", rows(c, tp)),
           h1(n + ".ln1.out", rows(c, tp), c.d_model),
@@ -73,7 +73,7 @@ class Block {
     std::optional<typename MoE<T, Space>::Workspace> moe;  ///< when the model has MoE blocks
     ops::Matrix<T, Space> dh, dmid, scratch;
     /// For the global config c split over tp.
-    explicit Workspace(const GPTConfig& c, const TensorParallel& tp = {})
+    explicit Workspace(const GPTConfig& c, const TensorSplit& tp = {})
         : attn(c, tp),
           mlp(c, tp),
           dh("block.dh", rows(c, tp), c.d_model),
@@ -111,7 +111,7 @@ class Block {
 
   /// Token rows a rank's residual stream holds: all tokens, or tokens / tp
   /// under sequence parallelism.
-  static std::size_t rows(const GPTConfig& c, const TensorParallel& tp) {
+  static std::size_t rows(const GPTConfig& c, const TensorSplit& tp) {
     return tp.sp() ? c.tokens() / tp.size() : c.tokens();
   }
 

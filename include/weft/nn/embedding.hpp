@@ -41,7 +41,7 @@ class Embedding {
   template <class IV, class XV>
   void forward(const IV& ids, const XV& x) const {
     metrics::Profiler::Scope sc(ctx_->profiler, "embedding");
-    const TensorParallel& tp = ctx_->tp;
+    const TensorSplit& tp = ctx_->tp;
     if (ctx_->cp.active()) {  // ids are this rank's tokens; positions from the balanced layout
       if (!tp.active()) {
         ops::embedding_forward(tok_.matrix(), ids, x);
@@ -73,7 +73,7 @@ class Embedding {
   template <class IV, class DXV>
   void backward(const IV& ids, const DXV& dx) {
     metrics::Profiler::Scope sc(ctx_->profiler, "embedding");
-    const TensorParallel& tp = ctx_->tp;
+    const TensorSplit& tp = ctx_->tp;
     if (ctx_->cp.active()) {
       if (!pos_.empty()) ops::position_backward_balanced(dx, positions(dx.extent(0)), pos_[0].grad_matrix());
       if (!tp.active()) {

@@ -55,7 +55,7 @@ struct gpt_layer_policy<Strategy<E...>> {
 /// LayerPolicy is weft::NoPolicy (the single-process model),
 /// weft::TensorParallel<> or weft::TensorParallel<weft::SequenceParallel>;
 /// Prec is the strategy's weft::Precision, whose Param sets the operand type
-/// of every weight product (Context::products; T must then be float: the
+/// of every weight product (LayerContext::products; T must then be float: the
 /// weights, activations and gradients stay fp32). A loss-scaled Prec
 /// (weft::Precision<FP16, F32, DynamicLossScale>) trains through the
 /// optim::train_step and parallel::train_step overloads that take a
@@ -95,7 +95,7 @@ class GPTModel {
   /// an invalid config.
   explicit GPTModel(const GPTConfig& c)
     requires(!tensor_parallel_v)
-      : GPTModel(c, TensorParallel{}, {}, 0) {}
+      : GPTModel(c, TensorSplit{}, {}, 0) {}
 
   /// The model split over the TP communicator `tp` (this rank holds shard
   /// tp.rank() of every split layer). Throws ConfigError for an invalid
@@ -103,7 +103,7 @@ class GPTModel {
   /// single TP rank.
   GPTModel(const GPTConfig& c, Comm& tp)
     requires(tensor_parallel_v)
-      : GPTModel(c, TensorParallel{&tp, sequence_parallel_v}, {}, 0) {}
+      : GPTModel(c, TensorSplit{&tp, sequence_parallel_v}, {}, 0) {}
 
   /// The model on `mesh`: split over mesh.axis<TP>() when the layer policy
   /// is tensor-parallel (the mesh must have a TP axis); otherwise a TP axis
@@ -146,10 +146,10 @@ class GPTModel {
 
  private:
   // Every public constructor ends here, with the run-time descriptors the layers share.
-  GPTModel(const GPTConfig& c, TensorParallel tp, ContextParallel<T, Space> cp, int, ExpertSplit ep = {})
+  GPTModel(const GPTConfig& c, TensorSplit tp, ContextParallel<T, Space> cp, int, ExpertSplit ep = {})
       : global_(c), cp_(std::move(cp)), cfg_(checked(c, tp, cp_, ep)),
-        ctx_(std::make_shared<Context>(
-            Context{nullptr, tp, ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, ep,
+        ctx_(std::make_shared<LayerContext>(
+            LayerContext{nullptr, tp, ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, ep,
                     product_precision_v<Prec>, nullptr})),
         emb_(ctx_, cfg_),
         ln_f_(ctx_, "ln_f", cfg_.norm, cfg_.d_model, cfg_.norm_eps),
@@ -377,7 +377,7 @@ class GPTModel {
   /// The configuration (whole sequences, as the model was built from).
   const GPTConfig& config() const { return global_; }
   /// The tensor-parallel split (inactive: the single-process model).
-  const TensorParallel& tensor_parallel() const { return ctx_->tp; }
+  const TensorSplit& tensor_parallel() const { return ctx_->tp; }
   /// Logits of the last forward pass ([tokens, V], or this rank's [tokens,
   /// V / tp] vocabulary columns; this rank's tokens under context
   /// parallelism); after forward_backward they hold the loss gradient instead.
@@ -435,21 +435,21 @@ class GPTModel {
 
   // The TP descriptor of a mesh, with the checks of weft::check_strategy_mesh (at compile time) for the layer policy.
   template <class MeshT>
-  static TensorParallel tensor_parallel_of(MeshT& mesh) {
+  static TensorSplit tensor_parallel_of(MeshT& mesh) {
     if constexpr (tensor_parallel_v) {
       static_assert(check_strategy_mesh<Strategy<On<TP, LayerPolicy>>, MeshT>());
-      return TensorParallel{&mesh.template axis<TP>(), sequence_parallel_v};
+      return TensorSplit{&mesh.template axis<TP>(), sequence_parallel_v};
     } else {
       if constexpr (MeshT::template has_axis<TP>)
         WEFT_REQUIRE(mesh.template extent<TP>() == 1, ConfigError, "nn::GPT: the mesh's tp axis has extent ",
                      mesh.template extent<TP>(),
                      " but the strategy gives it no policy, so the model is not split; add On<TP, "
                      "TensorParallel<...>> to the strategy or set tp=1");
-      return TensorParallel{};
+      return TensorSplit{};
     }
   }
 
-  static GPTConfig checked(const GPTConfig& c, const TensorParallel& tp, const ContextParallel<T, Space>& cp,
+  static GPTConfig checked(const GPTConfig& c, const TensorSplit& tp, const ContextParallel<T, Space>& cp,
                            const ExpertSplit& ep) {
     c.validate();
     WEFT_REQUIRE(!ep.active() || c.moe_blocks() > 0, ConfigError, "nn::GPT: expert parallelism over ", ep.ep_size(),

@@ -44,7 +44,7 @@ struct LinearSplit {
 
 /// A dense layer with optional bias. Its three products (forward, input
 /// gradient, weight gradient) run in the context's ProductPrecision
-/// (Context::products): fp32, or bf16 / fp16 operands accumulated in fp32.
+/// (LayerContext::products): fp32, or bf16 / fp16 operands accumulated in fp32.
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class Linear {
  public:

@@ -25,7 +25,7 @@ class MLP {
     ops::Matrix<T, Space> input;  ///< sequence parallelism: [tokens, D], the all-gathered input; else empty
     Saved() = default;
     /// For the global config c split over tp.
-    Saved(const std::string& n, const GPTConfig& c, const TensorParallel& tp = {})
+    Saved(const std::string& n, const GPTConfig& c, const TensorSplit& tp = {})
         : up(n + ".up", c.tokens(), c.hidden() / tp.size() * (c.mlp == MlpKind::swiglu ? 2 : 1)),
           act(n + ".act", c.tokens(), c.hidden() / tp.size()),
           input(tp.sp() ? ops::Matrix<T, Space>(n + ".input", c.tokens(), c.d_model) : ops::Matrix<T, Space>()) {}
@@ -38,7 +38,7 @@ class MLP {
     ops::Matrix<T, Space> full;  ///< sequence parallelism: [tokens, D] gathered gradients and partial sums
     Workspace() = default;
     /// For the global config c split over tp.
-    explicit Workspace(const GPTConfig& c, const TensorParallel& tp = {})
+    explicit Workspace(const GPTConfig& c, const TensorSplit& tp = {})
         : dup("mlp.dup", c.tokens(), c.hidden() / tp.size() * (c.mlp == MlpKind::swiglu ? 2 : 1)),
           dact("mlp.dact", c.tokens(), c.hidden() / tp.size()),
           full(tp.sp() ? ops::Matrix<T, Space>("mlp.full", c.tokens(), c.d_model) : ops::Matrix<T, Space>()) {}
@@ -61,7 +61,7 @@ class MLP {
   /// out = down(act(up(h))), filling s. h, out: [rows, D] as in Attention.
   template <class HV, class OV>
   void forward(const HV& h, const Saved& s, const OV& out, const Workspace* w = nullptr) const {
-    const TensorParallel& tp = ctx_->tp;
+    const TensorSplit& tp = ctx_->tp;
     const bool gelu = kind_ == MlpKind::gelu;
     // With GELU the up-projection's bias is added by the activation kernel (one pass fewer).
     auto up_forward = [&](const auto& x) {
@@ -89,7 +89,7 @@ class MLP {
   /// dh = d/dh (overwritten); parameter gradients accumulate.
   template <class HV, class DOV, class DHV>
   void backward(const HV& h, const Saved& s, const DOV& dout, const DHV& dh, const Workspace& w) {
-    const TensorParallel& tp = ctx_->tp;
+    const TensorSplit& tp = ctx_->tp;
     detail::row_parallel_backward(*ctx_, down_, s.act, dout, w.dact, w.full);
     const bool gelu = kind_ == MlpKind::gelu;
     {

@@ -243,7 +243,7 @@ struct MoEStats {
 };
 
 /// The mixture-of-experts feed-forward part of a block. Under expert
-/// parallelism (the model Context's ExpertSplit) this rank holds N / ep of
+/// parallelism (the model LayerContext's ExpertSplit) this rank holds N / ep of
 /// the routed experts, sends each kept token-expert slot to its expert's rank
 /// with all_to_allv and receives the outputs back; routing decisions
 /// (capacity, drops, losses, statistics, the bias counts) are made over the
@@ -371,7 +371,7 @@ class MoE {
   /// marked ep_sharded), each initialised as in the single process.
   MoE(ContextPtr ctx, const std::string& name, const GPTConfig& c)
       : ctx_(checked(std::move(ctx), name, c)),
-        inner_(std::make_shared<Context>(Context{ctx_->profiler, TensorParallel{}, ContextSplit{},
+        inner_(std::make_shared<LayerContext>(LayerContext{ctx_->profiler, TensorSplit{}, ContextSplit{},
                                                  ctx_->deferred_weight_grads, ExpertSplit{}, ctx_->products,
                                                  nullptr})),
         cfg_(c),

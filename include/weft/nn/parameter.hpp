@@ -133,7 +133,7 @@ class Parameter {
 
 /// How a model is split over the tensor-parallel (TP) axis. A null
 /// communicator (or one of size 1) is the single-process model.
-struct TensorParallel {
+struct TensorSplit {
   /// The TP axis' communicator (its rank is this rank's shard index).
   Comm* comm = nullptr;
   /// Sequence parallelism: between the TP matmuls (norms, residual adds)
@@ -194,7 +194,7 @@ struct ExpertSplit {
 /// Weight-gradient work that a backward pass postponed. Zero-bubble pipeline
 /// schedules split a backward into its input-gradient half (on the critical
 /// path) and its weight-gradient half (run later to fill idle time): while a
-/// model's Context points at a DeferredWork, its Linear layers compute only
+/// model's LayerContext points at a DeferredWork, its Linear layers compute only
 /// their input gradient and queue their weight-gradient gemm here, with a copy
 /// of the output gradient; run() does the queued work in order. The inputs the
 /// queued work reads must stay unchanged until then.
@@ -302,9 +302,9 @@ struct ProductStaging : ProductStagingBase {
 /// charge (null: no timing, no fences), the tensor-parallel split, where
 /// weight-gradient gemms go when they are deferred (null: computed during
 /// backward, the default), and the precision of the weight products.
-struct Context {
+struct LayerContext {
   metrics::Profiler* profiler = nullptr;
-  TensorParallel tp;  ///< the TP axis (inactive: the single-process model)
+  TensorSplit tp;  ///< the TP axis (inactive: the single-process model)
   ContextSplit cp;    ///< the CP axis (inactive: every rank holds whole sequences)
   DeferredWork* deferred_weight_grads = nullptr;
   ExpertSplit ep;     ///< the EP axis and the microbatch's ranks (inactive: one process)
@@ -339,7 +339,7 @@ struct GroupHooks {
 };
 
 /// A shared context handle: the model owns it, its layers keep a copy.
-using ContextPtr = std::shared_ptr<Context>;
+using ContextPtr = std::shared_ptr<LayerContext>;
 
 namespace detail {
 template <class V>

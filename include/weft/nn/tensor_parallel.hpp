@@ -56,7 +56,7 @@ class Linear<T, On<Axis, P>> {
   template <class MeshT>
   Linear(MeshT& mesh, std::size_t in, std::size_t out, LinearInit init = {})
       : comm_(&mesh.template axis<Axis>()),
-        ctx_(std::make_shared<Context>()),
+        ctx_(std::make_shared<LayerContext>()),
         in_(in),
         out_(out),
         local_(ctx_, init.name, in, out, init.bias, init.seed, init.init_std,

@@ -1,5 +1,5 @@
 // The collectives a tensor-parallel model issues between its matmuls, on the
-// TP axis of its Context, each charged to a profiler scope ("tp.all_reduce",
+// TP axis of its LayerContext, each charged to a profiler scope ("tp.all_reduce",
 // "tp.all_gather", "tp.reduce_scatter") so a run can report their exposed
 // time; the row-parallel layer that closes each TP region (attention's output
 // projection, the MLP's down-projection) with its collective; the
@@ -18,21 +18,21 @@ namespace weft::nn::detail {
 
 /// buf = sum over the TP ranks of buf.
 template <class V>
-void tp_all_reduce(const Context& ctx, const V& buf, ReduceOp op = ReduceOp::sum) {
+void tp_all_reduce(const LayerContext& ctx, const V& buf, ReduceOp op = ReduceOp::sum) {
   metrics::Profiler::Scope s(ctx.profiler, "tp.all_reduce");
   ctx.tp.comm->all_reduce(buf, op);
 }
 
 /// full = the TP ranks' row blocks `part`, stacked in rank order.
 template <class S, class F>
-void tp_all_gather(const Context& ctx, const S& part, const F& full) {
+void tp_all_gather(const LayerContext& ctx, const S& part, const F& full) {
   metrics::Profiler::Scope s(ctx.profiler, "tp.all_gather");
   ctx.tp.comm->all_gather(part, full);
 }
 
 /// part = row block (this rank) of the sum over the TP ranks of full.
 template <class F, class S>
-void tp_reduce_scatter(const Context& ctx, const F& full, const S& part) {
+void tp_reduce_scatter(const LayerContext& ctx, const F& full, const S& part) {
   metrics::Profiler::Scope s(ctx.profiler, "tp.reduce_scatter");
   ctx.tp.comm->reduce_scatter(full, part);
 }
@@ -46,7 +46,7 @@ void tp_reduce_scatter(const Context& ctx, const F& full, const S& part) {
 /// bias is added once, after the join. `full` may be null without sequence
 /// parallelism; `who` names the caller in the error when it is null with it.
 template <class L, class XV, class OV, class FV>
-void row_parallel_forward(const Context& ctx, const L& layer, const XV& x, const OV& out, const FV* full,
+void row_parallel_forward(const LayerContext& ctx, const L& layer, const XV& x, const OV& out, const FV* full,
                           const char* who) {
   if (!ctx.tp.active()) {
     layer.forward(x, out);
@@ -69,7 +69,7 @@ void row_parallel_forward(const Context& ctx, const L& layer, const XV& x, const
 /// into `full` [tokens, D] (the whole output gradient every rank's features
 /// need).
 template <class L, class XV, class DOV, class DXV, class FV>
-void row_parallel_backward(const Context& ctx, L& layer, const XV& x, const DOV& dout, const DXV& dx, const FV& full) {
+void row_parallel_backward(const LayerContext& ctx, L& layer, const XV& x, const DOV& dout, const DXV& dx, const FV& full) {
   if (ctx.tp.sp()) {
     tp_all_gather(ctx, dout, full);
     layer.backward(x, full, dx, false);
@@ -82,7 +82,7 @@ void row_parallel_backward(const Context& ctx, L& layer, const XV& x, const DOV&
 /// final norm's output hf; under sequence parallelism hf is this rank's token
 /// shard and is first all-gathered into `hf_full` [tokens, D].
 template <class L, class HV, class FV, class LV>
-void head_forward(const Context& ctx, const L& head, const HV& hf, const FV& hf_full, const LV& logits) {
+void head_forward(const LayerContext& ctx, const L& head, const HV& hf, const FV& hf_full, const LV& logits) {
   if (ctx.tp.sp()) {
     tp_all_gather(ctx, hf, hf_full);
     head.forward(hf_full, logits);
@@ -97,7 +97,7 @@ void head_forward(const Context& ctx, const L& head, const HV& hf, const FV& hf_
 /// or under sequence parallelism written to `dhf_full` [tokens, D] and
 /// reduce-scattered into this rank's token shard.
 template <class L, class HV, class FV, class LV, class DV, class DFV>
-void head_backward(const Context& ctx, L& head, const HV& hf, const FV& hf_full, const LV& logits, const DV& dhf,
+void head_backward(const LayerContext& ctx, L& head, const HV& hf, const FV& hf_full, const LV& logits, const DV& dhf,
                    const DFV& dhf_full) {
   if (ctx.tp.sp()) {
     head.backward(hf_full, logits, dhf_full, false);
@@ -115,7 +115,7 @@ void head_backward(const Context& ctx, L& head, const HV& hf, const FV& hf_full,
 /// token losses; with `backward` the logits then hold grad_scale times their
 /// gradient.
 template <class T, class LV, class TV, class MV, class SV>
-double vocab_parallel_loss(const Context& ctx, const LV& logits, const TV& targets, std::size_t vocab, const MV& max,
+double vocab_parallel_loss(const LayerContext& ctx, const LV& logits, const TV& targets, std::size_t vocab, const MV& max,
                            const SV& sums, T grad_scale, bool backward) {
   const std::size_t first = ctx.tp.rank() * logits.extent(1);
   ops::vocab_parallel_max(logits, max);
@@ -153,7 +153,7 @@ class PartialGrads {
     }
   }
   /// Sums this microbatch's parts over TP and adds back the set-aside values.
-  void finish(const Context& ctx) {
+  void finish(const LayerContext& ctx) {
     if (params_.empty()) return;
     std::size_t off = 0;
     for (auto* p : params_) {

@@ -266,7 +266,7 @@ class Engine {
   EngineConfig cfg_;
   ModelRunner<T, Space, LayerPolicy, Prec> runner_;
   BlockAllocator pool_;
-  nn::TensorParallel tp_;
+  nn::TensorSplit tp_;
   std::chrono::steady_clock::time_point start_;
   std::vector<Seq> running_, waiting_;
   std::vector<Completion> finished_;

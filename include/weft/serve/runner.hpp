@@ -581,7 +581,7 @@ class ModelRunner {
 
  private:
   nn::GPTConfig cfg_;
-  nn::TensorParallel tp_;
+  nn::TensorSplit tp_;
   nn::GPTConfig l_;  // this rank's heads and MLP width
   std::size_t max_tokens_, max_seqs_, max_logit_rows_, max_blocks_per_seq_;
   KVCache<Param, Space> cache_;

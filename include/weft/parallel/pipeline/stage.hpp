@@ -6,7 +6,7 @@
 // kept per in-flight microbatch (a slot), which is what lets a schedule run
 // several microbatches' forwards before their backwards.
 //
-// Given a tensor-parallel axis (nn::TensorParallel: the TP communicator of a
+// Given a tensor-parallel axis (nn::TensorSplit: the TP communicator of a
 // DP x PP x TP mesh), a stage holds the TP-split layers instead: its blocks'
 // heads and MLP hidden units, the embedding's and the head's vocabulary rows
 // are this TP rank's share, the loss is the vocabulary-parallel
@@ -110,7 +110,7 @@ class GPTStage {
   GPTStage(MeshT& mesh, const nn::GPTConfig& cfg, const StagePartition& part, int chunks = 1,
            nn::ContextParallel<T, Space> cp = {}, nn::ExpertSplit experts = {})
       : GPTStage(cfg, part, mesh.template extent<PP>(), mesh.template coord<PP>(), chunks,
-                 nn::TensorParallel{tp_checked(tp_of(mesh)), sequence_parallel_v}, std::move(cp), experts, 0) {}
+                 nn::TensorSplit{tp_checked(tp_of(mesh)), sequence_parallel_v}, std::move(cp), experts, 0) {}
 
   /// The chunks of pipeline rank `rank` of `ranks`: chunk c runs virtual stage
   /// c * ranks + rank of `part`, which must have ranks * chunks stages.
@@ -120,7 +120,7 @@ class GPTStage {
   /// does not divide over tp (heads, key/value heads, d_model, MLP width,
   /// vocabulary; with sequence parallelism the tokens of a microbatch).
   GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks = 1, Comm* tp_comm = nullptr)
-      : GPTStage(cfg, part, ranks, rank, chunks, nn::TensorParallel{tp_checked(tp_comm), sequence_parallel_v}, {},
+      : GPTStage(cfg, part, ranks, rank, chunks, nn::TensorSplit{tp_checked(tp_comm), sequence_parallel_v}, {},
                  nn::ExpertSplit{}, 0) {}
 
  private:
@@ -137,11 +137,11 @@ class GPTStage {
       WEFT_REQUIRE(c && c->size() > 1, ConfigError, weft::detail::sp_needs_tp_text, " (tp is ", c ? c->size() : 1, ")");
     return c;
   }
-  GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks, nn::TensorParallel tp,
+  GPTStage(const nn::GPTConfig& cfg, const StagePartition& part, int ranks, int rank, int chunks, nn::TensorSplit tp,
            nn::ContextParallel<T, Space> cp, nn::ExpertSplit experts, int)
       : global_(cfg), cp_(std::move(cp)), cfg_(checked(cfg, tp, cp_)),
-        ctx_(std::make_shared<nn::Context>(
-            nn::Context{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, experts,
+        ctx_(std::make_shared<nn::LayerContext>(
+            nn::LayerContext{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, experts,
                         nn::ProductPrecision::f32, nullptr})),
         ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
     WEFT_REQUIRE(cfg.experts > 0 || !experts.global(), ConfigError,
@@ -224,12 +224,12 @@ class GPTStage {
   /// This rank's position in the pipeline.
   int rank() const { return rank_; }
   /// The tensor-parallel split of the layers (inactive: not split).
-  const nn::TensorParallel& tensor_parallel() const { return ctx_->tp; }
+  const nn::TensorSplit& tensor_parallel() const { return ctx_->tp; }
   /// Token rows of the residual stream (and of each activation message):
   /// the microbatch's tokens, or tokens / tp under sequence parallelism.
   std::size_t rows() const { return rows_; }
   /// The model context its layers share (profiler, deferred weight gradients).
-  nn::Context& context() { return *ctx_; }
+  nn::LayerContext& context() { return *ctx_; }
   /// Chunks on this rank.
   std::size_t num_chunks() const { return chunks_.size(); }
   /// The virtual stage chunk c runs.
@@ -446,7 +446,7 @@ class GPTStage {
     const bool root = has_root(k);
     ctx_->deferred_weight_grads = split ? &s.deferred : nullptr;
     struct Reset {
-      nn::Context* ctx;
+      nn::LayerContext* ctx;
       ~Reset() { ctx->deferred_weight_grads = nullptr; }
     } reset{ctx_.get()};
     if (root && hooks_) hooks_->before_backward(root_group_);
@@ -594,7 +594,7 @@ class GPTStage {
     }
   };
 
-  static nn::GPTConfig checked(const nn::GPTConfig& c, const nn::TensorParallel& tp,
+  static nn::GPTConfig checked(const nn::GPTConfig& c, const nn::TensorSplit& tp,
                               const nn::ContextParallel<T, Space>& cp) {
     c.validate();
     if (cp.size() > 1) {
@@ -631,7 +631,7 @@ class GPTStage {
   std::unique_ptr<Slot> make_slot(const Chunk& k) const {
     auto s = std::make_unique<Slot>();
     const std::size_t n = k.blocks.size(), tok = rows_, d = cfg_.d_model;
-    const nn::TensorParallel& tp = ctx_->tp;
+    const nn::TensorSplit& tp = ctx_->tp;
     for (std::size_t i = 0; i <= n; ++i) s->xs.emplace_back("pipeline.residual", tok, d);
     for (std::size_t i = 0; i < n; ++i) s->saved.emplace_back("pipeline.block", cfg_, tp);
     if (k.head) {
