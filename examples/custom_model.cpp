@@ -54,7 +54,7 @@ class InputProjection {
   using value_type = T;
   using execution_space = Space;
   explicit InputProjection(const Sizes& z)
-      : ctx_(std::make_shared<weft::nn::Context>()), lin_(ctx_, "input", z.in, z.width, true, z.seed, 0.35) {}
+      : ctx_(std::make_shared<weft::nn::LayerContext>()), lin_(ctx_, "input", z.in, z.width, true, z.seed, 0.35) {}
   void forward(const Batch& b, const Matrix& x0) { lin_.forward(b.x, x0); }
   void backward(const Batch& b, const Matrix& dx0) { lin_.backward(b.x, dx0, Matrix()); }
   void collect(std::vector<Param*>& ps) { lin_.collect(ps); }
@@ -136,7 +136,7 @@ class RegressionHead {
     Matrix g;  // the prediction, then grad_scale * d(sum of loss terms)/d(pred)
   };
   explicit RegressionHead(const Sizes& z)
-      : ctx_(std::make_shared<weft::nn::Context>()), lin_(ctx_, "head", z.width, z.out, true, z.seed, 0.05), out_(z.out) {}
+      : ctx_(std::make_shared<weft::nn::LayerContext>()), lin_(ctx_, "head", z.width, z.out, true, z.seed, 0.05), out_(z.out) {}
   Saved make_saved(std::size_t rows) const { return {Matrix("head.pred", rows, out_)}; }
   std::size_t saved_bytes(const Saved& s) const { return s.g.span() * sizeof(T); }
   double forward(const Matrix& x, const Batch& b, Saved& s, double grad_scale) {
@@ -333,7 +333,6 @@ int train(const Options& o, MeshT& mesh) {
   using S = weft::Strategy<weft::On<weft::DP, DPPolicy>, weft::On<weft::PP, weft::Pipeline<Sched>>,
                            weft::On<weft::TP, weft::TensorParallel<>>>;
   const bool root = mesh.rank_in_mesh() == 0;
-  weft::validate_strategy<S>(mesh);
   const std::size_t ndp = std::size_t(mesh.extent<weft::DP>()), npp = std::size_t(mesh.extent<weft::PP>());
   Sizes z = o.z;
   z.samples = weft::parallel::local_microbatch(o.batch, ndp, o.microbatches);
@@ -347,7 +346,7 @@ int train(const Options& o, MeshT& mesh) {
   ResidualMLPModel model(mesh, z);
   const auto part = weft::pipeline::equal_partition(z.blocks, npp * std::size_t(Sched::chunks));
   weft::pipeline::LayerStage<ResidualMLPModel> stage(model, part, int(npp), mesh.coord<weft::PP>(), Sched::chunks);
-  weft::parallel::DataParallelOf<T, S> dp(mesh.axis<weft::DP>(), stage.parameter_groups());
+  weft::parallel::DataParallelOf<T, S> dp(mesh, stage);  // checks S against the mesh and the model
   stage.set_hooks(&dp);
   weft::optim::AdamW<T, Space> opt(dp.optimizer_parameters());
   weft::pipeline::Executor ex(stage, mesh.axis<weft::PP>(), weft::Pipeline<Sched>(int(npp), int(o.microbatches)));

@@ -91,9 +91,10 @@ static_assert(DataParallel<float, weft::ZeRO<2>>::mode() == DPMode::zero2);
 static_assert(DataParallel<float, weft::FullyShard>::mode() == DPMode::fsdp);
 static_assert(std::is_same_v<weft::dp_policy_of<DPMode::zero2>, weft::ZeRO<2>>);
 // A strategy selects its DataParallel; one without DP replicates.
-static_assert(std::is_same_v<weft::parallel::DataParallelOf<float, weft::Strategy<weft::On<weft::DP, weft::Shard<0>>>>,
-                             DataParallel<float, weft::FullyShard>>);
-static_assert(std::is_same_v<weft::parallel::DataParallelOf<float, weft::SingleProcess>, DataParallel<float>>);
+static_assert(std::is_base_of_v<DataParallel<float, weft::FullyShard>,
+                                weft::parallel::DataParallelOf<float, weft::Strategy<weft::On<weft::DP, weft::Shard<0>>>>>);
+static_assert(std::is_base_of_v<DataParallel<float>, weft::parallel::DataParallelOf<float, weft::SingleProcess>>);
+static_assert(weft::parallel::DataParallelType<weft::parallel::DataParallelOf<float, weft::SingleProcess>>);
 
 }  // namespace
 

@@ -195,7 +195,7 @@ TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size
       CAPTURE(sp);
       auto cfg = small_gpt(swiglu, false, 0);
       weft::nn::GPT<float, S> gpt(mesh, cfg);
-      weft::parallel::DataParallelOf<float, S> ddp(mesh.axis<weft::DP>(), gpt.parameter_groups());
+      weft::parallel::DataParallelOf<float, S> ddp(mesh, gpt);
       gpt.set_hooks(&ddp);
       weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
       one_step(gpt, ddp, opt, cfg, 1.0 / double(cfg.tokens()));
@@ -236,7 +236,7 @@ TEST_CASE("context parallelism: the planner's memory and CP traffic equal the GP
     using S = weft::Strategy<weft::On<weft::CP, Policy>>;
     auto cfg = small_gpt(swiglu, recompute, kv);
     weft::nn::GPT<float, S> gpt(mesh, cfg, weft::context::attention_of<Policy, float>(cpc));
-    weft::parallel::DataParallelOf<float, S> ddp(mesh.axes<weft::DP, weft::CP>(), gpt.parameter_groups());
+    weft::parallel::DataParallelOf<float, S> ddp(mesh, gpt);  // reduces over DP x CP
     gpt.set_hooks(&ddp);
     weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
     cpc.reset_stats();

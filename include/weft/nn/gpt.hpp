@@ -89,6 +89,11 @@ class GPTModel {
     if constexpr (tensor_parallel_v) return LayerPolicy::sequence_parallel;
     else return false;
   }();
+  /// What of a strategy's in-layer policies the model takes (weft::ModelPolicies):
+  /// sequence parallelism when its layer policy says so; context parallelism
+  /// (given at construction as a ContextParallel) and experts (MoE blocks,
+  /// given as an expert split) always.
+  static constexpr ModelPolicies policies{.sequence_parallel = sequence_parallel_v, .context = true, .experts = true};
 
   /// Builds and initialises the single-process model for config.batch
   /// sequences of config.seq tokens per forward pass. Throws ConfigError for

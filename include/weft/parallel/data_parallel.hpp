@@ -84,7 +84,7 @@ struct DPOptions {
 /// DP: weft::Replicated (DDP), weft::ZeRO<1>, weft::ZeRO<2> or
 /// weft::FullyShard. Each instantiation compiles only its own mode's paths.
 template <class T, class Policy = Replicated, class Space = Kokkos::DefaultExecutionSpace>
-class DataParallel final : public nn::GroupHooks {
+class DataParallel : public nn::GroupHooks {
   static_assert(is_dp_policy_v<Policy>,
                 "weft::parallel::DataParallel<T, Policy, Space>: Policy must be a data-parallel policy: "
                 "weft::Replicated, weft::ZeRO<1>, weft::ZeRO<2> or weft::FullyShard (a weft::DPStates<...>). The "
@@ -594,12 +594,99 @@ inline constexpr bool is_data_parallel_v<DataParallel<T, Policy, Space>> = true;
 template <class X>
 concept DataParallelType = is_data_parallel_v<X>;
 
-/// The DataParallel a strategy selects: its DP policy (Replicated when the
-/// strategy leaves DP out).
+/// The DataParallel a strategy selects: a DataParallel<T, P, Space> whose
+/// policy P is S's DP policy (Replicated when S leaves DP out), checked
+/// against the mesh and the model it serves.
 ///
 ///   using S = weft::Strategy<weft::On<weft::DP, weft::ZeRO<1>>, weft::On<weft::TP, weft::TensorParallel<>>>;
-///   weft::parallel::DataParallelOf<float, S> dp(mesh.axis<weft::DP>(), gpt.parameter_groups());
+///   weft::parallel::DataParallelOf<float, S> dp(mesh, stage);  // stage: a pipeline::LayerStage, or the model
+///
+/// The (mesh, model) constructor is the checked entry:
+/// - at compile time, weft::check_strategy_mesh<S, Mesh> (every policy's axis
+///   is in the mesh; the static extents S needs) and
+///   weft::check_strategy_model<S, M> (the model takes S's sequence, context
+///   and expert parallelism, as its `policies` declares; M is the model's type,
+///   or a LayerStage's `model_type`);
+/// - at run time, weft::validate_strategy<S>(mesh): every axis S leaves out has
+///   extent 1, and the extents S needs.
+/// It reduces gradients over the DP axis, or over DP x CP (mesh.axes<DP, CP>())
+/// when S has a Context entry, and takes model.parameter_groups(). An Experts
+/// entry does not compile here: expert parameters reduce over a different
+/// group (parallel::ExpertDataParallel).
+///
+/// The (comm, groups) constructor is DataParallel's own, for a strategy with
+/// none of sequence, context or expert parallelism; with one of them it does
+/// not compile (the model could not be checked).
 template <class T, StrategyType S, class Space = Kokkos::DefaultExecutionSpace>
-using DataParallelOf = DataParallel<T, typename S::data_parallel, Space>;
+class DataParallelOf : public DataParallel<T, typename S::data_parallel, Space> {
+  using Base = DataParallel<T, typename S::data_parallel, Space>;
+
+  template <class M>
+  struct model_type_of {
+    using type = M;
+  };
+  template <class M>
+    requires requires { typename M::model_type; }
+  struct model_type_of<M> {
+    using type = typename M::model_type;
+  };
+
+  template <class MeshT>
+  static Comm& reduction_comm(MeshT& mesh) {
+    static_assert(check_strategy_mesh<S, MeshT>());
+    validate_strategy<S>(mesh);
+    static_assert(MeshT::template has_axis<DP>,
+                  "weft::parallel::DataParallelOf<T, S>(mesh, model): the mesh has no DP axis to reduce the "
+                  "gradients over; add one (weft::Mesh<weft::DP, ...>, extent 1 for a single replica)");
+    if constexpr (S::template has<CP>) return mesh.template axes<DP, CP>();
+    else return mesh.template axis<DP>();
+  }
+
+ public:
+  /// The strategy it was built for.
+  using strategy = S;
+
+  /// Serves `model` (anything with parameter_groups(): a model, a
+  /// pipeline::LayerStage, a pipeline::Stage) on `mesh`, after the checks
+  /// above. Collective over the mesh (the DP x CP communicator may be created).
+  template <class MeshT, class Model>
+    requires requires(Model& m) { m.parameter_groups(); }
+  DataParallelOf(MeshT& mesh, Model& model, DPOptions o = {})
+      : Base(checked_comm<Model>(mesh), model.parameter_groups(), o) {
+    if constexpr (S::template has<CP>)
+      if constexpr (requires { model.context_parallel().size(); })
+        WEFT_REQUIRE(std::size_t(model.context_parallel().size()) == std::size_t(mesh.template extent<CP>()), ConfigError,
+                     "weft::parallel::DataParallelOf<T, S>(mesh, model): S has ", S::name(), " on a CP axis of extent ",
+                     mesh.template extent<CP>(), ", but the model splits its sequences over ",
+                     model.context_parallel().size(),
+                     " ranks; build the model with the CP axis' context (weft::context::attention_of<Policy, "
+                     "T>(mesh.axis<CP>()))");
+  }
+
+  /// DataParallel's own constructor, for a strategy without sequence, context
+  /// or expert parallelism (see above).
+  DataParallelOf(Comm& dp, std::vector<std::vector<typename Base::Param*>> groups, DPOptions o = {})
+      : Base(dp, std::move(groups), o) {
+    static_assert(!S::sequence_parallel && !S::template has<CP> && !S::expert_parallel_v,
+                  "weft::parallel::DataParallelOf<T, S>(comm, groups): the strategy has sequence, context or expert "
+                  "parallelism, which only a model can honour, and a communicator with parameter groups cannot show "
+                  "that the model does; construct it from the mesh and the model, DataParallelOf<T, S>(mesh, model), "
+                  "which checks both");
+  }
+
+ private:
+  template <class Model, class MeshT>
+  static Comm& checked_comm(MeshT& mesh) {
+    static_assert(check_strategy_mesh<S, MeshT>());  // the mesh first: a missing axis is the first thing to fix
+    static_assert(check_strategy_model<S, typename model_type_of<Model>::type>());
+    static_assert(!S::expert_parallel_v,
+                  "weft::parallel::DataParallelOf<T, S>(mesh, model): S has an Experts<N> entry, whose expert "
+                  "parameters reduce over DP only and the others over DP x EP; use parallel::ExpertDataParallel");
+    return reduction_comm(mesh);
+  }
+};
+
+template <class T, class S, class Space>
+inline constexpr bool is_data_parallel_v<DataParallelOf<T, S, Space>> = true;
 
 }  // namespace weft::parallel

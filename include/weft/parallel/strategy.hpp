@@ -365,9 +365,9 @@ struct precision_entry<Precision<P, R, L>, Os...> {
 /// does not compile (weft::check_strategy_mesh).
 ///
 /// One entry may instead be the precision, weft::Precision<Param, Reduce,
-/// LossScale>; without one the strategy is all fp32 (Precision<>). Only the
-/// type exists so far: the runtime pieces (DataParallel, the GPT, train_gpt)
-/// still compute in the model's own value type and do not read it yet.
+/// LossScale>; without one the strategy is all fp32 (Precision<>). The GPT,
+/// the serving runner and the loss-scaled train_step overloads read it
+/// (docs/architecture.md, "Mixed precision").
 template <class... Entries>
 struct Strategy {
   static_assert((detail::check_strategy_entry<Entries>() && ...));
@@ -551,6 +551,57 @@ constexpr bool check_strategy_sizes() {
                   "Pipeline<Schedule>: the blocks do not divide by stages x chunks (pp x V for interleaved "
                   "schedules), so the stages would be unequal; choose pp (and V) among the divisors of the block "
                   "count, or give the stage boundaries explicitly");
+  return true;
+}
+
+/// What a model can do with the strategy entries that act inside its layers:
+/// sequence parallelism, context parallelism and expert parallelism. The DP
+/// mode, the schedule and plain tensor parallelism act around or through the
+/// layers a model is built from, so every model takes them.
+///
+/// A model declares what it takes with a static member,
+///
+///   static constexpr weft::ModelPolicies policies{.sequence_parallel = false, .context = false, .experts = true};
+///
+/// and a model that declares none takes none of the three. A strategy that
+/// gives a model a policy it does not take does not compile
+/// (weft::check_strategy_model), because it would otherwise be ignored.
+struct ModelPolicies {
+  bool sequence_parallel = false;  ///< its layers run TensorParallel<SequenceParallel> (tokens sharded over TP)
+  bool context = false;            ///< it runs Context<...>: sequence-sharded activations and CP attention
+  bool experts = false;            ///< its blocks hold MoE layers that split their experts under Experts<N>
+};
+
+/// The ModelPolicies that Model declares (`Model::policies`), or none.
+template <class Model>
+constexpr ModelPolicies model_policies() {
+  if constexpr (requires { Model::policies; }) return ModelPolicies(Model::policies);
+  else return ModelPolicies{};
+}
+
+/// Checks at compile time that Model takes every policy of S that acts inside
+/// a model's layers (weft::ModelPolicies): sequence parallelism, a Context
+/// entry, an Experts entry. Returns true (use inside static_assert).
+template <StrategyType S, class Model>
+constexpr bool check_strategy_model() {
+  constexpr ModelPolicies p = model_policies<Model>();
+  if constexpr (S::sequence_parallel)
+    static_assert(p.sequence_parallel,
+                  "weft::Strategy: TensorParallel<SequenceParallel> on a model whose layers do not take sequence "
+                  "parallelism (its `policies` does not say .sequence_parallel = true), so the tokens would not be "
+                  "sharded and the policy would be ignored; use On<TP, TensorParallel<>>, or give the model layers "
+                  "that shard the residual stream over TP");
+  if constexpr (S::template has<CP>)
+    static_assert(p.context,
+                  "weft::Strategy: a Context<...> policy on a model that does not take context parallelism (its "
+                  "`policies` does not say .context = true), so each CP rank would train on its own sequences and "
+                  "the run would silently leave the one-rank curve; drop On<CP, ...> and set cp=1, or train a model "
+                  "that shards its sequences over CP (nn::GPT)");
+  if constexpr (S::expert_parallel_v)
+    static_assert(p.experts,
+                  "weft::Strategy: an Experts<N> policy on a model without MoE layers (its `policies` does not say "
+                  ".experts = true), so there are no experts to split over EP; drop On<EP, Experts<N>> and set ep=1, "
+                  "or build the model's blocks with nn::MoE layers");
   return true;
 }
 

@@ -30,6 +30,8 @@ namespace weft::pipeline {
 template <nn::LayeredModel Model>
 class LayerStage {
  public:
+  /// The user's model (what DataParallelOf's strategy check reads: its `policies`).
+  using model_type = Model;
   using T = typename Model::value_type;
   using Space = typename Model::execution_space;
   using Matrix = ops::Matrix<T, Space>;
