@@ -1,5 +1,5 @@
 // Misuse: communicating an element type that has no MPI datatype.
-#include <weft/weft.hpp>
+#include <weft/comm/comm.hpp>
 struct Particle {
   double x, y;
 };

@@ -1,3 +1,3 @@
 // Misuse: a mesh axis that is not an axis tag.
-#include <weft/weft.hpp>
+#include <weft/mesh/mesh.hpp>
 void f(weft::Comm& c) { weft::Mesh<int> m(c, 1); }

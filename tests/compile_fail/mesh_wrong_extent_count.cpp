@@ -1,3 +1,3 @@
 // Misuse: a mesh with two dynamic axes given one extent.
-#include <weft/weft.hpp>
+#include <weft/mesh/mesh.hpp>
 void f(weft::Comm& c) { weft::Mesh<weft::DP, weft::TP> m(c, 2); }

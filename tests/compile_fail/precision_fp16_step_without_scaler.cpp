@@ -1,7 +1,8 @@
 // An fp16 GPT trained by the step without a loss scaler: its gradients would
 // underflow in fp16, so the step refuses the model and names the overload
 // that takes the scaler.
-#include <weft/weft.hpp>
+#include <weft/nn/gpt.hpp>
+#include <weft/optim/train_step.hpp>
 
 using S = weft::Strategy<weft::Precision<weft::FP16, weft::F32, weft::DynamicLossScale>>;
 
