@@ -877,11 +877,12 @@ int run(int argc, char** argv, weft::Environment& env) {
       parity.tokens += k;
       if (k == mine.size() && k == theirs.size()) continue;
       parity = {false, i, k, parity.tokens, "", ""};
-      auto end = [](std::size_t n) { return "the end of its output (" + std::to_string(n) + " tokens)"; };
-      parity.mine = k < mine.size() ? std::to_string(mine[k])
-                    : !rejected_why[i].empty() ? "no token (it was rejected: " + rejected_why[i] + ")"
-                                               : end(mine.size());
-      parity.theirs = k < theirs.size() ? std::to_string(theirs[k]) : theirs.empty() ? std::string("no token (rejected)") : end(theirs.size());
+      parity.mine = k < mine.size()            ? "this run's token is " + std::to_string(mine[k])
+                    : !rejected_why[i].empty() ? "this run rejected it (" + rejected_why[i] + ")"
+                                               : "this run's output ends there (" + std::to_string(mine.size()) + " tokens)";
+      parity.theirs = k < theirs.size() ? "the baseline's is " + std::to_string(theirs[k])
+                      : theirs.empty()  ? std::string("the baseline has no tokens (rejected there)")
+                                        : "the baseline's ends there (" + std::to_string(theirs.size()) + " tokens)";
     }
   const int status = parity.match ? 0 : 3;
   auto report_parity = [&] {
@@ -891,8 +892,8 @@ int run(int argc, char** argv, weft::Environment& env) {
       std::printf("serve_gpt: the outputs match --baseline %s: %zu requests, %zu tokens identical\n", o.baseline.c_str(),
                   all_out.size(), parity.tokens);
     else
-      std::fprintf(stderr, "serve_gpt: error: the outputs differ from --baseline %s at request %zu, token %zu: this run's %s, "
-                   "the baseline's %s (the %zu tokens before it, in request order, are identical)\n",
+      std::fprintf(stderr, "serve_gpt: error: the outputs differ from --baseline %s at request %zu, token %zu: %s, %s "
+                   "(the %zu tokens before it, in request order, are identical)\n",
                    o.baseline.c_str(), parity.request, parity.position, parity.mine.c_str(), parity.theirs.c_str(),
                    parity.tokens);
   };

@@ -109,7 +109,7 @@ endif()
 
 # Another model's outputs differ: exit 3, naming where.
 run(other 0 "${PROMPTS}" --seed 4 --baseline "${WORK}/tp1.json")
-if(NOT rc_other EQUAL 3 OR NOT out_other MATCHES "error: the outputs differ from --baseline .*tp1.json at request 0, token [0-9]+: this run's")
+if(NOT rc_other EQUAL 3 OR NOT out_other MATCHES "error: the outputs differ from --baseline .*tp1.json at request 0, token [0-9]+: this run")
   message(FATAL_ERROR "--seed 4 against the --seed 1234 record (the default): exit ${rc_other}, expected 3 and the first difference named")
 endif()
 
