@@ -385,6 +385,7 @@ std::string read_shared(MPI_Comm world, const std::string& flag, const std::stri
       }
     }
     if (fd >= 0) ::close(fd);
+    if (!why.empty()) text.clear();  // only the reason travels
   }
   long long n[2] = {static_cast<long long>(text.size()), static_cast<long long>(why.size())};
   MPI_Bcast(n, 2, MPI_LONG_LONG, 0, world);

@@ -9,7 +9,8 @@
 # - another model (--seed 4) with --baseline: exit 3, the first differing
 #   request and token named;
 # - fewer prompts, or one prompt changed: refused before any work, naming the
-#   counts or the request and token.
+#   counts or the request and token;
+# - a bad line at tp 2: one message, naming the line.
 #   cmake -DEXE=... -DCHECK=... -DMPIEXEC=... -DSCHEMA=... -DPROMPTS=file -DWORK=dir -P check_serve_gpt_prompts.cmake
 file(MAKE_DIRECTORY "${WORK}")
 set(model --layers 1 --d-model 16 --heads 2 --seq 32 --vocab 256 --output-len 2-4 --block-size 8 --max-seqs 4
@@ -138,4 +139,14 @@ write_prompts("${WORK}/changed.txt" ${changed})
 run(changed 0 "${WORK}/changed.txt" --baseline "${WORK}/tp1.json")
 if(NOT rc_changed EQUAL 2 OR NOT out_changed MATCHES "the prompt of request 1 differs at token 0: this run's ${t1}, the baseline's ${t0}")
   message(FATAL_ERROR "a changed prompt: exit ${rc_changed}, expected 2 and the request and token named")
+endif()
+# A bad line at tp 2: every rank parses the broadcast bytes and fails alike, so the job ends at once with
+# the message printed once (no rank left waiting for the others).
+file(WRITE "${WORK}/bad.txt" "1 2\n3 x4\n")
+run(bad 2 "${WORK}/bad.txt" --mesh tp=2)
+string(REGEX MATCHALL "serve_gpt: error:" said "${out_bad}")
+list(LENGTH said times)
+if(rc_bad EQUAL 0 OR NOT times EQUAL 1 OR NOT out_bad MATCHES "bad.txt line 2: 'x4' is not a token id")
+  message(FATAL_ERROR "a bad line at tp 2: exit ${rc_bad}, the message ${times} times; expected a failure naming "
+                      "line 2 once")
 endif()
