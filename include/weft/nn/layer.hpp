@@ -118,4 +118,24 @@ concept LayeredModel = requires(M& m, const M& cm, std::size_t i) {
   { cm.tp_comm() } -> std::convertible_to<Comm*>;
 };
 
+/// A LayeredModel that runs under a Context<...> strategy: it declares
+/// `static constexpr weft::ModelPolicies policies{.context = true}` and says
+/// how its sequences are split, `context_parallel()` (an nn::ContextSplit over
+/// the mesh's CP axis). Then:
+///   - every CP rank of one DP rank is given the same samples (whole
+///     sequences in its Batch); the input layer keeps this rank's tokens, in
+///     the balanced layout (weft::context::global_index), and the blocks and
+///     the head see rows() = samples x T / cp of them;
+///   - loss_terms_per_sample() counts the terms of a whole sequence, and the
+///     head returns the sum over this rank's terms only;
+///   - attention-like layers exchange keys and values over the CP axis, e.g.
+///     through weft::context::ContextAttention<Variant, T>(cp, heads,
+///     kv_heads, T, head_dim, causal);
+///   - parameter gradients are this rank's part: weft::parallel::DataParallelOf
+///     sums them over DP x CP.
+template <class M>
+concept ContextLayeredModel = LayeredModel<M> && requires(const M& cm) {
+  { cm.context_parallel() } -> std::convertible_to<const ContextSplit&>;
+};
+
 }  // namespace weft::nn

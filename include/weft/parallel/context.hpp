@@ -348,12 +348,16 @@ class ContextAttention {
 
   template <class A, class B, class C, class D>
   void check(const char* what, const A& q, const B& k, const C& v, const D& o) const {
-    const std::string op = std::string("weft::context::ContextAttention::") + what;
+    // A literal, not a concatenated std::string: g++ 12 at -O2 reports a false
+    // array-bounds overflow in the concatenation once this is inlined deep
+    // into a user's layer (a -Werror build of such a layer then fails).
+    const char* op = std::string_view(what) == "forward" ? "weft::context::ContextAttention::forward"
+                                                         : "weft::context::ContextAttention::backward";
     const std::size_t tl = local_tokens();
     auto shape = [&](const char* arg, const auto& x, std::size_t h) {
-      ops::detail::require_extent(op.c_str(), arg, x, 0, h);
-      ops::detail::require_extent(op.c_str(), arg, x, 1, tl);
-      ops::detail::require_extent(op.c_str(), arg, x, 2, hd_);
+      ops::detail::require_extent(op, arg, x, 0, h);
+      ops::detail::require_extent(op, arg, x, 1, tl);
+      ops::detail::require_extent(op, arg, x, 2, hd_);
     };
     shape("1st", q, H_);
     shape("2nd", k, Hk_);

@@ -653,14 +653,19 @@ class DataParallelOf : public DataParallel<T, typename S::data_parallel, Space> 
     requires requires(Model& m) { m.parameter_groups(); }
   DataParallelOf(MeshT& mesh, Model& model, DPOptions o = {})
       : Base(checked_comm<Model>(mesh), model.parameter_groups(), o) {
-    if constexpr (S::template has<CP>)
+    if constexpr (S::template has<CP>) {
+      static_assert(requires { model.context_parallel().size(); },
+                    "weft::parallel::DataParallelOf<T, S>(mesh, model): S has a Context<...> entry and the model "
+                    "declares .context = true, but it does not say how its sequences are split: give the model "
+                    "context_parallel(), returning its nn::ContextSplit over mesh.axis<CP>() (nn::ContextLayeredModel)");
       if constexpr (requires { model.context_parallel().size(); })
         WEFT_REQUIRE(std::size_t(model.context_parallel().size()) == std::size_t(mesh.template extent<CP>()), ConfigError,
                      "weft::parallel::DataParallelOf<T, S>(mesh, model): S has ", S::name(), " on a CP axis of extent ",
                      mesh.template extent<CP>(), ", but the model splits its sequences over ",
                      model.context_parallel().size(),
                      " ranks; build the model with the CP axis' context (weft::context::attention_of<Policy, "
-                     "T>(mesh.axis<CP>()))");
+                     "T>(mesh.axis<CP>()), or an nn::ContextSplit over mesh.axis<CP>())");
+    }
   }
 
   /// DataParallel's own constructor, for a strategy without sequence, context

@@ -125,6 +125,15 @@ class LayerStage {
   std::size_t loss_terms_per_sample() const { return model_.loss_terms_per_sample(); }
   /// The TP communicator the blocks are split over (null: not split).
   Comm* tp_comm() const { return model_.tp_comm(); }
+  /// How the model splits its sequences over the CP axis (nn::ContextSplit),
+  /// for a model that takes context parallelism (nn::ContextLayeredModel).
+  /// The executor then gives the CP ranks of one DP rank the same samples
+  /// and DataParallel runs over DP x CP.
+  const nn::ContextSplit& context_parallel() const
+    requires nn::ContextLayeredModel<Model>
+  {
+    return model_.context_parallel();
+  }
 
   /// Parameters by group, for DataParallel: one group per block (chunk
   /// order), then, when this rank holds any, the root group (input and loss layers).
@@ -191,9 +200,11 @@ class LayerStage {
       progress();
     }
     double loss = 0;
+    // The mean over this rank's terms: under context parallelism the head
+    // sees 1 / cp of each sequence's terms (and grad_scale counts whole ones).
     if (k.head)
       loss = k.head->forward(s.xs.back(), batch(std::size_t(mb)), *s.head_saved, grad_scale) /
-             double(model_.microbatch_samples() * model_.loss_terms_per_sample());
+             (double(model_.microbatch_samples() * model_.loss_terms_per_sample()) / double(context_ranks()));
     if (root && hooks_) hooks_->after_forward(root_group_);
     return loss;
   }
@@ -329,6 +340,11 @@ class LayerStage {
     return b;
   }
 
+  // CP ranks the model's sequences are split over (1 without context parallelism).
+  std::size_t context_ranks() const {
+    if constexpr (nn::ContextLayeredModel<Model>) return model_.context_parallel().size();
+    else return 1;
+  }
   Model& model_;
   int ranks_, rank_;
   std::vector<Chunk> chunks_;
