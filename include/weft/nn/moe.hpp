@@ -645,21 +645,33 @@ class MoE {
   /// b_e += gamma * sign(mean_e' c_e' - c_e), so overloaded experts are
   /// chosen less and idle ones more, without a loss term. Call it after the
   /// optimizer step. Does nothing when gamma is 0 or nothing was counted.
+  /// The counts are those of the whole microbatches (summed over the data
+  /// group, the same on every rank of it), so every rank computes the same
+  /// step and writes it where it keeps the bias: its value when whole
+  /// (replicated, ZeRO<1>, ZeRO<2>) and, under FullyShard, the part of it in
+  /// this rank's shard (Parameter::stored_pieces; none on most ranks).
   void update_bias(double gamma) {
     const double total = std::accumulate(step_counts_.begin(), step_counts_.end(), 0.0);
     if (gamma != 0 && total > 0) {
-      WEFT_REQUIRE(bias_.value.extent(0) == cfg_.experts, ConfigError, "nn::MoE '", bias_.name(),
-                   "': the selection bias is not held whole on this rank (fully sharded data parallelism keeps only "
-                   "a shard of it between steps), so the aux-loss-free update cannot move it; use ZeRO<2> or a "
-                   "replicated policy with --bias-balance, or bias_balance = 0 under FullyShard");
+      const bool whole = bias_.value.extent(0) == cfg_.experts;
+      WEFT_REQUIRE(whole || bias_.stored_in_pieces(), ConfigError, "nn::MoE '", bias_.name(),
+                   "': the selection bias is neither held whole on this rank nor stored in pieces a data-parallel "
+                   "strategy declared (Parameter::set_stored_pieces), so the aux-loss-free update cannot reach it");
       const double mean = total / double(step_counts_.size());
-      auto hv = Kokkos::create_mirror_view(bias_.value);
-      Kokkos::deep_copy(hv, bias_.value);
+      std::vector<T> step(step_counts_.size());
       for (std::size_t e = 0; e < step_counts_.size(); ++e) {
         const double d = mean - step_counts_[e];
-        hv(e) += T(gamma * double((d > 0) - (d < 0)));
+        step[e] = T(gamma * double((d > 0) - (d < 0)));
       }
-      Kokkos::deep_copy(bias_.value, hv);
+      auto add = [&](const Kokkos::View<T*, Space>& v, std::size_t offset) {
+        auto hv = Kokkos::create_mirror_view(v);
+        Kokkos::deep_copy(hv, v);
+        for (std::size_t i = 0; i < hv.extent(0); ++i) hv(i) += step[offset + i];
+        Kokkos::deep_copy(v, hv);
+      };
+      if (whole) add(bias_.value, 0);
+      // FullyShard: a gathered value is a copy of the shard; the shard is what lasts.
+      for (const auto& piece : bias_.stored_pieces()) add(piece.values, piece.offset);
     }
     std::fill(step_counts_.begin(), step_counts_.end(), 0.0);
   }

@@ -113,12 +113,35 @@ class Parameter {
   /// The gradient as a [rows, cols] matrix.
   MatrixRef<T, Space> grad_matrix() const { return MatrixRef<T, Space>(grad.data(), rows_, cols_); }
 
+  /// A part of this parameter's value that this rank stores outside `value`:
+  /// elements offset .. offset + values.extent(0) - 1 of the flat parameter.
+  struct StoredPiece {
+    std::size_t offset = 0;
+    Kokkos::View<T*, Space> values;
+  };
+  /// Whether the parameter's value lives in pieces that a data-parallel
+  /// strategy keeps (FullyShard: this rank's shard, the only copy between
+  /// steps; `value` is empty then, or a gathered copy while the group runs).
+  bool stored_in_pieces() const { return stored_in_pieces_; }
+  /// The pieces this rank stores (none when it holds no part of this
+  /// parameter's shard). Code that changes a parameter outside the optimizer
+  /// (MoE::update_bias) writes every piece, and `value` too when it is whole.
+  const std::vector<StoredPiece>& stored_pieces() const { return stored_pieces_; }
+  /// Declares where this rank stores the parameter (a strategy that shards
+  /// the values calls it once, with the pieces of this rank's shard).
+  void set_stored_pieces(std::vector<StoredPiece> pieces) {
+    stored_pieces_ = std::move(pieces);
+    stored_in_pieces_ = true;
+  }
+
  private:
   std::string name_;
   std::size_t rows_, cols_;
   bool decay_;
   bool tp_sharded_ = false;
   bool ep_sharded_ = false;
+  bool stored_in_pieces_ = false;
+  std::vector<StoredPiece> stored_pieces_;
 
  public:
   /// Flat value storage.

@@ -435,6 +435,15 @@ class DataParallel : public nn::GroupHooks {
           Param* p = b.params[i];
           const std::size_t off = b.param_off[i];
           const std::size_t lo = std::max(off, r_ * b.chunk), hi = std::min(off + p->size(), (r_ + 1) * b.chunk);
+          // fsdp: the shard is the parameter's only storage between steps;
+          // the parameter learns which part of it this rank keeps (possibly
+          // none), so that a change made outside the optimizer (the MoE
+          // selection bias) reaches it.
+          if constexpr (kFsdp) {
+            std::vector<typename Param::StoredPiece> mine;
+            if (lo < hi) mine.push_back({lo - off, Flat(slice(shard_value_, b.shard_off + lo - r_ * b.chunk, hi - lo))});
+            p->set_stored_pieces(std::move(mine));
+          }
           if (lo >= hi) continue;
           const std::size_t in_shard = b.shard_off + lo - r_ * b.chunk;
           Flat v = full_values ? Flat(slice(flat_value_, b.flat_off + lo, hi - lo)) : Flat(slice(shard_value_, in_shard, hi - lo));
