@@ -673,6 +673,8 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                         .set("note", "initialisation depends on (seed, parameter name, global index) and data on (seed, counter); training draws no other random numbers"))
         .set("schedule", Json::object().set("lr", o.lr).set("warmup", Json(o.warmup)).set("clip", o.clip)
                              .set("steps", Json(o.steps)))
+        .set("precision", Json::object().set("products", job.precision).set("parameters", "float32")
+                              .set("optimizer_state", "float32").set("gradient_reduction", "float32"))
         .set("loss_scale", job.scaler ? train_gpt_checkpoint::loss_scale_json(*job.scaler) : Json(nullptr));
   };
   const std::size_t run_steps = o.steps - first;

@@ -4,8 +4,9 @@
 usage: check_run_mesh.py CHECKPOINT KEY=VALUE...
 
 Every KEY of the manifest's run.mesh object must hold VALUE (compared as
-text, so integers are written as such: cp=2, context=Context<Ring>). Prints
-the object, then one line naming what matched; exits 1 on the first
+text, so integers are written as such: cp=2, context=Context<Ring>); a
+dotted KEY is a path from run instead (precision.products=fp16). Prints
+the objects, then one line naming what matched; exits 1 on the first
 difference or a missing key.
 """
 import json
@@ -19,19 +20,28 @@ def main():
         return 2
     path = os.path.join(sys.argv[1], "manifest.json")
     with open(path) as f:
-        mesh = json.load(f)["run"]["mesh"]
-    print(f"{path}: run.mesh = {json.dumps(mesh)}")
+        run = json.load(f)["run"]
+    print(f"{path}: run.mesh = {json.dumps(run['mesh'])}")
     for pair in sys.argv[2:]:
         key, want = pair.split("=", 1)
-        if key not in mesh:
-            print(f"{path}: run.mesh has no '{key}' (expected {want})")
+        obj, name, where = run["mesh"], key, "run.mesh"
+        if "." in key:
+            *parents, name = key.split(".")
+            obj, where = run, "run"
+            for p in parents:
+                obj = obj.get(p) if isinstance(obj, dict) else None
+                where += "." + p
+            print(f"{path}: {where} = {json.dumps(obj)}")
+        if not isinstance(obj, dict) or name not in obj:
+            print(f"{path}: {where} has no '{name}' (expected {want})")
             return 1
-        got = mesh[key]
+        got = obj[name]
         got = json.dumps(got) if not isinstance(got, str) else got
         if got != want:
-            print(f"{path}: run.mesh.{key} is {got}, expected {want}")
+            print(f"{path}: {where}.{name} is {got}, expected {want}")
             return 1
-    print("run.mesh holds " + " ".join(sys.argv[2:]))
+    print(("run holds " if any("." in a.split("=", 1)[0] for a in sys.argv[2:]) else "run.mesh holds ")
+          + " ".join(sys.argv[2:]))
     return 0
 
 
