@@ -121,6 +121,9 @@ struct PeerReport {
   // nearer the fault). `defer_since`: the latest of their waits' starts.
   bool defer = false;
   double defer_since = 0;
+  // True when every rank that did not arrive is on another node: this node
+  // cannot tell which one failed, the other nodes can.
+  bool only_other_nodes = false;
 };
 
 // What a reader saw in one slot.
@@ -143,6 +146,10 @@ class Watchdog {
   static constexpr double stale_s = 1.5;
   /// How often the watchdog refreshes this rank's slot and checks the mark.
   static constexpr double period_s = 0.1;
+  /// How long a reporter that sees only ranks on other nodes waits before it
+  /// prints and the job ends, so that the node that can name the failed rank
+  /// (its deadline passes at about the same time) prints first.
+  static constexpr double other_nodes_grace_s = 2.0;
 
   // Collective over MPI_COMM_WORLD (called by Environment on the main thread):
   // maps the node's table and starts the thread. Without node-shared memory
@@ -324,6 +331,7 @@ class Watchdog {
       r.defer = true;
       r.defer_since = std::max(r.defer_since, elsewhere_since);
     }
+    r.only_other_nodes = !elsewhere.empty() && r.missing.empty();
     std::string out;
     if (!gone.empty()) out += "\n  did not arrive: " + gone;
     if (!here.empty()) out += "\n  waiting in the same operation: rank(s) " + here;
@@ -360,6 +368,10 @@ class Watchdog {
   /// until those ranks' own waits are `deadline_s` + 1 s old, and never longer
   /// than `deadline_s` + 1 s from now; then the first to claim prints.
   /// `out` gets the report as it stands when the election ends.
+  /// A reporter whose report sees only ranks on other nodes waits
+  /// other_nodes_grace_s more before it returns: the node that can name the
+  /// failed rank prints, and ends the job, first; across hosts an MPI_Abort
+  /// from this node could otherwise kill that rank before it prints.
   bool elect_reporter(const char* op, const std::string& axis, const std::vector<int>& world_ranks, double deadline_s,
                       PeerReport& out) {
     const double grace_s = 1.0;
@@ -369,7 +381,18 @@ class Watchdog {
       const int r = reporter();
       if (r >= 0) return r == world_rank_;
       const double now = steady_seconds();
-      if (!out.defer || now > give_up || now > out.defer_since + deadline_s + grace_s) return claim_report();
+      if (!out.defer || now > give_up || now > out.defer_since + deadline_s + grace_s) {
+        if (!claim_report()) return false;
+        if (out.only_other_nodes) {
+          const double until = now + other_nodes_grace_s;
+          for (double t = now; t < until; t = steady_seconds()) {
+            if (mine_ != nullptr) mine_->beat.store(t);
+            std::this_thread::sleep_for(std::chrono::duration<double>(std::min(period_s, until - t)));
+          }
+          out = survey(op, axis, world_ranks);
+        }
+        return true;
+      }
       if (mine_ != nullptr) mine_->beat.store(now);  // still running: the others must not count this rank stopped
       std::this_thread::sleep_for(std::chrono::duration<double>(period_s));
     }
@@ -450,8 +473,9 @@ class Watchdog {
                    head, peers.c_str());
       std::fflush(stderr);
     } else {
-      // The rank that prints ends the job; this one follows if it has not.
-      std::this_thread::sleep_for(std::chrono::seconds(3));
+      // The rank that prints ends the job (after other_nodes_grace_s at
+      // most); this one follows if it has not.
+      std::this_thread::sleep_for(std::chrono::duration<double>(other_nodes_grace_s + 3.0));
     }
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);
