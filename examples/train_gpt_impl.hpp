@@ -33,6 +33,7 @@
 #include <weft/plan/json_read.hpp>
 #include <weft/weft.hpp>
 
+#include "record_identity.hpp"
 #include "train_gpt_checks.hpp"
 #include "train_gpt_checkpoint.hpp"
 #if defined(WEFT_HAVE_BUILD_COMMIT)
@@ -442,7 +443,22 @@ struct Job {
   std::function<weft::checkpoint::LoadStats(const std::string& path)> load;
   // MoE models: the routing statistics of the step that just ran (null: a dense model).
   std::function<weft::nn::MoEStats()> moe_stats;
+  // Each mesh axis of more than one rank, in mesh order, and whether its groups span hosts (axes_crossing_hosts).
+  std::vector<std::pair<std::string, bool>> axes_crossing_hosts;
 };
+
+// Each axis of `mesh` with more than one rank, outermost first, and whether
+// its groups span hosts (Mesh::within_node: the node is the shared-memory
+// domain, a host; collective over the mesh, so every rank calls it).
+template <class... Axes>
+std::vector<std::pair<std::string, bool>> axes_crossing_hosts(weft::Mesh<Axes...>& mesh) {
+  std::vector<std::pair<std::string, bool>> out;
+  auto one = [&]<class Tag>() {
+    if (mesh.template axis<Tag>().size() > 1) out.emplace_back(std::string(Tag::name), !mesh.template within_node<Tag>());
+  };
+  (one.template operator()<weft::axis_tag_t<Axes>>(), ...);
+  return out;
+}
 
 // The optimizer --optimizer names, behind one type: the optimizer is not part
 // of the strategy, so the strategy table is not multiplied by it.
@@ -911,6 +927,8 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
     Json::Array host_list, rank_host_list;
     for (const auto& h : distinct) host_list.push_back(h);
     for (const auto& h : rank_hosts) rank_host_list.push_back(h);
+    Json::Array axes_across, axes_inside;
+    for (const auto& [axis, across] : job.axes_crossing_hosts) (across ? axes_across : axes_inside).push_back(Json(axis));
     char mpi_lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
     int mpi_lib_len = 0;
     MPI_Get_library_version(mpi_lib, &mpi_lib_len);
@@ -972,7 +990,9 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                            .set("ranks_per_node", ranks_per_node));
     rec.set("topology", Json::object()
                             .set("world_size", world).set("hosts", Json(host_list)).set("host_count", Json(distinct.size()))
-                            .set("ranks_per_node", ranks_per_node).set("rank_hosts", Json(rank_host_list)));
+                            .set("ranks_per_node", ranks_per_node).set("rank_hosts", Json(rank_host_list))
+                            .set("axes_crossing_hosts", Json(axes_across)).set("axes_inside_host", Json(axes_inside))
+                            .set("transport", record_identity::mpi_transport()));
     rec.set("batch", Json::object()
                          .set("global_sequences", Json(o.batch)).set("local_sequences", Json(o.batch / std::size_t(ndp * nep)))
                          .set("microbatches", Json(o.microbatches)).set("microbatch_sequences", Json(c.batch))
@@ -1165,6 +1185,7 @@ int run_pipeline_job(const Options& o, MeshT& mesh, StageT& stage, DPT& dp, cons
   weft::pipeline::Executor ex(stage, mesh.template axis<weft::PP>(), weft::Pipeline<Sched>(o.pp, int(o.microbatches)));
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
   Job job = job_of<Strat>("weft GPT (pipeline::Stage)", stage, dp, opt);
+  job.axes_crossing_hosts = axes_crossing_hosts(mesh);
   job.strategy = strategy;
   if (o.cp > 1) job.cp = &mesh.template axis<weft::CP>(), job.context = context;
   if (o.ep > 1) job.ep = &mesh.template axis<weft::EP>();
@@ -1291,6 +1312,7 @@ int run_data_tensor_on(const Options& o, MeshT& mesh, weft::nn::ContextParallel<
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
   weft::ops::Tokens<Space> ids("ids", o.model.tokens()), tg("targets", o.model.tokens());
   Job job = job_of<S>("weft GPT (nn::GPT)", gpt, dp, opt);
+  job.axes_crossing_hosts = axes_crossing_hosts(mesh);
   job.strategy = strategy;
   if (o.cp > 1) job.cp = &mesh.template axis<weft::CP>(), job.context = context;
   // fp16: the dynamic loss scaler (Megatron's hysteresis and growth window; --loss-scale sets the first scale).
@@ -1327,6 +1349,7 @@ int run_expert(const Options& o, weft::Environment& env, int ndp, const weft::da
   AnyOptimizer opt(o.optimizer, dp.optimizer_parameters(), o.weight_decay, o.momentum);
   weft::ops::Tokens<Space> ids("ids", o.model.tokens()), tg("targets", o.model.tokens());
   Job job = job_of<S>("weft GPT (nn::GPT)", gpt, dp, opt);
+  job.axes_crossing_hosts = axes_crossing_hosts(mesh);
   job.ep = &mesh.template axis<weft::EP>();
   job.step = [&](std::size_t step, double lr, weft::metrics::Profiler* prof) {
     gpt.reset_moe_statistics();

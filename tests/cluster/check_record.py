@@ -1,39 +1,22 @@
 """Checks the topology of a train_gpt run record written on the two hosts of
-tests/cluster (run.sh): it names the two hosts, the host of every rank, and
-the mesh axes whose groups span both hosts are the expected ones.
+tests/cluster (run.sh): it names the two hosts and the host of every rank,
+the mesh axes the program found crossing the hosts (topology.axes_crossing_hosts,
+from Mesh::within_node) are the expected ones and every other axis of more
+than one rank is inside a host, and the transport is the one run.sh
+configures: shared memory (vader) inside a host, TCP between the hosts.
 
   check_record.py DIR HOST_A HOST_B RECORD=AXES_ACROSS [RECORD=AXES_ACROSS ...]
 
 AXES_ACROSS: comma-separated axis names (dp, pp, tp, ...) whose groups hold
-ranks of both hosts, or "none". train_gpt's mesh is dp, pp, cp, ep, tp from
-the outermost axis to the innermost (consecutive world ranks share the
-innermost). Exits 77 with the harness's reason where it was skipped (DIR/skip);
-fails where a record is older than the hosts (DIR/env: a run that did not run).
+ranks of both hosts, or "none". Exits 77 with the harness's reason where it
+was skipped (DIR/skip); fails where a record is older than the hosts
+(DIR/env: a run that did not run).
 """
-import itertools
 import json
 import os
 import sys
 
 AXES = ["dp", "pp", "cp", "ep", "tp"]
-
-
-def axis_groups(extents, axis):
-    """The world-rank groups of one axis of a row-major mesh."""
-    others = [range(n) if a != axis else [None] for a, n in zip(AXES, extents)]
-    k = AXES.index(axis)
-    groups = []
-    for fixed in itertools.product(*others):
-        ranks = []
-        for i in range(extents[k]):
-            coord = list(fixed)
-            coord[k] = i
-            r = 0
-            for c, n in zip(coord, extents):
-                r = r * n + c
-            ranks.append(r)
-        groups.append(ranks)
-    return groups
 
 
 def main(argv):
@@ -67,17 +50,21 @@ def main(argv):
         if len(rank_hosts) != mesh["world_size"] or set(rank_hosts) != hosts:
             failures.append(f"{name}: rank_hosts {rank_hosts} for {mesh['world_size']} ranks on {sorted(hosts)}")
             continue
-        extents = [int(mesh.get(a, 1)) for a in AXES]
-        across = set()
-        for axis, n in zip(AXES, extents):
-            if n > 1 and any(len({rank_hosts[r] for r in g}) > 1 for g in axis_groups(extents, axis)):
-                across.add(axis)
-        inside = sorted(a for a, n in zip(AXES, extents) if n > 1 and a not in across)
+        across, inside = topo["axes_crossing_hosts"], topo["axes_inside_host"]
+        transport = topo["transport"]
         line = (f"{name}: hosts {', '.join(sorted(hosts))}; rank_hosts {' '.join(rank_hosts)}; "
-                f"across hosts: {','.join(sorted(across)) or 'none'}; inside a host: {','.join(inside) or 'none'}")
+                f"across hosts: {','.join(across) or 'none'}; inside a host: {','.join(inside) or 'none'}; "
+                f"transport inside a host {transport['inside_host']}, between hosts {transport['between_hosts']}")
         print(line)
-        if across != want:
-            failures.append(f"{name}: axes across hosts {sorted(across)}, expected {sorted(want)}")
+        if set(across) != want:
+            failures.append(f"{name}: topology.axes_crossing_hosts {across}, expected {sorted(want)}")
+        larger = {a for a in AXES if int(mesh.get(a, 1)) > 1}
+        if set(across) | set(inside) != larger or set(across) & set(inside):
+            failures.append(f"{name}: axes_crossing_hosts {across} and axes_inside_host {inside} do not split "
+                            f"the axes of more than one rank {sorted(larger)}")
+        if transport["inside_host"] != "vader" or transport["between_hosts"] != "tcp":
+            failures.append(f"{name}: topology.transport {transport}, expected vader inside a host and tcp "
+                            "between hosts (run.sh's --mca btl self,vader,tcp)")
     for f in failures:
         print("FAILED: " + f)
     if not failures:

@@ -130,6 +130,21 @@ TEST_CASE("schema: the record missing a field fails, naming it") {
   CHECK(has(e, "$.step_time_seconds.slowest: required field \"rank\" is missing"));
 }
 
+TEST_CASE("schema: the topology names the axes that cross hosts and the transport") {
+  const auto schema = shipped_schema();
+  auto rec = sample_record();
+  auto& topo = member(rec, "topology");
+  member(topo, "axes_crossing_hosts") = parse_json(R"(["tp", "xp"])");
+  member(member(topo, "transport"), "between_hosts") = parse_json("7");
+  erase(topo, "axes_inside_host");
+  const auto e = schema_errors(schema, rec);
+  for (const auto& x : e) INFO(x);
+  CHECK(e.size() == 3);
+  CHECK(has(e, "$.topology.axes_crossing_hosts[1]: \"xp\" is not one of"));
+  CHECK(has(e, "$.topology.transport.between_hosts: expected string or null, got number"));
+  CHECK(has(e, "$.topology: required field \"axes_inside_host\" is missing"));
+}
+
 TEST_CASE("schema: the record with a wrong type or value fails, naming the path") {
   const auto schema = shipped_schema();
   auto rec = sample_record();
