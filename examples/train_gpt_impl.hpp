@@ -993,6 +993,7 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                             .set("ranks_per_node", ranks_per_node).set("rank_hosts", Json(rank_host_list))
                             .set("axes_crossing_hosts", Json(axes_across)).set("axes_inside_host", Json(axes_inside))
                             .set("transport", record_identity::mpi_transport()));
+    rec.set("identity", record_identity::identity(weft::ops::float_gemm_provider_name<Space>()));
     rec.set("batch", Json::object()
                          .set("global_sequences", Json(o.batch)).set("local_sequences", Json(o.batch / std::size_t(ndp * nep)))
                          .set("microbatches", Json(o.microbatches)).set("microbatch_sequences", Json(c.batch))

@@ -114,7 +114,7 @@ TEST_CASE("schema: a train_gpt record passes the shipped schema") {
 
 TEST_CASE("schema: the record missing a field fails, naming it") {
   const auto schema = shipped_schema();
-  for (const char* key : {"git_commit", "mfu", "exposed_comm_seconds", "loss_parity", "checkpoint_seconds", "counters"}) {
+  for (const char* key : {"git_commit", "mfu", "exposed_comm_seconds", "loss_parity", "checkpoint_seconds", "counters", "identity"}) {
     auto rec = sample_record();
     erase(rec, key);
     const auto e = schema_errors(schema, rec);
@@ -163,6 +163,22 @@ TEST_CASE("schema: the record with a wrong type or value fails, naming the path"
   CHECK(has(e, "$.input_stall_seconds: -1 is less than the minimum 0"));
   CHECK(has(e, "$.loss[3]: expected number, got string"));
   CHECK(has(e, "$.checkpoint_seconds: expected number or null, got boolean"));
+}
+
+TEST_CASE("schema: the identity names the build and the machine; a host-only run's gpu is null") {
+  const auto schema = shipped_schema();
+  auto rec = sample_record();
+  auto& id = member(rec, "identity");
+  CHECK(member(id, "gpu").kind == JsonValue::Kind::null);
+  member(id, "gpu") = parse_json(R"({"runtime": "cuda"})");
+  erase(member(id, "cpu"), "isa");
+  member(member(id, "compiler"), "flags") = parse_json("false");
+  const auto e = schema_errors(schema, rec);
+  for (const auto& x : e) INFO(x);
+  CHECK(e.size() == 3);
+  CHECK(has(e, "$.identity.gpu: required field \"model\" is missing"));
+  CHECK(has(e, "$.identity.cpu: required field \"isa\" is missing"));
+  CHECK(has(e, "$.identity.compiler.flags: expected string or null, got boolean"));
 }
 
 // The moe object of a mixture-of-experts run (two steps of train_gpt
