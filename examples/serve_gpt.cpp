@@ -57,6 +57,8 @@
 #include <weft/plan/json_read.hpp>
 #include <weft/serve/serve.hpp>
 
+#include "record_identity.hpp"
+
 namespace {
 
 using weft::ConfigError;
@@ -908,6 +910,7 @@ int run(int argc, char** argv, weft::Environment& env) {
   r.set("program", "serve_gpt");
   r.set("weft_version", WEFT_VERSION_STRING);
   r.set("git_commit", WEFT_GIT_COMMIT);
+  r.set("identity", record_identity::identity(weft::ops::float_gemm_provider_name<Kokkos::DefaultExecutionSpace>()));
   Json mj0 = Json::object();
   mj0.set("layers", o.model.layers);
   mj0.set("d_model", o.model.d_model);
