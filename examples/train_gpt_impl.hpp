@@ -1574,10 +1574,6 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
                  " with ep=", o.ep, ": Experts<N> is a compiled type and train_gpt compiles N = ", kCompiledExperts,
                  "; use one of those or ep=1");
   }
-  WEFT_REQUIRE(o.model.experts == 0 || o.model.bias_balance == 0 || c.ndp * o.ep == 1 ||
-                   o.dp_mode != weft::parallel::DPMode::fsdp,
-               ConfigError, "--bias-balance with --dp fsdp: the selection bias is a shard between steps, so the "
-               "aux-loss-free update cannot move it; use --dp zero2 (or replicate, zero1) or no --bias-balance");
   WEFT_REQUIRE(!o.sequence_parallel || ntp > 1, ConfigError,
                "--sequence-parallel needs a tensor-parallel axis: add tp=N (N > 1) to --mesh");
   WEFT_REQUIRE(o.cp > 1 || o.context == "ring", ConfigError, "--context ", o.context,
