@@ -27,6 +27,9 @@
 #elif defined(KOKKOS_ENABLE_HIP)
 #include <hip/hip_runtime.h>
 #endif
+#if WEFT_ONEDNN_PROVIDER
+#include <oneapi/dnnl/dnnl.h>
+#endif
 #if __has_include(<Trilinos_version.h>)
 #include <Trilinos_version.h>
 #endif
@@ -176,6 +179,20 @@ inline Json blas() {
   return Json(nullptr);
 }
 
+// oneDNN where weft's oneDNN provider is compiled in: the version the
+// loaded library reports (dnnl_version), else null.
+inline Json onednn() {
+#if WEFT_ONEDNN_PROVIDER
+  const dnnl_version_t* v = dnnl_version();
+  if (v == nullptr) return Json(nullptr);
+  return Json::object()
+      .set("version", std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch))
+      .set("hash", v->hash ? std::string(v->hash) : std::string());
+#else
+  return Json(nullptr);
+#endif
+}
+
 // The transport between the hosts and inside a host, as the run was
 // configured. Open MPI (ob1) picks a BTL per pair of ranks: shared memory
 // (vader, sm) inside a host, the others (tcp, ...) between hosts. Recorded is
@@ -249,6 +266,7 @@ inline Json identity(const char* gemm_provider) {
       .set("compiler", compiler())
       .set("kokkos", kokkos())
       .set("gemm_provider", gemm_provider)
+      .set("onednn", onednn())
       .set("blas", blas())
       .set("cpu", cpu())
       .set("gpu", gpu())
