@@ -662,7 +662,9 @@ class DataParallelOf : public DataParallel<T, typename S::data_parallel, Space> 
     requires requires(Model& m) { m.parameter_groups(); }
   DataParallelOf(MeshT& mesh, Model& model, DPOptions o = {})
       : Base(checked_comm<Model>(mesh), model.parameter_groups(), o) {
-    if constexpr (S::template has<CP>) {
+    // Only once the model has passed check_strategy_model (it declares
+    // .context = true): otherwise that check's sentence is the one to read.
+    if constexpr (S::template has<CP> && model_policies<typename model_type_of<Model>::type>().context) {
       static_assert(requires { model.context_parallel().size(); },
                     "weft::parallel::DataParallelOf<T, S>(mesh, model): S has a Context<...> entry and the model "
                     "declares .context = true, but it does not say how its sequences are split: give the model "
