@@ -614,8 +614,8 @@ concept DataParallelType = is_data_parallel_v<X>;
 /// - at compile time, weft::check_strategy_mesh<S, Mesh> (every policy's axis
 ///   is in the mesh; the static extents S needs) and
 ///   weft::check_strategy_model<S, M> (the model takes S's sequence, context
-///   and expert parallelism, as its `policies` declares; M is the model's type,
-///   or a LayerStage's `model_type`);
+///   and expert parallelism, as its `policies` declares; a LayerStage
+///   declares its model's);
 /// - at run time, weft::validate_strategy<S>(mesh): every axis S leaves out has
 ///   extent 1, and the extents S needs.
 /// It reduces gradients over the DP axis, or over DP x CP (mesh.axes<DP, CP>())
@@ -630,27 +630,6 @@ template <class T, StrategyType S, class Space = Kokkos::DefaultExecutionSpace>
 class DataParallelOf : public DataParallel<T, typename S::data_parallel, Space> {
   using Base = DataParallel<T, typename S::data_parallel, Space>;
 
-  template <class M>
-  struct model_type_of {
-    using type = M;
-  };
-  template <class M>
-    requires requires { typename M::model_type; }
-  struct model_type_of<M> {
-    using type = typename M::model_type;
-  };
-
-  template <class MeshT>
-  static Comm& reduction_comm(MeshT& mesh) {
-    static_assert(check_strategy_mesh<S, MeshT>());
-    validate_strategy<S>(mesh);
-    static_assert(MeshT::template has_axis<DP>,
-                  "weft::parallel::DataParallelOf<T, S>(mesh, model): the mesh has no DP axis to reduce the "
-                  "gradients over; add one (weft::Mesh<weft::DP, ...>, extent 1 for a single replica)");
-    if constexpr (S::template has<CP>) return mesh.template axes<DP, CP>();
-    else return mesh.template axis<DP>();
-  }
-
  public:
   /// The strategy it was built for.
   using strategy = S;
@@ -664,7 +643,7 @@ class DataParallelOf : public DataParallel<T, typename S::data_parallel, Space> 
       : Base(checked_comm<Model>(mesh), model.parameter_groups(), o) {
     // Only once the model has passed check_strategy_model (it declares
     // .context = true): otherwise that check's sentence is the one to read.
-    if constexpr (S::template has<CP> && model_policies<typename model_type_of<Model>::type>().context) {
+    if constexpr (S::template has<CP> && model_policies<Model>().context) {
       static_assert(requires { model.context_parallel().size(); },
                     "weft::parallel::DataParallelOf<T, S>(mesh, model): S has a Context<...> entry and the model "
                     "declares .context = true, but it does not say how its sequences are split: give the model "
@@ -694,11 +673,16 @@ class DataParallelOf : public DataParallel<T, typename S::data_parallel, Space> 
   template <class Model, class MeshT>
   static Comm& checked_comm(MeshT& mesh) {
     static_assert(check_strategy_mesh<S, MeshT>());  // the mesh first: a missing axis is the first thing to fix
-    static_assert(check_strategy_model<S, typename model_type_of<Model>::type>());
+    static_assert(check_strategy_model<S, Model>());
     static_assert(!S::expert_parallel_v,
                   "weft::parallel::DataParallelOf<T, S>(mesh, model): S has an Experts<N> entry, whose expert "
                   "parameters reduce over DP only and the others over DP x EP; use parallel::ExpertDataParallel");
-    return reduction_comm(mesh);
+    static_assert(MeshT::template has_axis<DP>,
+                  "weft::parallel::DataParallelOf<T, S>(mesh, model): the mesh has no DP axis to reduce the "
+                  "gradients over; add one (weft::Mesh<weft::DP, ...>, extent 1 for a single replica)");
+    validate_strategy<S>(mesh);
+    if constexpr (S::template has<CP>) return mesh.template axes<DP, CP>();
+    else return mesh.template axis<DP>();
   }
 };
 

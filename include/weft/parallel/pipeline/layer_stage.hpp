@@ -20,6 +20,7 @@
 #include <weft/nn/layer.hpp>
 #include <weft/nn/parameter.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
+#include <weft/parallel/strategy.hpp>
 #include <weft/parallel/pipeline/slots.hpp>
 
 namespace weft::pipeline {
@@ -30,8 +31,9 @@ namespace weft::pipeline {
 template <nn::LayeredModel Model>
 class LayerStage {
  public:
-  /// The user's model (what DataParallelOf's strategy check reads: its `policies`).
-  using model_type = Model;
+  /// What the model takes of a strategy's in-layer policies (its own
+  /// `policies`; what DataParallelOf's strategy check reads).
+  static constexpr ModelPolicies policies = model_policies<Model>();
   using T = typename Model::value_type;
   using Space = typename Model::execution_space;
   using Matrix = ops::Matrix<T, Space>;
