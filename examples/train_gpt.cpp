@@ -107,10 +107,14 @@ int run(int argc, char** argv, weft::Environment& env) {
     case Part::data_tensor_bf16: return run_part<Part::data_tensor_bf16>(args);
     case Part::data_tensor_fp16: return run_part<Part::data_tensor_fp16>(args);
     case Part::expert: return run_part<Part::expert>(args);
+#ifndef WEFT_TRAIN_GPT_NO_PIPELINES
     case Part::pipeline_replicated: return run_part<Part::pipeline_replicated>(args);
     case Part::pipeline_zero1: return run_part<Part::pipeline_zero1>(args);
     case Part::pipeline_zero2: return run_part<Part::pipeline_zero2>(args);
     case Part::pipeline_fully_shard: return run_part<Part::pipeline_fully_shard>(args);
+#else
+    default: break;  // pp > 1 was refused before step 0 (check_before_step_zero)
+#endif
   }
   return 2;
 }

@@ -1692,6 +1692,11 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
     train_gpt_checks::check_free_space(outputs);
   }
   if (c.limit > 0) train_gpt_checks::check_memory(shape, c.limit, c.limit_source);
+#ifdef WEFT_TRAIN_GPT_NO_PIPELINES
+  // Last, so that a layout refused for any other reason says that reason.
+  WEFT_REQUIRE(o.pp == 1, ConfigError, "--mesh pp=", o.pp, ": this train_gpt was built without its pipelined strategies "
+               "(configured with -DWEFT_TRAIN_GPT_PIPELINES=OFF); reconfigure weft with WEFT_TRAIN_GPT_PIPELINES=ON, or train with pp=1");
+#endif
   return c;
 }
 
@@ -1781,9 +1786,11 @@ extern template int run_part<Part::data_tensor>(const RunArgs&);
 extern template int run_part<Part::data_tensor_bf16>(const RunArgs&);
 extern template int run_part<Part::data_tensor_fp16>(const RunArgs&);
 extern template int run_part<Part::expert>(const RunArgs&);
+#ifndef WEFT_TRAIN_GPT_NO_PIPELINES
 extern template int run_part<Part::pipeline_replicated>(const RunArgs&);
 extern template int run_part<Part::pipeline_zero1>(const RunArgs&);
 extern template int run_part<Part::pipeline_zero2>(const RunArgs&);
 extern template int run_part<Part::pipeline_fully_shard>(const RunArgs&);
+#endif
 
 }  // namespace train_gpt
