@@ -29,7 +29,7 @@
 #include <weft/comm/comm.hpp>
 #include <weft/nn/attention.hpp>
 #include <weft/nn/config.hpp>
-#include <weft/parallel/dp_mode.hpp>
+#include <weft/vocabulary/dp_mode.hpp>
 #include <weft/plan/json_read.hpp>
 #include <weft/plan/meshes.hpp>
 

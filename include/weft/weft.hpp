@@ -30,7 +30,7 @@
 #include <weft/data/stream.hpp>
 #include <weft/optim/train_step.hpp>
 #include <weft/metrics/metrics.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 #include <weft/precision/loss_scale.hpp>
 #include <weft/precision/convert.hpp>
 #include <weft/parallel/context.hpp>

@@ -1,3 +1,3 @@
 // Misuse: "interleaving" a single chunk per rank.
-#include <weft/parallel/schedule.hpp>
+#include <weft/vocabulary/schedule.hpp>
 void f() { weft::Pipeline<weft::Interleaved1F1B<1>> pipeline(4, 8); }

@@ -1,4 +1,4 @@
 // Misuse: fp16 parameters without a loss scaler.
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 using S = weft::Strategy<weft::On<weft::DP, weft::FullyShard>, weft::Precision<weft::FP16, weft::F32>>;
 S s;

@@ -1,4 +1,4 @@
 // Misuse: the precision given as the policy of a mesh axis.
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 using S = weft::Strategy<weft::On<weft::DP, weft::Precision<weft::BF16, weft::F32>>>;
 S s;

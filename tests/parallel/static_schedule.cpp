@@ -3,7 +3,7 @@
 // formulas are all evaluated by the compiler.
 #include <algorithm>
 
-#include <weft/parallel/schedule.hpp>
+#include <weft/vocabulary/schedule.hpp>
 
 using namespace weft;
 

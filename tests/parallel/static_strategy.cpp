@@ -3,7 +3,7 @@
 #include <type_traits>
 
 #include <weft/mesh/mesh.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 using namespace weft;
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <weft/parallel/context.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 #include "weft_test.hpp"
 

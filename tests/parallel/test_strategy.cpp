@@ -4,7 +4,7 @@
 #include <string>
 
 #include <weft/mesh/mesh.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 #include "weft_test.hpp"
 

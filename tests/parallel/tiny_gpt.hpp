@@ -16,7 +16,7 @@
 #include <weft/nn/gpt.hpp>
 #include <weft/optim/optim.hpp>
 #include <weft/optim/train_step.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 namespace weft::test {
 

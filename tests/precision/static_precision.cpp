@@ -4,7 +4,7 @@
 #include <type_traits>
 
 #include <weft/mesh/mesh.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 #include <weft/precision/policy.hpp>
 
 using namespace weft;

@@ -51,7 +51,7 @@ struct GPTConfig {
   double attention_budget = 1073741824.0;
   std::uint64_t seed = 1234;   ///< --seed: initialisation (with parameter names and global indices)
   /// Context parallelism: seq is this rank's share, 1 / seq_shards, of every
-  /// sequence (the balanced layout of parallel/context_policy.hpp). Set by
+  /// sequence (the balanced layout of vocabulary/context_policy.hpp). Set by
   /// the model through local_sequence, never by a user: 1 is whole sequences.
   std::size_t seq_shards = 1;
 

@@ -24,7 +24,7 @@
 #include <weft/nn/embedding.hpp>
 #include <weft/nn/sequence_attention.hpp>
 #include <weft/ops/cross_entropy.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 namespace weft::nn {
 

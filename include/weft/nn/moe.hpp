@@ -24,7 +24,7 @@
 #include <weft/comm/node_local.hpp>
 #include <weft/nn/linear.hpp>
 #include <weft/nn/mlp.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 namespace weft::nn {
 

@@ -2,7 +2,7 @@
 // weft::Context<Ring>, Context<AllGather> and Context<AllToAll>.
 //
 // Every rank holds its tokens in the causally balanced layout of
-// parallel/context_policy.hpp (chunks r and 2·cp−1−r of 2·cp) as rank-3
+// vocabulary/context_policy.hpp (chunks r and 2·cp−1−r of 2·cp) as rank-3
 // views [heads, T / cp, head_dim] with a contiguous last dimension, the
 // layout ops::flash_attention_* take. The blockwise kernel of
 // ops/flash_attention.hpp is the local kernel of every variant:
@@ -31,7 +31,7 @@
 #include <weft/nn/sequence_attention.hpp>
 #include <weft/core/error.hpp>
 #include <weft/ops/flash_attention.hpp>
-#include <weft/parallel/context_policy.hpp>
+#include <weft/vocabulary/context_policy.hpp>
 
 namespace weft::context {
 

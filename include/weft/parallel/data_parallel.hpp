@@ -1,5 +1,5 @@
 // Data parallelism over the DP axis of a mesh, typed by its policy (a
-// weft::DPStates, see parallel/strategy.hpp): Replicated (DDP: bucketed
+// weft::DPStates, see vocabulary/strategy.hpp): Replicated (DDP: bucketed
 // gradient all-reduce started during backward) and the sharded ZeRO<1>,
 // ZeRO<2> and FullyShard. Works on parameter groups of any model whose layers
 // hold weft::nn::Parameter objects and call nn::GroupHooks.
@@ -20,8 +20,8 @@
 #include <weft/core/error.hpp>
 #include <weft/metrics/memory.hpp>
 #include <weft/nn/parameter.hpp>
-#include <weft/parallel/dp_mode.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/dp_mode.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 namespace weft::detail {
 // DataParallel's kernels. They depend on the element type and the space, not

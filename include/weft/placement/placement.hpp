@@ -104,7 +104,7 @@ inline constexpr bool is_partial_v = detail::placement_kind<P>::partial;
 template <class P>
 concept Placement = is_shard_v<P> || is_replicate_v<P> || is_partial_v<P>;
 
-/// A strategy policy or option (weft/parallel/strategy.hpp): a type that
+/// A strategy policy or option (weft/vocabulary/strategy.hpp): a type that
 /// names the axis it belongs on (`policy_axis`) or the policy it is an
 /// option of (`policy_option_of`). On<Axis, P> takes one inside a weft::Strategy.
 template <class P>

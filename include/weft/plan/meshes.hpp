@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include <weft/parallel/context_policy.hpp>
+#include <weft/vocabulary/context_policy.hpp>
 #include <weft/plan/memory.hpp>
 
 namespace weft::plan {

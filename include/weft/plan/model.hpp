@@ -7,7 +7,7 @@
 #include <string>
 
 #include <weft/core/error.hpp>
-#include <weft/parallel/dp_mode.hpp>
+#include <weft/vocabulary/dp_mode.hpp>
 #include <weft/plan/pipeline.hpp>
 
 namespace weft::plan {

@@ -19,11 +19,11 @@
 #include <weft/core/error.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
 #include <weft/parallel/pipeline/send_cap.hpp>
-#include <weft/parallel/schedule.hpp>
+#include <weft/vocabulary/schedule.hpp>
 
 namespace weft::plan {
 
-/// A pipeline schedule (weft/parallel/schedule.hpp): GPipe, 1F1B, interleaved
+/// A pipeline schedule (weft/vocabulary/schedule.hpp): GPipe, 1F1B, interleaved
 /// 1F1B with `chunks` virtual stages per rank, or zero-bubble ZB-H1.
 enum class Schedule { gpipe, one_f_one_b, interleaved, zero_bubble };
 

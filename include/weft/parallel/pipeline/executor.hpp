@@ -25,7 +25,7 @@
 #include <weft/parallel/train_step.hpp>
 #include <weft/parallel/pipeline/send_cap.hpp>
 #include <weft/parallel/pipeline/stage.hpp>
-#include <weft/parallel/schedule.hpp>
+#include <weft/vocabulary/schedule.hpp>
 
 namespace weft::pipeline {
 

@@ -20,7 +20,7 @@
 #include <weft/nn/layer.hpp>
 #include <weft/nn/parameter.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 #include <weft/parallel/pipeline/slots.hpp>
 
 namespace weft::pipeline {

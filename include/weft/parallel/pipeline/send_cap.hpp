@@ -38,7 +38,7 @@
 #include <vector>
 
 #include <weft/core/error.hpp>
-#include <weft/parallel/schedule.hpp>
+#include <weft/vocabulary/schedule.hpp>
 
 namespace weft::pipeline {
 

@@ -35,7 +35,7 @@
 #include <weft/ops/cross_entropy.hpp>
 #include <weft/parallel/pipeline/partition.hpp>
 #include <weft/parallel/pipeline/slots.hpp>
-#include <weft/parallel/strategy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 namespace weft::pipeline {
 
