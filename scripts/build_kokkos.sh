@@ -2,17 +2,20 @@
 # Builds Kokkos and Kokkos Kernels from source trees you give (clones of the
 # public kokkos/kokkos and kokkos/kokkos-kernels repositories at the same
 # release, e.g. 4.6.01) and installs both into one prefix, for weft's
-# Kokkos >= 4 builds and the CI variants WEFT_CI_KOKKOS_OPENMP / WEFT_CI_KOKKOS_CUDA.
+# Kokkos >= 4 builds and the CI variants WEFT_CI_KOKKOS_OPENMP / WEFT_CI_KOKKOS_CUDA /
+# WEFT_CI_KOKKOS_HIP.
 #
 #   scripts/build_kokkos.sh --kokkos SRC --kernels SRC --prefix DIR openmp
 #   scripts/build_kokkos.sh --kokkos SRC --kernels SRC --prefix DIR cuda [--arch HOPPER90]
+#   scripts/build_kokkos.sh --kokkos SRC --kernels SRC --prefix DIR hip [--arch AMD_GFX90A] [--cxx clang++-16]
 #
 # Options: --build DIR (the copied sources and build trees; default
 # <prefix>-build), --jobs N (default: the core count), --cxx CXX (host
-# compiler; default g++), --no-eti (no explicit instantiations in Kokkos
-# Kernels: programs instantiate what they call from its headers; 4 source
-# files instead of 88 for cuda, which makes a CUDA Kernels build minutes
-# instead of hours on a small machine; docs/build.md). The source trees
+# compiler; default g++; for hip: hipcc), --no-eti (no explicit
+# instantiations in Kokkos Kernels: programs instantiate what they call
+# from its headers; 4 source files instead of 88 for cuda, which makes a
+# CUDA or HIP Kernels build minutes instead of hours on a small machine;
+# docs/build.md). The source trees
 # are never modified: each is copied (without .git) into the build
 # directory, and the copy is patched.
 #
@@ -28,12 +31,33 @@
 #         the copied nvcc_wrapper's default architecture (a hard-coded
 #         default_arch in 4.6) to the one given, so the installed wrapper
 #         compiles for it with no -arch flag.
-# Both: shared libraries, Kokkos Kernels' BLAS and batched components with
+# hip:    Serial + HIP for the Kokkos_ARCH_<ARCH> given (AMD_GFX90A: MI200),
+#         compiled by hipcc (ROCm >= 5.2, e.g. Debian bookworm's hipcc and
+#         libamdhip64-dev 5.2.3) or, with --cxx, by a clang++ of its own
+#         (Kokkos' Clang HIP build: -xhip). The compiler is also the one of
+#         weft's own HIP builds. rocThrust (Kokkos' default for HIP, used
+#         only by its sort) is turned off: Debian does not package it.
+#         Where the compiler's clang is older than 16 (ROCm < 5.5; Debian's
+#         hipcc runs clang 15), Kokkos and Kokkos Kernels are compiled as
+#         C++17, not C++20: clang 15's device pass crashes (a segmentation
+#         fault) on some libstdc++ 12 templates in C++20 mode
+#         (llvm/llvm-project#62017, fixed in clang 16): <regex>, which three
+#         of Kokkos' sources include, and std::map with some key types,
+#         which weft's headers use, so weft itself needs clang >= 16
+#         (docs/build.md, "HIP (compile only)"). With a clang++ given,
+#         the flags that hipcc would add are given to Kokkos as its
+#         Kokkos_IMPL_AMDGPU_FLAGS, which its CMake package hands on to
+#         every program built against it: --offload-arch, --rocm-path
+#         (\$ROCM_PATH, default /usr as on Debian), the device libraries'
+#         directory (the one holding ocml.bc under it) and -B with the
+#         compiler's own directory, so that it links device code with its
+#         own lld (Debian's /usr/bin/lld can be an older one).
+# All: shared libraries, Kokkos Kernels' BLAS and batched components with
 # the system BLAS as its TPL (as Debian's Kokkos Kernels), Release.
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
-kokkos_src="" kernels_src="" prefix="" build="" backend="" arch="HOPPER90" cxx="${CXX:-g++}"
+kokkos_src="" kernels_src="" prefix="" build="" backend="" arch="" cxx="${CXX:-g++}" cxx_given=0
 jobs="$(nproc 2> /dev/null || echo 2)"
 eti=ON
 while [[ $# -gt 0 ]]; do
@@ -44,15 +68,15 @@ while [[ $# -gt 0 ]]; do
     --build) build="$2"; shift 2 ;;
     --arch) arch="$2"; shift 2 ;;
     --jobs) jobs="$2"; shift 2 ;;
-    --cxx) cxx="$2"; shift 2 ;;
+    --cxx) cxx="$2"; cxx_given=1; shift 2 ;;
     --no-eti) eti=OFF; shift ;;
-    openmp|cuda) backend="$1"; shift ;;
+    openmp|cuda|hip) backend="$1"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "build_kokkos.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
 die() { echo "build_kokkos.sh: $*" >&2; exit 1; }
-[[ -n "$backend" ]] || die "name a backend: openmp or cuda"
+[[ -n "$backend" ]] || die "name a backend: openmp, cuda or hip"
 [[ -n "$prefix" ]] || die "--prefix DIR is required (where Kokkos and Kokkos Kernels are installed)"
 [[ -f "$kokkos_src/CMakeLists.txt" && -d "$kokkos_src/core/src" ]] ||
   die "--kokkos '$kokkos_src' is not a Kokkos source tree (no CMakeLists.txt and core/src); clone github.com/kokkos/kokkos"
@@ -80,12 +104,14 @@ copy_tree "$kernels_src" "$build/kokkos-kernels-src"
 rm -rf "$build/kokkos" "$build/kokkos-kernels"
 
 kokkos_opts=(-DKokkos_ENABLE_SERIAL=ON)
+cxx_std=20
 case "$backend" in
   openmp)
     kokkos_opts+=(-DKokkos_ENABLE_OPENMP=ON)
     compiler="$cxx"
     ;;
   cuda)
+    : "${arch:=HOPPER90}"
     command -v nvcc > /dev/null || die "cuda: nvcc is not on PATH (e.g. export PATH=/usr/local/cuda/bin:\$PATH)"
     sm="${arch//[!0-9]/}"
     [[ -n "$sm" ]] || die "--arch '$arch' names no compute capability (expected a Kokkos architecture such as HOPPER90 or AMPERE80)"
@@ -134,10 +160,35 @@ HDR
       echo "build_kokkos.sh: nvcc ${nvcc_major}: added the CUDA 13 compatibility header to Kokkos_Setup_Cuda.hpp"
     fi
     ;;
+  hip)
+    : "${arch:=AMD_GFX90A}"
+    [[ "$arch" == AMD_GFX* || "$arch" == VEGA* ]] ||
+      die "--arch '$arch' is not an AMD GPU architecture of Kokkos (expected e.g. AMD_GFX90A or AMD_GFX942)"
+    kokkos_opts+=(-DKokkos_ENABLE_HIP=ON "-DKokkos_ARCH_${arch}=ON" -DKokkos_ENABLE_ROCTHRUST=OFF)
+    if [[ "$cxx_given" == 1 ]]; then
+      compiler="$(command -v "$cxx")" || die "hip: --cxx '$cxx' is not on PATH"
+    else
+      compiler="$(command -v hipcc)" || die "hip: hipcc is not on PATH (Debian: apt-get install hipcc libamdhip64-dev)"
+    fi
+    if [[ "$(basename "$compiler")" != hipcc* ]]; then
+      [[ "$arch" == AMD_GFX* ]] || die "hip: with --cxx, name the architecture as AMD_GFX<NNN> (e.g. AMD_GFX90A)"
+      gfx="$(echo "${arch#AMD_}" | tr '[:upper:]' '[:lower:]')"
+      rocm="${ROCM_PATH:-/usr}"
+      devlib="$(find "$rocm/amdgcn" "$rocm/lib" -path '*amdgcn/bitcode/ocml.bc' -print -quit 2> /dev/null || true)"
+      [[ -n "$devlib" ]] || die "hip: no ROCm device libraries (amdgcn/bitcode/ocml.bc) under $rocm (Debian: apt-get install rocm-device-libs)"
+      bindir="$(dirname "$(readlink -f "$compiler")")"
+      kokkos_opts+=("-DKokkos_IMPL_AMDGPU_FLAGS=--offload-arch=${gfx};--rocm-path=${rocm};--rocm-device-lib-path=$(dirname "$devlib");-B${bindir}")
+    fi
+    clang_major="$("$compiler" --version 2> /dev/null | sed -n 's/.*clang version \([0-9]*\)\..*/\1/p' | head -n 1)"
+    if [[ "${clang_major:-0}" -lt 16 ]]; then
+      cxx_std=17
+      echo "build_kokkos.sh: $(basename "$compiler") runs clang ${clang_major:-unknown} (< 16): Kokkos and Kokkos Kernels compiled as C++17 (clang 15 crashes on <regex> in C++20 device code); weft itself needs clang >= 16"
+    fi
+    ;;
 esac
 
 common=(-G "$(command -v ninja > /dev/null && echo Ninja || echo 'Unix Makefiles')" -DCMAKE_BUILD_TYPE=Release
-        -DCMAKE_CXX_COMPILER="$compiler" -DCMAKE_CXX_STANDARD=20 -DBUILD_SHARED_LIBS=ON -DCMAKE_INSTALL_PREFIX="$prefix")
+        -DCMAKE_CXX_COMPILER="$compiler" -DCMAKE_CXX_STANDARD="$cxx_std" -DBUILD_SHARED_LIBS=ON -DCMAKE_INSTALL_PREFIX="$prefix")
 
 echo "build_kokkos.sh: Kokkos ($backend) from $kokkos_src into $prefix"
 t0=$(now)
@@ -160,6 +211,10 @@ cmake --install "$build/kokkos-kernels"
 t2=$(now)
 
 echo "build_kokkos.sh: done: Kokkos $((t1 - t0)) s, Kokkos Kernels $((t2 - t1)) s, total $((t2 - t_start)) s"
-echo "  weft:  cmake -S <weft> -B build -DKokkos_ROOT=$prefix -DKokkosKernels_ROOT=$prefix" \
-     "$([[ $backend == cuda ]] && echo "-DCMAKE_CXX_COMPILER=$prefix/bin/nvcc_wrapper (with NVCC_WRAPPER_DEFAULT_ARCH=$NVCC_WRAPPER_DEFAULT_ARCH)")"
-echo "  CI:    WEFT_CI_KOKKOS_$([[ $backend == cuda ]] && echo CUDA || echo OPENMP)=$prefix scripts/run_tests.sh"
+case "$backend" in
+  cuda) weft_cxx="-DCMAKE_CXX_COMPILER=$prefix/bin/nvcc_wrapper (with NVCC_WRAPPER_DEFAULT_ARCH=$NVCC_WRAPPER_DEFAULT_ARCH)" ;;
+  hip) weft_cxx="-DCMAKE_CXX_COMPILER=$compiler" ;;
+  *) weft_cxx="" ;;
+esac
+echo "  weft:  cmake -S <weft> -B build -DKokkos_ROOT=$prefix -DKokkosKernels_ROOT=$prefix $weft_cxx"
+echo "  CI:    WEFT_CI_KOKKOS_${backend^^}=$prefix scripts/run_tests.sh"
