@@ -215,7 +215,8 @@ class SequenceModel {
   using Batch = ::Batch;
   static constexpr weft::ModelPolicies policies{.context = true};
 
-  SequenceModel(MeshT& mesh, const Sizes& z) : cp_(&mesh.axis<weft::CP>()), z_(z) {
+  template <class M>
+  SequenceModel(M& mesh, const Sizes& z) : cp_(&mesh.template axis<weft::CP>()), z_(z) {
     z_.cp = std::size_t(cp_->size());
     z_.cp_rank = std::size_t(cp_->rank());
   }
@@ -295,6 +296,35 @@ Curve train(weft::Comm& comm, int dp, int cp, bool causal, std::size_t steps) {
   return c;
 }
 
+// The same training at pp = 1 without a PP axis: a mesh of DP x CP, a
+// strategy with no pipeline entry, the whole model in LayerStage(model) and
+// the executor's one-rank form, which owns its communicator.
+template <class Variant>
+Curve train_without_pp_axis(weft::Comm& comm, int dp, int cp, bool causal, std::size_t steps) {
+  using S = weft::Strategy<weft::On<weft::DP, weft::Replicated>, weft::On<weft::CP, weft::Context<Variant>>>;
+  using Mesh2 = weft::Mesh<weft::DP, weft::CP>;
+  const std::size_t batch = 4, microbatches = 2;
+  Mesh2 mesh(comm, dp, cp);
+  Sizes z;
+  z.causal = causal;
+  z.samples = weft::parallel::local_microbatch(batch, std::size_t(dp), microbatches);
+  SequenceModel<Variant> model(mesh, z);
+  weft::pipeline::LayerStage<SequenceModel<Variant>> stage(model);
+  weft::parallel::DataParallelOf<T, S> ddp(mesh, stage);
+  stage.set_hooks(&ddp);
+  weft::optim::AdamW<T, Space> opt(ddp.optimizer_parameters());
+  weft::pipeline::Executor ex(stage, weft::Pipeline<weft::GPipe>(1, int(microbatches)));
+  Curve c;
+  for (std::size_t step = 0; step < steps; ++step) {
+    auto r = weft::pipeline::train_step_with(ex, &ddp, opt, batch, 2e-2, 0.0, [&](std::size_t i, std::size_t first, std::size_t) {
+      fill(stage.batch(i), z, step * batch + first);
+    });
+    c.loss.push_back(r.loss);
+    c.norm.push_back(r.grad_norm);
+  }
+  return c;
+}
+
 double worst(const std::vector<double>& a, const std::vector<double>& b) {
   double w = 0;
   for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, std::abs(a[i] - b[i]) / std::max(std::abs(b[i]), 1e-300));
@@ -334,4 +364,33 @@ TEST_CASE("context parallelism over a user's layers: AllGather follows one proce
 }
 TEST_CASE("context parallelism over a user's layers: AllToAll (heads over cp) follows one process") {
   check_variant<weft::AllToAll>("AllToAll");
+}
+
+TEST_CASE("a user's model at pp = 1 needs no PP axis: LayerStage(model) and the executor's one-rank form") {
+  auto& world = weft::test::world();
+  const int n = world.size();
+  if (n != 2 && n != 4) return;
+  const std::size_t steps = 3;
+  // The same arithmetic as through a PP axis of one rank, so the same bits.
+  const Curve with_axis = train<weft::Ring>(world, n / 2, 2, true, steps);
+  const Curve without = train_without_pp_axis<weft::Ring>(world, n / 2, 2, true, steps);
+  CHECK(without.loss == with_axis.loss);
+  CHECK(without.norm == with_axis.norm);
+  CHECK(without.loss.back() < without.loss.front());
+  // A pipeline of more than one stage needs the PP axis' communicator: refused before any is made.
+  weft::Comm self = world.split(world.rank(), 0, "self");
+  using Mesh2 = weft::Mesh<weft::DP, weft::CP>;
+  Mesh2 mesh(self, 1, 1);
+  Sizes z;
+  z.samples = 2;
+  SequenceModel<weft::Ring> model(mesh, z);
+  weft::pipeline::LayerStage<SequenceModel<weft::Ring>> stage(model);
+  std::string error;
+  try {
+    weft::pipeline::Executor ex(stage, weft::Pipeline<weft::GPipe>(2, 2));
+  } catch (const weft::ConfigError& e) {
+    error = e.what();
+  }
+  CHECK(error.find("pipeline::Executor without a PP communicator runs one pipeline rank, but Pipeline<GPipe> has 2 stages") !=
+        std::string::npos);
 }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <string_view>
@@ -152,10 +153,22 @@ struct ExecutorOptions {
   int send_buffers = -1;
 };
 
+namespace detail {
+/// The communicator an Executor built without one owns (a duplicate of
+/// MPI_COMM_SELF): a base, so that it exists before the reference to it.
+struct OwnedPipelineComm {
+  std::unique_ptr<Comm> own;
+};
+}  // namespace detail
+
 /// Runs one rank's plan of a schedule on a stage, over the PP communicator.
 /// The schedule is a type: Executor ex(stage, pp, Pipeline<OneFOneB>(pp.size(), m)).
+/// At pp = 1 it needs no PP axis: Executor ex(stage, Pipeline<GPipe>(1, m))
+/// runs the m microbatches of a stage that holds the whole model
+/// (LayerStage(model), pipeline::Stage at one rank), accumulating their
+/// gradients, on a communicator of this rank alone that it owns.
 template <PipelineStage StageT, PipelineSchedule Schedule>
-class Executor {
+class Executor : private detail::OwnedPipelineComm {
   static_assert(!Schedule::splits_backward || StageT::splits_backward,
                 "pipeline::Executor: the schedule splits every backward into its input-gradient and weight-gradient "
                 "halves (Pipeline<ZeroBubble>), but the stage's blocks do not split theirs; give the block "
@@ -171,7 +184,28 @@ class Executor {
   /// stage count must be the size of `pp`.
   template <std::size_t P, std::size_t M>
   Executor(StageT& stage, Comm& pp, const Pipeline<Schedule, P, M>& pipeline, ExecutorOptions o = {})
-      : stage_(stage), pp_(pp), m_(pipeline.microbatches()), o_(std::move(o)) {
+      : Executor(stage, nullptr, &pp, pipeline, std::move(o)) {}
+
+  /// One pipeline rank, no PP communicator: `pipeline` must have 1 stage and
+  /// the stage must be built for rank 0 of 1 (ConfigError otherwise, before
+  /// any communicator is made). Everything else is as above.
+  template <std::size_t P, std::size_t M>
+  Executor(StageT& stage, const Pipeline<Schedule, P, M>& pipeline, ExecutorOptions o = {})
+      : Executor(stage, self_comm(pipeline), nullptr, pipeline, std::move(o)) {}
+
+ private:
+  template <std::size_t P, std::size_t M>
+  static std::unique_ptr<Comm> self_comm(const Pipeline<Schedule, P, M>& pipeline) {
+    WEFT_REQUIRE(pipeline.stages() == 1, ConfigError, "pipeline::Executor without a PP communicator runs one pipeline rank, but Pipeline<",
+                 Schedule::name, "> has ", pipeline.stages(), " stages; give the PP axis' communicator (mesh.axis<weft::PP>())");
+    return std::make_unique<Comm>(Comm::duplicate(MPI_COMM_SELF, "pp"));
+  }
+
+  template <std::size_t P, std::size_t M>
+  Executor(StageT& stage, std::unique_ptr<Comm> owned, Comm* given, const Pipeline<Schedule, P, M>& pipeline, ExecutorOptions o)
+      : detail::OwnedPipelineComm{std::move(owned)}, stage_(stage), pp_(given ? *given : *this->own),
+        m_(pipeline.microbatches()), o_(std::move(o)) {
+    Comm& pp = pp_;
     const std::string name = schedule_name<Schedule>();
     WEFT_REQUIRE(pipeline.stages() == pp.size(), ConfigError, "pipeline::Executor: Pipeline<", Schedule::name, "> has ",
                  pipeline.stages(), " stages, but the PP communicator has ", pp.size(), " ranks");
@@ -211,6 +245,7 @@ class Executor {
       next_compute_[k] = is_compute(plan_[k].op) ? k : next_compute_[k + 1];
   }
 
+ public:
   /// This rank's plan.
   const std::vector<PipeAction>& plan() const { return plan_; }
   /// The schedule's command-line name ("1f1b", "interleaved:2", ...).

@@ -102,6 +102,9 @@ class LayerStage {
     collect_root(root);
     root_group_ = root.empty() ? no_group : groups;
   }
+  /// The whole model on this rank, one chunk (pp = 1): with
+  /// Executor(stage, Pipeline<GPipe>(1, m)) it trains without a PP axis.
+  explicit LayerStage(Model& model) : LayerStage(model, equal_partition(model.blocks(), 1), 1, 0) {}
   LayerStage(const LayerStage&) = delete;
   LayerStage& operator=(const LayerStage&) = delete;
 
