@@ -358,7 +358,12 @@ TEST_CASE("enumeration: each rejection names its reason") {
   few.global_batch = 4;
   CHECK(weft::plan::rejection_reasons(few, {.pp = 6}, t).front() == "pp 6 exceeds the 4 microbatches per step");
   ModelSpec gqa = weft::plan::preset("llama2-70b");
-  CHECK(weft::plan::rejection_reasons(gqa, {.tp = 16}, t).size() == 1);  // only "exceeds the node": 16 is a multiple of 8 kv heads
+  // tp above the K/V heads is refused as the runtime refuses it (GPTConfig::validate_tensor_parallel): no replicated K/V.
+  CHECK(weft::plan::rejection_reasons(gqa, {.tp = 16}, t) ==
+        std::vector<std::string>{"tp 16 does not divide kv_heads 8 (each TP rank takes an equal share of the K/V heads; weft does "
+                                 "not replicate them)",
+                                 "tp 16 exceeds the 4 devices of a node"});
+  CHECK(weft::plan::rejection_reasons(gqa, {.tp = 8}, weft::plan::Topology{}).empty());
   CHECK(weft::plan::rejection_reasons(gqa, {.tp = 3}, t).size() >= 3);
   // GPT-2 small on 8 ranks: tp must be 1 (odd vocabulary), pp in {1, 2, 4}; 27 valid layouts.
   std::size_t valid = 0;
@@ -456,6 +461,17 @@ TEST_CASE("serving: one 70B replica in BF16 needs more than one 80 GB device") {
   CHECK(s.front().replicas == 2);  // most replicas that fit: 4 devices each
   for (const auto& c : s)
     if (c.reasons.empty() && c.tp > 1) CHECK(c.tp_us_per_token > 0);
+  // Serving has no pipeline stages: every pp > 1 layout carries that reason and none is usable.
+  std::size_t pipelined = 0;
+  for (const auto& c : s)
+    if (c.pp > 1) {
+      ++pipelined;
+      CHECK(!c.reasons.empty());
+      CHECK(c.reasons.back().find("no pipeline stages in serving") != std::string::npos);
+    } else if (c.tp <= 8) {
+      CHECK(c.reasons.empty());  // tp 1, 2, 4, 8 divide llama2-70b's 64 heads and 8 K/V heads
+    }
+  CHECK(pipelined == 6);  // 8 devices: pp 2, 4, 8 with tp 1; 2, 4 with tp 2; 2 with tp 4
 }
 
 TEST_CASE("input files: a tiny JSON reader whose errors name the field or position") {

@@ -109,7 +109,9 @@ inline std::size_t factorisation_count(std::size_t world) {
 }
 
 /// Why mesh s cannot run model m (empty: it can). TP must divide heads,
-/// kv-heads (or be a multiple of them: replicated K/V), MLP hidden and
+/// kv-heads (weft's attention splits the K/V heads over TP and never
+/// replicates them, so tp above kv_heads is refused as the runtime refuses
+/// it: nn::GPTConfig::validate_tensor_parallel), MLP hidden and
 /// vocabulary, and fit in a node; PP must divide layers and not exceed the
 /// microbatches; CP must split the sequence into 2*cp chunks (load-balanced
 /// causal ring), and a MoE model runs with cp 1; EP must divide experts and dp; dp*micro_batch must divide
@@ -118,7 +120,9 @@ inline std::vector<std::string> rejection_reasons(const ModelSpec& m, const Mesh
   using detail::str;
   std::vector<std::string> r;
   if (m.heads % s.tp) r.push_back("tp " + str(s.tp) + " does not divide heads " + str(m.heads));
-  if (m.kv() % s.tp && s.tp % m.kv()) r.push_back("tp " + str(s.tp) + " and kv_heads " + str(m.kv()) + " do not divide one another");
+  if (m.kv() % s.tp)
+    r.push_back("tp " + str(s.tp) + " does not divide kv_heads " + str(m.kv()) +
+                " (each TP rank takes an equal share of the K/V heads; weft does not replicate them)");
   if (m.hidden() % s.tp) r.push_back("tp " + str(s.tp) + " does not divide the MLP hidden size " + str(m.hidden()));
   if (m.vocab % s.tp) r.push_back("tp " + str(s.tp) + " does not divide vocab " + str(m.vocab));
   if (s.tp > t.gpus_per_node) r.push_back("tp " + str(s.tp) + " exceeds the " + str(t.gpus_per_node) + " devices of a node");
@@ -471,7 +475,10 @@ struct ServeCandidate {
 
 /// Serving layouts for `gpus` devices: every tp (inside a node) and pp with
 /// tp*pp dividing gpus; replicas = gpus / (tp*pp). Fitting ones first, then
-/// most replicas, then least TP communication per token.
+/// most replicas, then least TP communication per token. A layout with
+/// pp > 1 is listed with its reason and never ranked usable: weft's serving
+/// runtime (serve::Engine, serve_gpt) runs tensor parallelism and
+/// independent replicas, no pipeline stages.
 inline std::vector<ServeCandidate> plan_serving(const ModelSpec& m, std::size_t gpus, const Topology& t, const ServeSpec& q) {
   m.validate();
   std::vector<ServeCandidate> out;
@@ -482,6 +489,9 @@ inline std::vector<ServeCandidate> plan_serving(const ModelSpec& m, std::size_t 
       MeshSpec s{.tp = tp, .pp = pp};
       for (auto& r : rejection_reasons(m, s, t))
         if (r.rfind("dp ", 0) != 0 && r.find("microbatches") == std::string::npos) c.reasons.push_back(r);
+      if (pp > 1)
+        c.reasons.push_back("pp " + detail::str(pp) +
+                            ": weft serves with tensor parallelism and replicas only (no pipeline stages in serving)");
       if (c.reasons.empty()) {
         c.memory = inference_memory(m, tp, pp, q, t.headroom_fraction);
         c.fits = c.memory.total() <= t.memory_gb * 1e9;
