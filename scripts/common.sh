@@ -37,6 +37,17 @@ weft_build_dir() { echo "${WEFT_ROOT}/build-ci-$1"; }
 #   kokkos-cuda    that prefix's nvcc_wrapper, RelWithDebInfo, the Kokkos + Kokkos
 #                  Kernels installed in ${WEFT_CI_KOKKOS_CUDA} (... cuda), for
 #                  ${NVCC_WRAPPER_DEFAULT_ARCH:-sm_90}
+#   kokkos-hip     the compiler that prefix's Kokkos was built with (its
+#                  Kokkos_CXX_COMPILER: clang++-16 or hipcc), RelWithDebInfo,
+#                  the Kokkos + Kokkos Kernels with HIP installed in
+#                  ${WEFT_CI_KOKKOS_HIP} (scripts/build_kokkos.sh ... hip);
+#                  without oneDNN (a host library; the variant checks the
+#                  device code) and the precompiled header (CMake's PCH does
+#                  not cover -xhip's two compilations); the CUDA toolkit is
+#                  not looked for (CMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit):
+#                  where it is installed, test_cublas_gemm would otherwise be
+#                  compiled with the HIP headers and CUDA's together, whose
+#                  vector types (uchar1, ...) clash
 # Optimisation and debug information (CMAKE_CXX_FLAGS_RELWITHDEBINFO):
 # - asan: -O1 -g1. -O1 as the sanitizers' documentation advises (clang++
 #   compiles tests/parallel/test_expert_parallel.cpp with ASan+UBSan in 84 s
@@ -48,6 +59,8 @@ weft_build_dir() { echo "${WEFT_ROOT}/build-ci-$1"; }
 #   -O1 -g0 against 42 s at -O1 -g1 and 59 s at -O2 -g1.
 # - kokkos-cuda: -O2 -g1 (clang is a Release build, -O3; neither is in the
 #   default run).
+# - kokkos-hip: -O1 -g0, as gcc: compile only, and every file is compiled
+#   twice (host and gfx90a); the times in docs/build.md were measured so.
 # WEFT_CI_OPT overrides the flags of every variant (e.g. "-O2 -g1").
 # -Werror applies to weft's own targets only (CMAKE_COMPILE_WARNING_AS_ERROR
 # sets their COMPILE_WARNING_AS_ERROR property); Kokkos' headers are system
@@ -81,7 +94,17 @@ weft_configure() {
       export NVCC_WRAPPER_DEFAULT_ARCH="${NVCC_WRAPPER_DEFAULT_ARCH:-sm_90}"
       cxx="$WEFT_CI_KOKKOS_CUDA/bin/nvcc_wrapper"; type=RelWithDebInfo
       extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_CUDA" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_CUDA") ;;
-    *) echo "unknown variant '$variant' (expected gcc, clang, asan, kokkos-openmp or kokkos-cuda)" >&2; return 2 ;;
+    kokkos-hip)
+      [[ -n "${WEFT_CI_KOKKOS_HIP:-}" ]] || { echo "variant kokkos-hip needs WEFT_CI_KOKKOS_HIP=<prefix>" >&2; return 2; }
+      local kconf="$WEFT_CI_KOKKOS_HIP/lib/cmake/Kokkos/KokkosConfigCommon.cmake"
+      grep -qs '^set(Kokkos_DEVICES .*HIP' "$kconf" ||
+        { echo "variant kokkos-hip: $kconf is missing or names no HIP device (not a HIP Kokkos install?)" >&2; return 2; }
+      cxx="$(sed -n 's/^set(Kokkos_CXX_COMPILER "\(.*\)")$/\1/p' "$kconf")"
+      [[ -x "$cxx" ]] || { echo "variant kokkos-hip: the compiler of that Kokkos ('$cxx') is not there" >&2; return 2; }
+      type=RelWithDebInfo; opt="-O1 -g0"
+      extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_HIP" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_HIP"
+             -DWEFT_ENABLE_ONEDNN=OFF -DWEFT_PCH=OFF -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON) ;;
+    *) echo "unknown variant '$variant' (expected gcc, clang, asan, kokkos-openmp, kokkos-cuda or kokkos-hip)" >&2; return 2 ;;
   esac
   local generator=()
   command -v ninja > /dev/null && generator=(-G Ninja)
