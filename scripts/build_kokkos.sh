@@ -15,9 +15,8 @@
 # instantiations in Kokkos Kernels: programs instantiate what they call
 # from its headers; 4 source files instead of 88 for cuda, which makes a
 # CUDA or HIP Kernels build minutes instead of hours on a small machine;
-# docs/build.md). The source trees
-# are never modified: each is copied (without .git) into the build
-# directory, and the copy is patched.
+# docs/build.md). The source trees are never modified: each is copied
+# (without .git) into the build directory, and the copy is patched.
 #
 # openmp: Serial + OpenMP, built with --cxx.
 # cuda:   Serial + CUDA for the Kokkos_ARCH_<ARCH> given (HOPPER90: sm_90),
@@ -48,7 +47,7 @@
 #         the flags that hipcc would add are given to Kokkos as its
 #         Kokkos_IMPL_AMDGPU_FLAGS, which its CMake package hands on to
 #         every program built against it: --offload-arch, --rocm-path
-#         (\$ROCM_PATH, default /usr as on Debian), the device libraries'
+#         ($ROCM_PATH, default /usr as on Debian), the device libraries'
 #         directory (the one holding ocml.bc under it) and -B with the
 #         compiler's own directory, so that it links device code with its
 #         own lld (Debian's /usr/bin/lld can be an older one).
