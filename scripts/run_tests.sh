@@ -54,20 +54,18 @@ scripts/install_deps.sh || exit 1
 read -r -a variants <<< "${WEFT_CI_VARIANTS:-gcc asan kokkos-openmp}"
 summary=()
 if [[ -z "${WEFT_CI_VARIANTS:-}" ]]; then
-  if [[ -n "${WEFT_CI_KOKKOS_CUDA:-}" ]]; then
-    variants+=(kokkos-cuda)
-  else
-    line=$(printf '%-13s skipped (WEFT_CI_KOKKOS_CUDA unset: no CUDA Kokkos to build against; see docs/build.md)' kokkos-cuda)
-    echo "[run_tests] $line"
-    summary+=("$line")
-  fi
-  if [[ -n "${WEFT_CI_KOKKOS_HIP:-}" ]]; then
-    variants+=(kokkos-hip)
-  else
-    line=$(printf '%-13s skipped (WEFT_CI_KOKKOS_HIP unset: no HIP Kokkos to build against; see docs/build.md)' kokkos-hip)
-    echo "[run_tests] $line"
-    summary+=("$line")
-  fi
+  # The GPU variants, compile only: run when their Kokkos is given (WEFT_CI_KOKKOS_CUDA, WEFT_CI_KOKKOS_HIP).
+  for backend in CUDA HIP; do
+    prefix_var="WEFT_CI_KOKKOS_${backend}"
+    v="kokkos-${backend,,}"
+    if [[ -n "${!prefix_var:-}" ]]; then
+      variants+=("$v")
+    else
+      line=$(printf '%-13s skipped (%s unset: no %s Kokkos to build against; see docs/build.md)' "$v" "$prefix_var" "$backend")
+      echo "[run_tests] $line"
+      summary+=("$line")
+    fi
+  done
 fi
 
 asan_env=(

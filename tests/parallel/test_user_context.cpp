@@ -269,22 +269,20 @@ struct Curve {
   std::vector<double> loss, norm;
 };
 
-// Trains the model on `comm` as dp x cp (pp = 1), global batch 4 in 2 microbatches.
-template <class Variant>
-Curve train(weft::Comm& comm, int dp, int cp, bool causal, std::size_t steps) {
-  using S = weft::Strategy<weft::On<weft::DP, weft::Replicated>, weft::On<weft::PP, weft::Pipeline<weft::GPipe>>,
-                           weft::On<weft::CP, weft::Context<Variant>>>;
+// Trains the model on `mesh` (dp x cp, pp = 1) under strategy S, global
+// batch 4 in 2 microbatches; make_executor(stage) builds the executor.
+template <class Variant, class S, class M, class MakeExecutor>
+Curve train_on(M& mesh, int dp, bool causal, std::size_t steps, MakeExecutor&& make_executor) {
   const std::size_t batch = 4, microbatches = 2;
-  MeshT mesh(comm, dp, 1, cp);
   Sizes z;
   z.causal = causal;
   z.samples = weft::parallel::local_microbatch(batch, std::size_t(dp), microbatches);
   SequenceModel<Variant> model(mesh, z);
-  weft::pipeline::LayerStage<SequenceModel<Variant>> stage(model, weft::pipeline::equal_partition(z.blocks, 1), 1, 0);
+  weft::pipeline::LayerStage<SequenceModel<Variant>> stage(model);
   weft::parallel::DataParallelOf<T, S> ddp(mesh, stage);
   stage.set_hooks(&ddp);
   weft::optim::AdamW<T, Space> opt(ddp.optimizer_parameters());
-  weft::pipeline::Executor ex(stage, mesh.axis<weft::PP>(), weft::Pipeline<weft::GPipe>(1, int(microbatches)));
+  auto ex = make_executor(stage, weft::Pipeline<weft::GPipe>(1, int(microbatches)));
   Curve c;
   for (std::size_t step = 0; step < steps; ++step) {
     auto r = weft::pipeline::train_step_with(ex, &ddp, opt, batch, 2e-2, 0.0, [&](std::size_t i, std::size_t first, std::size_t) {
@@ -296,33 +294,26 @@ Curve train(weft::Comm& comm, int dp, int cp, bool causal, std::size_t steps) {
   return c;
 }
 
+// Through a PP axis of one rank: the mesh DP x PP x CP, the strategy's Pipeline entry.
+template <class Variant>
+Curve train(weft::Comm& comm, int dp, int cp, bool causal, std::size_t steps) {
+  using S = weft::Strategy<weft::On<weft::DP, weft::Replicated>, weft::On<weft::PP, weft::Pipeline<weft::GPipe>>,
+                           weft::On<weft::CP, weft::Context<Variant>>>;
+  MeshT mesh(comm, dp, 1, cp);
+  return train_on<Variant, S>(mesh, dp, causal, steps, [&](auto& stage, auto pipeline) {
+    return weft::pipeline::Executor(stage, mesh.axis<weft::PP>(), pipeline);
+  });
+}
+
 // The same training at pp = 1 without a PP axis: a mesh of DP x CP, a
-// strategy with no pipeline entry, the whole model in LayerStage(model) and
-// the executor's one-rank form, which owns its communicator.
+// strategy with no pipeline entry and the executor's one-rank form, which
+// owns its communicator.
 template <class Variant>
 Curve train_without_pp_axis(weft::Comm& comm, int dp, int cp, bool causal, std::size_t steps) {
   using S = weft::Strategy<weft::On<weft::DP, weft::Replicated>, weft::On<weft::CP, weft::Context<Variant>>>;
-  using Mesh2 = weft::Mesh<weft::DP, weft::CP>;
-  const std::size_t batch = 4, microbatches = 2;
-  Mesh2 mesh(comm, dp, cp);
-  Sizes z;
-  z.causal = causal;
-  z.samples = weft::parallel::local_microbatch(batch, std::size_t(dp), microbatches);
-  SequenceModel<Variant> model(mesh, z);
-  weft::pipeline::LayerStage<SequenceModel<Variant>> stage(model);
-  weft::parallel::DataParallelOf<T, S> ddp(mesh, stage);
-  stage.set_hooks(&ddp);
-  weft::optim::AdamW<T, Space> opt(ddp.optimizer_parameters());
-  weft::pipeline::Executor ex(stage, weft::Pipeline<weft::GPipe>(1, int(microbatches)));
-  Curve c;
-  for (std::size_t step = 0; step < steps; ++step) {
-    auto r = weft::pipeline::train_step_with(ex, &ddp, opt, batch, 2e-2, 0.0, [&](std::size_t i, std::size_t first, std::size_t) {
-      fill(stage.batch(i), z, step * batch + first);
-    });
-    c.loss.push_back(r.loss);
-    c.norm.push_back(r.grad_norm);
-  }
-  return c;
+  weft::Mesh<weft::DP, weft::CP> mesh(comm, dp, cp);
+  return train_on<Variant, S>(mesh, dp, causal, steps,
+                              [](auto& stage, auto pipeline) { return weft::pipeline::Executor(stage, pipeline); });
 }
 
 double worst(const std::vector<double>& a, const std::vector<double>& b) {
