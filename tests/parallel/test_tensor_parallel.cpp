@@ -172,6 +172,72 @@ TEST_CASE("placed Linear: column-parallel then row-parallel equals the single-pr
   for (std::size_t j = 0; j < d; ++j) CHECK(std::abs(gb(j) - gb1(j)) <= 1e-5f * (1 + std::abs(gb1(j))));
 }
 
+TEST_CASE("placed Linear: a dropped output's storage is reused by the next step, a held one never") {
+  auto& w = weft::test::world();
+  weft::Mesh<weft::TP> mesh(w, w.size());
+  using Col = weft::nn::Linear<float, weft::On<weft::TP, weft::Shard<0>>>;
+  using Row = weft::nn::Linear<float, weft::On<weft::TP, weft::Shard<1>>>;
+  const std::size_t n = 4, d = 8, f = 16;
+  Col up(mesh, d, f, {.name = "up", .seed = 5, .init_std = 0.5});
+  Row down(mesh, f, d, {.name = "down", .seed = 5, .init_std = 0.5});
+  auto input = [&](float phase) {
+    weft::DistView<float, 2> x(mesh, n, d);
+    auto hx = Kokkos::create_mirror_view(x.local());
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < d; ++j) hx(i, j) = std::sin(phase + float(i * d + j));
+    Kokkos::deep_copy(x.local(), hx);
+    return x;
+  };
+  // A copy (a host mirror of a host view would be the view itself, and hold it).
+  auto host = [](const auto& v) {
+    Kokkos::View<float**, Kokkos::HostSpace> c("copy", v.local().extent(0), v.local().extent(1));
+    Kokkos::deep_copy(c, v.local());
+    return c;
+  };
+  const auto xa = input(0.f), xb = input(1.f);
+
+  // Two outputs held at once (two microbatches in flight): two blocks, and
+  // the second forward leaves the first one's values alone.
+  auto ha = up.forward(xa);
+  const auto ha_values = host(ha);
+  auto hb = up.forward(xb);
+  CHECK(ha.local().data() != hb.local().data());
+  const auto ha_after = host(ha), hb_values = host(hb);
+  for (std::size_t i = 0; i < ha_values.extent(0); ++i)
+    for (std::size_t j = 0; j < ha_values.extent(1); ++j) CHECK(ha_after(i, j) == ha_values(i, j));
+  CHECK(up.output_storage().allocations() == 2);
+
+  // Both dropped: the next forward takes one of their blocks, overwritten
+  // whole (the values of a fresh computation of the same input).
+  const float* a_block = ha.local().data();
+  const float* b_block = hb.local().data();
+  ha = {};
+  hb = {};
+  auto again = up.forward(xb);
+  CHECK((again.local().data() == a_block || again.local().data() == b_block));
+  CHECK(up.output_storage().allocations() == 2);
+  CHECK(up.output_storage().reuses() == 1);
+  const auto again_values = host(again);
+  for (std::size_t i = 0; i < hb_values.extent(0); ++i)
+    for (std::size_t j = 0; j < hb_values.extent(1); ++j) CHECK(again_values(i, j) == hb_values(i, j));
+  again = {};
+
+  // A training loop that drops each step's tensors allocates each result once.
+  const std::size_t down_before = down.output_storage().allocations();
+  for (int step = 0; step < 5; ++step) {
+    auto h = up.forward(xa);
+    auto y = weft::redistribute<weft::Replicate>(down.forward(h), weft::TP{});
+    auto dh = down.backward(h, y);
+    auto dx = weft::redistribute<weft::Replicate>(up.backward(xa, dh), weft::TP{});
+    CHECK(dx.local().extent(1) == d);
+  }
+  CHECK(up.output_storage().allocations() == 2);
+  CHECK(down.output_storage().allocations() - down_before == 1);
+  CHECK(down.input_gradient_storage().allocations() == 1);
+  CHECK(up.input_gradient_storage().allocations() == 1);
+  CHECK(up.input_gradient_storage().reuses() == 4);
+}
+
 TEST_CASE("the GPT split over TP follows the single-process loss curve and gradient norm (fp32, 20 steps, 1e-5)") {
   auto& w = weft::test::world();
   for (const GPTConfig& c : {gpt2_tiny(), llama_tiny()}) {

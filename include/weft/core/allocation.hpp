@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <weft/core/error.hpp>
 
@@ -65,6 +66,84 @@ V allocate_view(const std::string& label, Extents... extents) {
     throw detail::allocation_error(label, bytes, V::memory_space::name(), e.what());
   }
 }
+
+/// Output storage that a layer hands out again once nobody else holds it.
+///
+/// take(label, e0, e1, ...) returns a view of type V with those extents. It
+/// is one the pool made earlier when one of them has the same extents and
+/// is held by the pool alone (V::use_count() == 1: every DistView, copy or
+/// subview a caller kept of it has gone); otherwise it is a new view,
+/// allocated without initialisation (the caller overwrites every element)
+/// through allocate's AllocationError. A new view is kept for later calls
+/// while the pool holds fewer than `capacity`, or in place of a kept view of
+/// other extents that nobody holds; past that it is not kept, so a caller
+/// that holds many outputs at once (a pipeline's microbatches in flight)
+/// gets fresh storage for each and nothing is overwritten that is still in
+/// use. A reused view keeps the values of its last use: take() is for
+/// outputs that the caller overwrites completely. An unmanaged view or raw
+/// pointer made from a returned view does not count as holding it.
+/// Not thread-safe: one pool per layer, called from one thread.
+template <class V>
+class ViewRecycler {
+ public:
+  /// How many views a pool keeps unless told otherwise.
+  static constexpr std::size_t default_capacity = 4;
+
+  /// A pool that keeps at most `capacity` views (0: it keeps none, and every
+  /// take() allocates).
+  explicit ViewRecycler(std::size_t capacity = default_capacity) : capacity_(capacity) {}
+
+  /// A view of the given extents: a kept one that nobody holds, or a new one
+  /// (see the class comment).
+  template <class... E>
+  V take(const std::string& label, E... extents) {
+    static_assert(sizeof...(E) == V::rank, "weft::ViewRecycler::take: give one extent per dimension of the view");
+    const std::size_t want[] = {std::size_t(extents)...};
+    auto same_shape = [&](const V& v) {
+      for (std::size_t d = 0; d < sizeof...(E); ++d)
+        if (v.extent(d) != want[d]) return false;
+      return true;
+    };
+    for (const V& v : kept_)
+      if (v.use_count() == 1 && same_shape(v)) {
+        ++reused_;
+        return v;
+      }
+    V fresh;
+    try {
+      fresh = V(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), extents...);
+    } catch (const std::exception& e) {
+      const std::size_t bytes = (std::size_t(1) * ... * std::size_t(extents)) * sizeof(typename V::value_type);
+      throw detail::allocation_error(label, bytes, V::memory_space::name(), e.what());
+    }
+    ++allocated_;
+    if (kept_.size() < capacity_) {
+      kept_.push_back(fresh);
+    } else {
+      for (V& v : kept_)
+        if (v.use_count() == 1) {  // another shape nobody holds: make room
+          v = fresh;
+          break;
+        }
+    }
+    return fresh;
+  }
+
+  /// Views the pool keeps now.
+  std::size_t kept() const noexcept { return kept_.size(); }
+  /// take() calls that allocated, since construction.
+  std::size_t allocations() const noexcept { return allocated_; }
+  /// take() calls that returned a kept view, since construction.
+  std::size_t reuses() const noexcept { return reused_; }
+  /// Drops the pool's hold on every kept view (memory a caller still holds
+  /// stays with the caller).
+  void clear() noexcept { kept_.clear(); }
+
+ private:
+  std::size_t capacity_;
+  std::vector<V> kept_;
+  std::size_t allocated_ = 0, reused_ = 0;
+};
 
 namespace detail {
 // The text between `key` (found at or after `from`) and the next '"' in w,

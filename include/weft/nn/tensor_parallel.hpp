@@ -11,10 +11,13 @@
 // got, the one it needs and the redistribute that fixes it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
+#include <weft/core/allocation.hpp>
+#include <weft/core/error.hpp>
 #include <weft/nn/linear.hpp>
 #include <weft/placement/dist_view.hpp>
 #include <weft/placement/propagation.hpp>
@@ -79,7 +82,7 @@ class Linear<T, On<Axis, P>> {
     } else {
       using W = BasicDistView<T, dextents<2>, typename X::memory_space, On<Axis, weight_placement>>;
       using Y = matmul_result_t<X, W>;
-      Y y(weft::detail::internal_tag{}, x.axis_table(), {x.global_extent(0), out_}, local_name() + ".out");
+      Y y = make_result<Y>(outputs_, x, {x.global_extent(0), out_}, local_.out(), local_name() + ".out");
       local_.forward(x.local(), y.local());
       // A split row-parallel layer leaves the bias out of its partial sum (one
       // TP rank of 1 is the whole layer, which has added it already).
@@ -107,7 +110,7 @@ class Linear<T, On<Axis, P>> {
       return x;  // not reached: a static_assert above has failed
     } else {
       using DX = redistributed_t<X, Axis, std::conditional_t<column, Partial<Sum>, Shard<1>>>;
-      DX dx(weft::detail::internal_tag{}, x.axis_table(), {x.global_extent(0), in_}, local_name() + ".dx");
+      DX dx = make_result<DX>(input_grads_, x, {x.global_extent(0), in_}, x.local().extent(1), local_name() + ".dx");
       local_.backward(x.local(), dy.local(), dx.local(), false);
       return dx;
     }
@@ -119,6 +122,20 @@ class Linear<T, On<Axis, P>> {
   /// until the work runs). Null: backward computes everything.
   void defer_weight_gradients(DeferredWork* work) { ctx_->deferred_weight_grads = work; }
 
+  /// Host-side storage of the layer's results. forward() and backward() take
+  /// their outputs' local blocks from these pools (see weft::ViewRecycler):
+  /// an output whose every copy the caller has dropped is overwritten by the
+  /// next call with the same extents instead of being allocated again, so a
+  /// training loop allocates a layer's output and input gradient once, not
+  /// once per step; one still held (an activation kept for backward, a
+  /// pipeline's microbatch in flight) is never reused. Results in a memory
+  /// space other than Space's are allocated on every call.
+  using result_view = Kokkos::View<T**, Kokkos::LayoutRight, typename Space::memory_space>;
+  /// The pool of forward()'s outputs.
+  const ViewRecycler<result_view>& output_storage() const { return outputs_; }
+  /// The pool of backward()'s input gradients.
+  const ViewRecycler<result_view>& input_gradient_storage() const { return input_grads_; }
+
   /// This rank's part of the layer (its parameters, the raw-view forward).
   Linear<T, Space>& local() { return local_; }
   /// Global input features.
@@ -128,6 +145,24 @@ class Linear<T, On<Axis, P>> {
 
  private:
   std::string local_name() const { return "weft::nn::Linear"; }
+
+  // A result R laid out on x's mesh axes with the given global extents, its
+  // local block [x's local rows, cols] from `pool` when R's block is a
+  // result_view, else freshly allocated.
+  template <class R, class X>
+  static R make_result(ViewRecycler<result_view>& pool, const X& x, const std::array<std::size_t, 2>& global,
+                       std::size_t cols, const std::string& label) {
+    if constexpr (std::is_same_v<typename R::view_type, result_view>) {
+      R r(weft::detail::internal_tag{}, x.axis_table(), global, pool.take(label, x.local().extent(0), cols));
+      WEFT_REQUIRE(r.local().extent(0) == r.local_extent(0) && r.local().extent(1) == r.local_extent(1),
+                   ShapeError, "weft::nn::Linear: the result block is ", r.local().extent(0), " x ",
+                   r.local().extent(1), " but its placements give this rank ", r.local_extent(0), " x ",
+                   r.local_extent(1));
+      return r;
+    } else {
+      return R(weft::detail::internal_tag{}, x.axis_table(), global, label);
+    }
+  }
 
   // The layer's compile-time contract on its input: its placement over Axis
   // (check_input), and over every other axis it names no split of the input
@@ -189,6 +224,8 @@ class Linear<T, On<Axis, P>> {
   ContextPtr ctx_;
   std::size_t in_, out_;
   Linear<T, Space> local_;
+  mutable ViewRecycler<result_view> outputs_;  // forward() is const; the pool is storage, not state
+  ViewRecycler<result_view> input_grads_;
 };
 
 }  // namespace weft::nn
