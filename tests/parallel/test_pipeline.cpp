@@ -44,14 +44,14 @@ struct PipeRun {
 };
 
 // Trains on a pipeline of the PP communicator (and DP with Policy, when given) with schedule Sched.
-template <class Sched, class Policy>
+template <class Sched, class Policy, class StageStrategy = weft::SingleProcess>
 PipeRun run_pipeline_with(weft::Comm& pp, weft::Comm* dpc, std::size_t microbatches, std::size_t steps,
                           weft::pipeline::ExecutorOptions eo) {
   const std::size_t ndp = dpc ? std::size_t(dpc->size()) : 1;
   const std::size_t mb = weft::parallel::local_microbatch(kGlobalBatch, ndp, microbatches);
   const auto cfg = tiny(mb);
   const auto part = weft::pipeline::equal_partition(cfg.layers, std::size_t(pp.size() * Sched::chunks));
-  weft::pipeline::Stage<float> stage(cfg, part, pp.size(), pp.rank(), Sched::chunks);
+  weft::pipeline::Stage<float, StageStrategy> stage(cfg, part, pp.size(), pp.rank(), Sched::chunks);
   std::unique_ptr<weft::parallel::DataParallel<float, Policy>> dp;
   if (dpc) {
     weft::parallel::DPOptions o;
@@ -129,6 +129,49 @@ TEST_CASE("pipeline: every schedule on pp = world follows the single-process los
     // receive posted ahead of the compute that needs it.
     CHECK(r.peak_slots <= std::size_t(r.promised_peak) + 1);
   }
+}
+
+TEST_CASE("pipeline: bf16 products (Precision<BF16>) on pp = world follow the one-process bf16 curve") {
+  auto& w = weft::test::world();
+  using BF16Pipe = weft::Strategy<weft::On<weft::PP, weft::Pipeline<weft::OneFOneB>>, weft::Precision<weft::BF16>>;
+  using BF16One = weft::Strategy<weft::Precision<weft::BF16>>;
+  static_assert(std::is_same_v<weft::pipeline::Stage<float, BF16Pipe>,
+                               weft::pipeline::GPTStage<float, Space, weft::NoPolicy, weft::Precision<weft::BF16>>>);
+  const std::size_t m = std::size_t(std::max(4, w.size()));
+  // The reference: the one-process bf16 model on the same microbatches. (Not
+  // the whole batch as one microbatch: a weight gradient summed over other
+  // microbatches differs in its last fp32 bits, which moves a few weights
+  // across a bf16 rounding boundary from step 2 on; the curves then drift
+  // apart by up to 4e-5 in 20 steps, more than fp32 and bf16 differ on this
+  // tiny model.)
+  std::vector<double> ref;
+  {
+    const auto cfg = tiny(kGlobalBatch / m);
+    weft::nn::GPT<float, BF16One> gpt(cfg);
+    weft::optim::AdamW<float, Space> opt(gpt.parameters());
+    auto data = successor_stream();
+    Kokkos::View<int*> ids("ids", cfg.tokens()), tg("tg", cfg.tokens());
+    for (std::size_t s = 0; s < kSteps; ++s)
+      ref.push_back(weft::optim::train_step(gpt, opt, data, s, m, ids, tg, kLr, kClip).loss);
+  }
+  const auto bf16 = run_pipeline_with<weft::OneFOneB, weft::Replicated, BF16Pipe>(w, nullptr, m, kSteps, {});
+  // The bug this guards against: a stage that computes in fp32 whatever the
+  // strategy says (as the stage did before it read the precision).
+  const auto fp32 = run_pipeline_with<weft::OneFOneB, weft::Replicated>(w, nullptr, m, 3, {});
+  // The bound: measured, the stage's curve equals the reference bit for bit
+  // over the 20 steps at 1, 2 and 4 ranks (the same products on the same
+  // operands, summed in the same order); 1e-6 leaves room for a backend whose
+  // kernels sum in another order. The fp32 stage is 3e-5 off within 3 steps
+  // (3.4e-6 at step 0 on this tiny model), 30 times the bound.
+  const double tolerance = 1e-6;
+  double worst = 0, gap = 0;
+  for (std::size_t i = 0; i < kSteps; ++i) worst = std::max(worst, rel(bf16.loss[i], ref[i]));
+  for (std::size_t i = 0; i < 3; ++i) gap = std::max(gap, rel(fp32.loss[i], ref[i]));
+  CAPTURE(worst);
+  CAPTURE(gap);
+  CHECK(worst <= tolerance);
+  CHECK(gap > 10 * tolerance);
+  CHECK(bf16.loss.back() < bf16.loss.front());
 }
 
 TEST_CASE("pipeline: the cap of in-flight gradient sends: waiting in place follows the curve; a cap that can deadlock is refused") {

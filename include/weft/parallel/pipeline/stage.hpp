@@ -42,12 +42,30 @@ namespace weft::pipeline {
 /// The chunks of one pipeline rank of a GPT and the activations of its
 /// in-flight microbatches. LayerPolicy is the strategy's layer_policy_t:
 /// NoPolicy (layers not split), TensorParallel<> or
-/// TensorParallel<SequenceParallel>. Users name it through pipeline::Stage<T, S>.
-template <class T, class Space, class LayerPolicy>
+/// TensorParallel<SequenceParallel>. Prec is the strategy's weft::Precision:
+/// Precision<> computes in fp32; Precision<BF16> runs the weight products
+/// with bf16 operands and fp32 accumulation, as nn::GPT<T, S> does (the
+/// parameters, gradients, optimizer state and the activations the stages
+/// exchange stay fp32). Users name it through pipeline::Stage<T, S>.
+template <class T, class Space, class LayerPolicy, class Prec = Precision<>>
 class GPTStage {
   static_assert(std::is_same_v<LayerPolicy, NoPolicy> || weft::detail::is_tp_policy<LayerPolicy>::value,
                 "pipeline::GPTStage<T, Space, LayerPolicy>: LayerPolicy must be weft::layer_policy_t<Strategy> "
                 "(NoPolicy or TensorParallel<...>); write pipeline::Stage<T, Strategy>");
+  static_assert(is_precision_v<Prec>,
+                "pipeline::GPTStage<T, Space, LayerPolicy, Prec>: Prec must be a weft::Precision<...> (the "
+                "strategy's); write pipeline::Stage<T, Strategy>");
+  static_assert(!Prec::mixed || std::is_same_v<T, float>,
+                "pipeline::GPTStage: a mixed weft::Precision (bf16 products) needs T = float -- the fp32 master "
+                "parameters the products are rounded from");
+  static_assert(!Prec::loss_scaled,
+                "weft::pipeline::Stage<T, S>: fp16 products (weft::Precision<FP16, F32, DynamicLossScale>) need "
+                "loss scaling, which the pipeline's train_step does not do yet; use weft::Precision<weft::BF16> "
+                "(no loss scaling needed) in a pipelined strategy, or train fp16 with pp = 1 (nn::GPT<T, S>)");
+  static_assert(!Prec::mixed || std::is_same_v<typename Prec::reduce, F32>,
+                "weft::pipeline::Stage<T, S>: a 2-byte gradient reduction (weft::Precision<BF16, BF16>) is not "
+                "implemented yet -- gradients are reduced in fp32; use weft::Precision<weft::BF16> (= "
+                "Precision<BF16, F32>)");
 
  public:
   using Param = nn::Parameter<T, Space>;
@@ -142,7 +160,7 @@ class GPTStage {
       : global_(cfg), cp_(std::move(cp)), cfg_(checked(cfg, tp, cp_)),
         ctx_(std::make_shared<nn::LayerContext>(
             nn::LayerContext{nullptr, tp, nn::ContextSplit{cp_.size() > 1 ? cp_.comm : nullptr}, nullptr, experts,
-                        nn::ProductPrecision::f32, nullptr})),
+                        nn::product_precision_v<Prec>, nullptr})),
         ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
     WEFT_REQUIRE(cfg.experts > 0 || !experts.global(), ConfigError,
                  "pipeline::Stage: a routing split was given for a model without mixture-of-experts blocks");
@@ -529,6 +547,8 @@ class GPTStage {
     for (const auto& k : chunks_)
       for (const auto& b : k.blocks) context_buffers = std::max(context_buffers, b.context_buffer_bytes());
     if (context_buffers) m.add(C::buffers, "pipeline.context_attention_buffers", context_buffers);
+    // bf16 products (a mixed Precision): their operands' staging, once a product has grown it.
+    if (ctx_->staging) m.add(C::buffers, "product staging", ctx_->staging->bytes());
     m.add(C::buffers, "pipeline.backward_workspace",
           ws_->bytes() + nn::detail::bytes_of(g_[0]) * 2 + nn::detail::bytes_of(dhf_) + nn::detail::bytes_of(dhf_full_));
     if (send_.count()) m.add(C::buffers, "pipeline.send_buffers", send_.count() * rows_ * cfg_.d_model * sizeof(T));
@@ -679,23 +699,12 @@ class GPTStage {
   ops::Tokens<Space> local_ids_, local_targets_;  // context parallelism: this rank's tokens of them
 };
 
-namespace detail {
-// The layer policy of S's stage, refusing what the stage would ignore.
-template <class S>
-struct stage_layer_policy {
-  static_assert(!precision_of_t<S>::mixed,
-                "weft::pipeline::Stage<T, S>: the pipelined GPT computes its products in fp32 only; a "
-                "weft::Precision<BF16> or <FP16, ...> entry in a pipelined strategy is not implemented yet -- drop the "
-                "Precision entry, or train with pp = 1 (nn::GPT<T, S> takes it)");
-  using type = layer_policy_t<S>;
-};
-}  // namespace detail
-
-/// The GPT stage a strategy S gives: its layers split as S's TP policy says
-/// (the DP mode and the schedule do not change the stage's type). A mixed
-/// weft::Precision in S does not compile (the stage computes in fp32).
+/// The GPT stage a strategy S gives: its layers split as S's TP policy says,
+/// its products in S's weft::Precision (the DP mode and the schedule do not
+/// change the stage's type). Precision<BF16> runs bf16 products; an fp16
+/// Precision does not compile (see GPTStage).
 template <class T, StrategyType S = SingleProcess, class Space = Kokkos::DefaultExecutionSpace>
-using Stage = GPTStage<T, Space, typename detail::stage_layer_policy<S>::type>;
+using Stage = GPTStage<T, Space, layer_policy_t<S>, precision_of_t<S>>;
 
 /// Measures what --stages auto partitions by: for each unit (embedding,
 /// blocks, head) the seconds of its forward and backward on one microbatch of
