@@ -316,6 +316,25 @@ Curve train_without_pp_axis(weft::Comm& comm, int dp, int cp, bool causal, std::
                               [](auto& stage, auto pipeline) { return weft::pipeline::Executor(stage, pipeline); });
 }
 
+// The same two trainings with the executor that the strategy gives
+// (pipeline::executor_of<S>): through the PP axis of one rank, and without one.
+template <class S, class Mesh>
+auto executor_from_strategy(Mesh& mesh) {
+  return [&mesh](auto& stage, auto pipeline) { return weft::pipeline::executor_of<S>(stage, mesh, pipeline.microbatches()); };
+}
+template <class Variant>
+Curve train_from_strategy(weft::Comm& comm, int dp, int cp, bool with_pp_axis, std::size_t steps) {
+  if (with_pp_axis) {
+    using S = weft::Strategy<weft::On<weft::DP, weft::Replicated>, weft::On<weft::PP, weft::Pipeline<weft::GPipe>>,
+                             weft::On<weft::CP, weft::Context<Variant>>>;
+    MeshT mesh(comm, dp, 1, cp);
+    return train_on<Variant, S>(mesh, dp, true, steps, executor_from_strategy<S>(mesh));
+  }
+  using S = weft::Strategy<weft::On<weft::DP, weft::Replicated>, weft::On<weft::CP, weft::Context<Variant>>>;
+  weft::Mesh<weft::DP, weft::CP> mesh(comm, dp, cp);
+  return train_on<Variant, S>(mesh, dp, true, steps, executor_from_strategy<S>(mesh));
+}
+
 double worst(const std::vector<double>& a, const std::vector<double>& b) {
   double w = 0;
   for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, std::abs(a[i] - b[i]) / std::max(std::abs(b[i]), 1e-300));
@@ -368,6 +387,12 @@ TEST_CASE("a user's model at pp = 1 needs no PP axis: LayerStage(model) and the 
   CHECK(without.loss == with_axis.loss);
   CHECK(without.norm == with_axis.norm);
   CHECK(without.loss.back() < without.loss.front());
+  // The executor the strategy gives, on either mesh: the same bits.
+  const Curve strategy_axis = train_from_strategy<weft::Ring>(world, n / 2, 2, true, steps);
+  const Curve strategy_no_axis = train_from_strategy<weft::Ring>(world, n / 2, 2, false, steps);
+  CHECK(strategy_axis.loss == with_axis.loss);
+  CHECK(strategy_no_axis.loss == with_axis.loss);
+  CHECK(strategy_no_axis.norm == with_axis.norm);
   // A pipeline of more than one stage needs the PP axis' communicator: refused before any is made.
   weft::Comm self = world.split(world.rank(), 0, "self");
   using Mesh2 = weft::Mesh<weft::DP, weft::CP>;
@@ -384,4 +409,22 @@ TEST_CASE("a user's model at pp = 1 needs no PP axis: LayerStage(model) and the 
   }
   CHECK(error.find("pipeline::Executor without a PP communicator runs one pipeline rank, but Pipeline<GPipe> has 2 stages") !=
         std::string::npos);
+  // executor_of checks the strategy against the mesh's extents before it
+  // builds anything: a CP axis of 2 under a strategy without a CP policy
+  // would otherwise train each CP rank on its own sequences.
+  if (n >= 2) {
+    weft::Mesh<weft::DP, weft::CP> wide(world, n / 2, 2);
+    SequenceModel<weft::Ring> m2(wide, z);
+    weft::pipeline::LayerStage<SequenceModel<weft::Ring>> st2(m2);
+    using NoCP = weft::Strategy<weft::On<weft::DP, weft::Replicated>>;
+    error.clear();
+    try {
+      auto ex = weft::pipeline::executor_of<NoCP>(st2, wide, 2);
+      (void)ex;
+    } catch (const weft::ConfigError& e) {
+      error = e.what();
+    }
+    CAPTURE(error);
+    CHECK(error.find("the mesh's cp axis has extent 2 but the strategy gives it no policy") != std::string::npos);
+  }
 }

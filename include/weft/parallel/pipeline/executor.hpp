@@ -27,6 +27,7 @@
 #include <weft/parallel/pipeline/send_cap.hpp>
 #include <weft/parallel/pipeline/stage.hpp>
 #include <weft/vocabulary/schedule.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 namespace weft::pipeline {
 
@@ -530,6 +531,33 @@ class Executor : private detail::OwnedPipelineComm {
 /// Deduces Executor<StageT, Schedule> from a Pipeline<Schedule>.
 template <class StageT, class Schedule, std::size_t P, std::size_t M>
 Executor(StageT&, Comm&, const Pipeline<Schedule, P, M>&, ExecutorOptions = {}) -> Executor<StageT, Schedule>;
+
+/// The executor a strategy S gives a stage on `mesh`: S's schedule (the
+/// Pipeline<Schedule> of its PP entry) over mesh.axis<weft::PP>(), running
+/// `microbatches` microbatches per step. A strategy without a PP entry runs
+/// one pipeline rank (GPipe over the stage's m microbatches, the
+/// executor's one-rank form that owns its communicator), so the same code
+/// serves pp = 1 without a PP axis. Checks, before anything is built: at
+/// compile time weft::check_strategy_mesh<S, MeshT> (every policy's axis in
+/// the mesh; the static extents' rules), and at run time
+/// weft::validate_strategy<S>(mesh) (an axis S gives no policy must have
+/// extent 1, interleaving needs pp >= 2, experts divide by ep, ...), then the
+/// Executor's own checks (the stage's rank and chunks against the schedule).
+///
+///   auto ex = weft::pipeline::executor_of<S>(stage, mesh, 4);
+template <StrategyType S, PipelineStage StageT, class MeshT>
+auto executor_of(StageT& stage, MeshT& mesh, int microbatches, ExecutorOptions o = {}) {
+  static_assert(check_strategy_mesh<S, MeshT>());
+  validate_strategy<S>(mesh);
+  if constexpr (S::pipelined) {
+    using PipelineT = typename S::template policy<PP>;
+    using Ex = Executor<StageT, typename PipelineT::schedule_type>;
+    return Ex(stage, mesh.template axis<PP>(), PipelineT(mesh.template extent<PP>(), microbatches), std::move(o));
+  } else {
+    using Ex = Executor<StageT, GPipe>;
+    return Ex(stage, Pipeline<GPipe>(1, microbatches), std::move(o));
+  }
+}
 
 /// One optimizer step of a pipeline over any stage (optionally composed with
 /// data parallelism over `dp`, whose hooks the stage must call): every DP
