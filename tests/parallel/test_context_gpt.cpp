@@ -137,7 +137,8 @@ TEST_CASE("context parallelism beside tensor parallelism with sequence paralleli
     nn::GPT<double> single(c);
     const Result ref = run(single, c);
     Mesh<CP, TP> mesh(w, 2, 2);
-    nn::GPT<double, SP> split(mesh, c, context::attention_of<SP::context_parallel, double>(mesh.axis<CP>()));
+    // The context parallelism the strategy gives on this mesh (checked against it).
+    nn::GPT<double, SP> split(mesh, c, context::attention_of<SP, double>(mesh));
     Result r = run(split, c);
     CHECK(test::rel(r.loss, ref.loss) < 1e-12);
     // The gradients of TP-sharded parameters are compared shard by shard: gather them is the
@@ -182,4 +183,10 @@ TEST_CASE("a sequence that does not split into 2·cp chunks, and AllToAll heads 
         [&] { nn::GPT<double> m(mesh, h, context::attention_of<Context<AllToAll>, double>(mesh.axis<CP>())); });
     CHECK(m2.find("cp sizes that work: 1, 2") != std::string::npos);
   }
+  // The context parallelism a strategy gives is checked against the mesh's
+  // extents before anything is built: sequence parallelism at tp = 1.
+  using SP = Strategy<On<CP, Context<Ring>>, On<TP, TensorParallel<SequenceParallel>>>;
+  Mesh<CP, TP> flat(w, int(cp), 1);
+  const std::string m3 = test::error_text<ConfigError>([&] { (void)context::attention_of<SP, double>(flat); });
+  CHECK(m3.find("sequence parallelism shards the tokens over the TP ranks") != std::string::npos);
 }

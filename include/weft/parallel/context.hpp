@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include <weft/core/error.hpp>
 #include <weft/ops/flash_attention.hpp>
 #include <weft/vocabulary/context_policy.hpp>
+#include <weft/vocabulary/strategy.hpp>
 
 namespace weft::context {
 
@@ -672,6 +674,33 @@ nn::ContextParallel<T, Space> attention_of(Comm& cp) {
         std::make_unique<detail::SequenceAttentionOf<V, T, Space>>(cp, heads, kv_heads, seq, head_dim));
   };
   return out;
+}
+
+/// The context parallelism that a strategy S gives a model on `mesh`: S's CP
+/// policy (S::context_parallel) over mesh.axis<weft::CP>(), as
+/// attention_of<S::context_parallel, T, Space>(mesh.axis<CP>()) gives it,
+/// after the checks of the strategy against the mesh: at compile time
+/// weft::check_strategy_mesh<S, MeshT> (every policy's axis is in the mesh)
+/// and that S has a Context<...> entry; at run time
+/// weft::validate_strategy<S>(mesh) (an axis S gives no policy must have
+/// extent 1; sequence parallelism needs tp > 1; ...), ConfigError before
+/// anything is built.
+///
+///   weft::nn::GPT<float, S> gpt(mesh, cfg, weft::context::attention_of<S, float>(mesh));
+template <StrategyType S, class T, class Space = Kokkos::DefaultExecutionSpace, class MeshT>
+  requires(!std::is_base_of_v<Comm, MeshT>)
+nn::ContextParallel<T, Space> attention_of(MeshT& mesh) {
+  static_assert(check_strategy_mesh<S, MeshT>());
+  static_assert(S::template has<CP>,
+                "weft::context::attention_of<S, T>(mesh): the strategy S has no Context<...> policy on the CP axis, so "
+                "there is no context parallelism to give the model; add On<CP, Context<Ring>> (or AllGather, "
+                "AllToAll) to S, or build the model without a ContextParallel");
+  if constexpr (S::template has<CP>) {
+    validate_strategy<S>(mesh);
+    return attention_of<typename S::context_parallel, T, Space>(mesh.template axis<CP>());
+  } else {
+    return {};
+  }
 }
 
 }  // namespace weft::context
