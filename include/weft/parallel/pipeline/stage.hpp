@@ -144,8 +144,14 @@ class GPTStage {
  private:
   template <class MeshT>
   static Comm* tp_of(MeshT& mesh) {
-    if constexpr (tensor_parallel_v) return &mesh.template axis<TP>();
-    else return nullptr;
+    // The strategy's TP policy against the mesh type, as nn::GPT checks it
+    // (a TP axis in the mesh; sequence parallelism on a static extent of 1).
+    if constexpr (tensor_parallel_v) {
+      static_assert(check_strategy_mesh<Strategy<On<TP, LayerPolicy>>, MeshT>());
+      return &mesh.template axis<TP>();
+    } else {
+      return nullptr;
+    }
   }
   static Comm* tp_checked(Comm* c) {
     WEFT_REQUIRE(tensor_parallel_v || c == nullptr, ConfigError,
