@@ -1,8 +1,14 @@
-// A pipelined strategy with fp16 products: they need loss scaling, which the
-// pipeline's train_step does not do, so the stage type refuses the entry
-// instead of training without it (bf16 products compile: test_pipeline).
-#include <weft/parallel/pipeline/stage.hpp>
+// A pipeline whose stage computes fp16 products, stepped without a loss
+// scaler: the step refuses to compile instead of training fp16 unscaled.
+#include <weft/parallel/pipeline/executor.hpp>
 
 using S = weft::Strategy<weft::On<weft::PP, weft::Pipeline<weft::OneFOneB>>,
                          weft::Precision<weft::FP16, weft::F32, weft::DynamicLossScale>>;
-std::size_t n = sizeof(weft::pipeline::Stage<float, S>);
+using StageT = weft::pipeline::Stage<float, S>;
+
+weft::optim::StepResult step(weft::pipeline::Executor<StageT, weft::OneFOneB>& ex,
+                             weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace>& opt,
+                             const weft::data::TokenStream& data) {
+  return weft::pipeline::train_step(ex, static_cast<weft::parallel::DataParallel<float, weft::Replicated>*>(nullptr),
+                                    opt, data, 0, 8, 1e-3, 1.0);
+}

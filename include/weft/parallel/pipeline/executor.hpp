@@ -559,18 +559,18 @@ auto executor_of(StageT& stage, MeshT& mesh, int microbatches, ExecutorOptions o
   }
 }
 
-/// One optimizer step of a pipeline over any stage (optionally composed with
-/// data parallelism over `dp`, whose hooks the stage must call): every DP
-/// rank takes its slice of each microbatch of the global batch of
-/// `global_batch` samples (parallel::microbatch_first_sample),
-/// `fill(i, first, n)` loads microbatch i -- samples [first, first + n) of
-/// the global batch -- into the stage, the plan runs its microbatches,
-/// gradients are reduced over DP after the flush, clipped by the global norm
-/// (over every stage, shard and TP rank) and applied. Returns the global
-/// mean loss (identical on every rank) and the gradient norm before clipping.
+namespace detail {
+// Whether a stage's precision policy scales its loss (weft::Precision<FP16, F32, DynamicLossScale>).
+template <class StageT>
+constexpr bool loss_scaled_stage() {
+  if constexpr (requires { StageT::precision::loss_scaled; }) return StageT::precision::loss_scaled;
+  else return false;
+}
+
+// train_step_with's body; scaler is null without loss scaling.
 template <class Ex, class DP, class Optimizer, class Fill>
-optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_batch, double lr, double clip,
-                                  Fill&& fill) {
+optim::StepResult train_step(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_batch, double lr, double clip,
+                             DynamicLossScaler* scaler, Fill&& fill) {
   auto& stage = ex.stage();
   const std::size_t m = std::size_t(ex.microbatches());
   // Under context parallelism DataParallel runs over DP x CP (CP inner, as
@@ -600,7 +600,9 @@ optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t gl
     for (auto* p : stage.parameters())
       if (p->grad.extent(0)) Kokkos::deep_copy(p->grad, 0);
   }
-  const double local = ex.run(1.0 / double(global_batch * stage.loss_terms_per_sample()));
+  optim::StepResult r;
+  if (scaler) r.loss_scale = scaler->scale();
+  const double local = ex.run(r.loss_scale / double(global_batch * stage.loss_terms_per_sample()));
   if (dp) dp->finish_gradients();
   // The global gradient norm: stages hold disjoint parameters; sharded DP
   // modes hold disjoint pieces, replicate holds copies; TP-sharded
@@ -622,15 +624,22 @@ optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t gl
     local_sq = sums[0] + sums[1];
   }
   const double sq = ex.sum_over_pipeline(local_sq);
-  optim::StepResult r;
-  r.grad_norm = std::sqrt(sq);
-  if (clip > 0 && r.grad_norm > clip) {
+  auto scale_grads = [&](double f) {
     for (auto* p : params) {
       using V = typename std::remove_reference_t<decltype(p->grad)>::non_const_value_type;
-      weft::detail::dp_scale(p->grad, V(clip / (r.grad_norm + 1e-6)));
+      weft::detail::dp_scale(p->grad, V(f));
     }
+  };
+  if (!scaler) {
+    r.grad_norm = std::sqrt(sq);
+    if (clip > 0 && r.grad_norm > clip) scale_grads(clip / (r.grad_norm + 1e-6));
+    opt.step(lr);
+  } else {
+    // The norm is summed over every stage, DP and TP rank, so an overflow on
+    // one rank skips the step on all of them.
+    r.skipped = optim::unscale_and_clip(*scaler, std::sqrt(sq), clip, r.grad_norm, scale_grads);
+    if (!r.skipped) opt.step(lr);
   }
-  opt.step(lr);
   if (dp) dp->sync_parameters();
   double loss = ex.sum_over_pipeline(local / double(m));
   if (dp && dp->comm().size() > 1) {
@@ -641,6 +650,47 @@ optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t gl
   return r;
 }
 
+
+}  // namespace detail
+
+/// One optimizer step of a pipeline over any stage (optionally composed with
+/// data parallelism over `dp`, whose hooks the stage must call): every DP
+/// rank takes its slice of each microbatch of the global batch of
+/// `global_batch` samples (parallel::microbatch_first_sample),
+/// `fill(i, first, n)` loads microbatch i -- samples [first, first + n) of
+/// the global batch -- into the stage, the plan runs its microbatches,
+/// gradients are reduced over DP after the flush, clipped by the global norm
+/// (over every stage, shard and TP rank) and applied. Returns the global
+/// mean loss (identical on every rank) and the gradient norm before clipping.
+/// A stage whose precision scales its loss (fp16) does not compile here: it
+/// takes the overload with a scaler.
+template <class Ex, class DP, class Optimizer, class Fill>
+optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_batch, double lr, double clip,
+                                  Fill&& fill) {
+  static_assert(!detail::loss_scaled_stage<typename Ex::stage_type>(),
+                "weft::pipeline::train_step: the stage's weft::Precision<FP16, F32, DynamicLossScale> scales its loss; "
+                "pass the weft::DynamicLossScaler that holds the scale: train_step(..., lr, clip, scaler)");
+  return detail::train_step(ex, dp, opt, global_batch, lr, clip, nullptr, std::forward<Fill>(fill));
+}
+
+/// The same step with dynamic loss scaling, for a stage whose precision
+/// scales its loss (fp16): the loss gradient of every microbatch is
+/// multiplied by scaler.scale(), and once the gradients are complete an
+/// overflow (a non-finite norm, summed over every stage, DP and TP rank, so
+/// that every rank decides alike) skips the update on every rank and backs
+/// the scale off, while a clean step unscales the gradients (and clips the
+/// unscaled norm) before the optimizer's step (optim::unscale_and_clip). The
+/// result says whether the step was skipped and at which scale it ran.
+template <class Ex, class DP, class Optimizer, class Fill>
+optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_batch, double lr, double clip,
+                                  DynamicLossScaler& scaler, Fill&& fill) {
+  static_assert(detail::loss_scaled_stage<typename Ex::stage_type>(),
+                "weft::pipeline::train_step: a weft::DynamicLossScaler was given, but the stage's precision does not "
+                "scale its loss (fp32 and bf16 need none); drop the scaler, or use weft::Precision<weft::FP16, "
+                "weft::F32, weft::DynamicLossScale>");
+  return detail::train_step(ex, dp, opt, global_batch, lr, clip, &scaler, std::forward<Fill>(fill));
+}
+
 /// One optimizer step of a GPT pipeline on step `step` of `data`: the global
 /// batch of `global_batch` sequences, each DP rank its slice (the same
 /// sequences as the single-process run). See train_step_with.
@@ -649,6 +699,16 @@ optim::StepResult train_step(Ex& ex, DP* dp, Optimizer& opt, const data::TokenSt
                              std::size_t global_batch, double lr, double clip) {
   auto& stage = ex.stage();
   return train_step_with(ex, dp, opt, global_batch, lr, clip, [&](std::size_t i, std::size_t first, std::size_t n) {
+    data.fill(step, global_batch, first, n, stage.ids(i), stage.targets(i));
+  });
+}
+
+/// The same with dynamic loss scaling (an fp16 stage; see train_step_with).
+template <class Ex, class DP, class Optimizer>
+optim::StepResult train_step(Ex& ex, DP* dp, Optimizer& opt, const data::TokenStream& data, std::uint64_t step,
+                             std::size_t global_batch, double lr, double clip, DynamicLossScaler& scaler) {
+  auto& stage = ex.stage();
+  return train_step_with(ex, dp, opt, global_batch, lr, clip, scaler, [&](std::size_t i, std::size_t first, std::size_t n) {
     data.fill(step, global_batch, first, n, stage.ids(i), stage.targets(i));
   });
 }

@@ -46,7 +46,9 @@ namespace weft::pipeline {
 /// Precision<> computes in fp32; Precision<BF16> runs the weight products
 /// with bf16 operands and fp32 accumulation, as nn::GPT<T, S> does (the
 /// parameters, gradients, optimizer state and the activations the stages
-/// exchange stay fp32). Users name it through pipeline::Stage<T, S>.
+/// exchange stay fp32); Precision<FP16, F32, DynamicLossScale> runs them on
+/// fp16 operands and trains through pipeline::train_step's overload with a
+/// weft::DynamicLossScaler. Users name it through pipeline::Stage<T, S>.
 template <class T, class Space, class LayerPolicy, class Prec = Precision<>>
 class GPTStage {
   static_assert(std::is_same_v<LayerPolicy, NoPolicy> || weft::detail::is_tp_policy<LayerPolicy>::value,
@@ -58,10 +60,6 @@ class GPTStage {
   static_assert(!Prec::mixed || std::is_same_v<T, float>,
                 "pipeline::GPTStage: a mixed weft::Precision (bf16 products) needs T = float -- the fp32 master "
                 "parameters the products are rounded from");
-  static_assert(!Prec::loss_scaled,
-                "weft::pipeline::Stage<T, S>: fp16 products (weft::Precision<FP16, F32, DynamicLossScale>) need "
-                "loss scaling, which the pipeline's train_step does not do yet; use weft::Precision<weft::BF16> "
-                "(no loss scaling needed) in a pipelined strategy, or train fp16 with pp = 1 (nn::GPT<T, S>)");
   static_assert(!Prec::mixed || std::is_same_v<typename Prec::reduce, F32>,
                 "weft::pipeline::Stage<T, S>: a 2-byte gradient reduction (weft::Precision<BF16, BF16>) is not "
                 "implemented yet -- gradients are reduced in fp32; use weft::Precision<weft::BF16> (= "
@@ -71,6 +69,8 @@ class GPTStage {
   using Param = nn::Parameter<T, Space>;
   using Matrix = ops::Matrix<T, Space>;
   using BlockT = nn::Block<T, Space>;
+  /// The precision policy (the strategy's weft::Precision).
+  using precision = Prec;
   /// Whether the layers are split over TP, and the residual stream's tokens too.
   static constexpr bool tensor_parallel_v = !std::is_same_v<LayerPolicy, NoPolicy>;
   /// The GPT's blocks split their backward (zero-bubble schedules run on it).
@@ -707,8 +707,7 @@ class GPTStage {
 
 /// The GPT stage a strategy S gives: its layers split as S's TP policy says,
 /// its products in S's weft::Precision (the DP mode and the schedule do not
-/// change the stage's type). Precision<BF16> runs bf16 products; an fp16
-/// Precision does not compile (see GPTStage).
+/// change the stage's type): fp32, bf16, or fp16 with loss scaling (see GPTStage).
 template <class T, StrategyType S = SingleProcess, class Space = Kokkos::DefaultExecutionSpace>
 using Stage = GPTStage<T, Space, layer_policy_t<S>, precision_of_t<S>>;
 
