@@ -560,13 +560,6 @@ auto executor_of(StageT& stage, MeshT& mesh, int microbatches, ExecutorOptions o
 }
 
 namespace detail {
-// Whether a stage's precision policy scales its loss (weft::Precision<FP16, F32, DynamicLossScale>).
-template <class StageT>
-constexpr bool loss_scaled_stage() {
-  if constexpr (requires { StageT::precision::loss_scaled; }) return StageT::precision::loss_scaled;
-  else return false;
-}
-
 // train_step_with's body; scaler is null without loss scaling.
 template <class Ex, class DP, class Optimizer, class Fill>
 optim::StepResult train_step(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_batch, double lr, double clip,
@@ -650,7 +643,6 @@ optim::StepResult train_step(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_
   return r;
 }
 
-
 }  // namespace detail
 
 /// One optimizer step of a pipeline over any stage (optionally composed with
@@ -667,7 +659,7 @@ optim::StepResult train_step(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_
 template <class Ex, class DP, class Optimizer, class Fill>
 optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_batch, double lr, double clip,
                                   Fill&& fill) {
-  static_assert(!detail::loss_scaled_stage<typename Ex::stage_type>(),
+  static_assert(!optim::loss_scaled_model_v<typename Ex::stage_type>,
                 "weft::pipeline::train_step: the stage's weft::Precision<FP16, F32, DynamicLossScale> scales its loss; "
                 "pass the weft::DynamicLossScaler that holds the scale: train_step(..., lr, clip, scaler)");
   return detail::train_step(ex, dp, opt, global_batch, lr, clip, nullptr, std::forward<Fill>(fill));
@@ -684,7 +676,7 @@ optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t gl
 template <class Ex, class DP, class Optimizer, class Fill>
 optim::StepResult train_step_with(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_batch, double lr, double clip,
                                   DynamicLossScaler& scaler, Fill&& fill) {
-  static_assert(detail::loss_scaled_stage<typename Ex::stage_type>(),
+  static_assert(optim::loss_scaled_model_v<typename Ex::stage_type>,
                 "weft::pipeline::train_step: a weft::DynamicLossScaler was given, but the stage's precision does not "
                 "scale its loss (fp32 and bf16 need none); drop the scaler, or use weft::Precision<weft::FP16, "
                 "weft::F32, weft::DynamicLossScale>");
