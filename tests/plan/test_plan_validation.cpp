@@ -118,8 +118,10 @@ StageMeasured measure_stage(const weft::metrics::MemoryLedger& led, const weft::
   r.optimizer = double(opt.bytes(C::optimizer_state));
   // zb's pooled copies of output gradients are activations; the slots'
   // message buffers are communication.
+  // Under recompute: the one saved set the blocks share.
   r.activations = double(label_bytes(led, "pipeline.slots") - slots.message_bytes +
-                         label_bytes(led, "pipeline.deferred_output_gradients"));
+                         label_bytes(led, "pipeline.deferred_output_gradients") +
+                         label_bytes(led, "pipeline.blocks.shared"));
   r.workspace = double(label_bytes(led, "pipeline.backward_workspace"));
   r.temporary = r.workspace + double(label_bytes(led, "tensor-parallel buffers"));
   r.send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
@@ -208,10 +210,13 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
   const std::size_t pp = std::size_t(w.size());
   if (pp < 2 || pp > 4) return;  // 8 blocks: interleaved:2 at pp = 8 would have empty virtual stages
   const std::size_t m = 4, mb = 2;  // microbatches per step (a multiple of pp), sequences per microbatch
-  const auto cfg = pipe_gpt(mb);
-  const ModelSpec spec = spec_of(cfg, m);
+  for (bool recompute : {false, true})
   for (std::string name : {"gpipe", "1f1b", "interleaved:2", "zb"}) {
+    CAPTURE(recompute);
     CAPTURE(name);
+    auto cfg = pipe_gpt(mb);
+    cfg.recompute = recompute;
+    const ModelSpec spec = spec_of(cfg, m);
     const auto kind_chunks = weft::plan::parse_schedule_name(name);
     const auto kind = kind_chunks.first;
     const auto chunks = kind_chunks.second;
@@ -233,10 +238,10 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
     // The figures docs/plan.md quotes, one line per rank.
     for (int r = 0; r < w.size(); ++r) {
       if (r == w.rank())
-        std::printf("validation pp=%zu %-13s rank %d slots %zu/%zu parameters %zu/%.0f gradients %zu/%.0f "
+        std::printf("validation pp=%zu %-13s%s rank %d slots %zu/%zu parameters %zu/%.0f gradients %zu/%.0f "
                     "optimizer %zu/%.0f activations %.0f/%.0f temporary %zu/%.0f communication %.0f/%.0f "
                     "p2p-sent %llu/%.0f\n",
-                    pp, name.c_str(), w.rank(), slots.count, [&] {
+                    pp, name.c_str(), recompute ? " recompute" : "", w.rank(), slots.count, [&] {
                       std::size_t n = 0;
                       for (const auto& k : layout) n += k.slots;
                       return n;
@@ -437,12 +442,18 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
   M3 mesh(w, weft::MeshSizes{.dp = 1, .pp = 2, .tp = 2});
   auto& ppc = mesh.axis<weft::PP>();
   const std::size_t m = 4, mb = 2, pp = 2, tp = 2;  // microbatches per step, sequences per microbatch
-  const auto cfg = pipe_gpt(mb);
-  const ModelSpec spec = spec_of(cfg, m);
-  for (bool sp : {false, true})
+  // With recompute too (sequence-parallel stages, the schedules with and
+  // without a split backward).
+  for (int variant = 0; variant < 3; ++variant)
     for (std::string name : {"1f1b", "zb", "gpipe", "interleaved:2"}) {
+      const bool sp = variant >= 1, recompute = variant == 2;
+      if (recompute && name != "1f1b" && name != "zb") continue;
       CAPTURE(sp);
+      CAPTURE(recompute);
       CAPTURE(name);
+      auto cfg = pipe_gpt(mb);
+      cfg.recompute = recompute;
+      const ModelSpec spec = spec_of(cfg, m);
       const auto kind_chunks = weft::plan::parse_schedule_name(name);
       const auto kind = kind_chunks.first;
       const auto chunks = kind_chunks.second;
@@ -460,10 +471,10 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
       const auto v = weft::plan::comm_volume(spec, s, std::size_t(ppc.rank()));
       for (int r = 0; r < w.size(); ++r) {
         if (r == w.rank())
-          std::printf("validation pp=2 tp=2 sp=%d %-13s rank %d (pp rank %d) parameters %zu/%.0f gradients %zu/%.0f "
+          std::printf("validation pp=2 tp=2 sp=%d%s %-13s rank %d (pp rank %d) parameters %zu/%.0f gradients %zu/%.0f "
                       "optimizer %zu/%.0f activations %.0f/%.0f (deferred dy %zu) temporary %.0f/%.0f "
                       "communication %.0f/%.0f (send buffers %.0f) p2p-sent %llu/%.0f\n",
-                      int(sp), name.c_str(), w.rank(), ppc.rank(), led.bytes(C::parameters), b.parameters,
+                      int(sp), recompute ? " recompute" : "", name.c_str(), w.rank(), ppc.rank(), led.bytes(C::parameters), b.parameters,
                       led.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
                       got.activations, b.activations, label_bytes(led, "pipeline.deferred_output_gradients"),
                       got.temporary, b.temporary, got.communication, b.communication, got.send_buffers,

@@ -135,7 +135,8 @@ class Linear {
   /// sum over the TP ranks (the caller reduces it); row-parallel dy is the
   /// whole output gradient, so its bias gradient is complete on every rank.
   /// While the context defers weight gradients, dW's gemm is queued there
-  /// instead (with a copy of dy; x must stay unchanged until the queue runs).
+  /// instead (with a copy of dy; x must stay unchanged until the queue runs,
+  /// or is copied too when the queue copies_inputs()).
   template <class XV, class DYV, class DXV>
   void backward(const XV& x, const DYV& dy, const DXV& dx, bool accumulate_dx = false) {
     backward_product(x, dy, dx, accumulate_dx);
@@ -151,11 +152,18 @@ class Linear {
   void backward_product(const XV& x, const DYV& dy, const DXV& dx, bool accumulate_dx = false) {
     {
       metrics::Profiler::Scope s(ctx_->profiler, "gemm");
-      if (ctx_->deferred_weight_grads) {
-        auto kept = ctx_->deferred_weight_grads->template take<ops::Matrix<T, Space>>(
-            weight_.name() + ".deferred_dy", dy.extent(0), dy.extent(1));
+      if (auto* work = ctx_->deferred_weight_grads) {
+        auto kept = work->template take<ops::Matrix<T, Space>>(weight_.name() + ".deferred_dy", dy.extent(0),
+                                                              dy.extent(1));
         Kokkos::deep_copy(kept, dy);
-        ctx_->deferred_weight_grads->push([this, x, kept] { backward_weight(x, kept); });
+        if (work->copies_inputs()) {  // x is overwritten before the queue runs (a recomputing stage)
+          auto kept_x = work->template take<ops::Matrix<T, Space>>(weight_.name() + ".deferred_x", x.extent(0),
+                                                                  x.extent(1));
+          Kokkos::deep_copy(kept_x, x);
+          work->push([this, kept_x, kept] { backward_weight(kept_x, kept); });
+        } else {
+          work->push([this, x, kept] { backward_weight(x, kept); });
+        }
       } else {
         if constexpr (std::is_same_v<T, float>) {
           // 2-byte products: dy rounded once for both

@@ -220,9 +220,17 @@ struct ExpertSplit {
 /// model's LayerContext points at a DeferredWork, its Linear layers compute only
 /// their input gradient and queue their weight-gradient gemm here, with a copy
 /// of the output gradient; run() does the queued work in order. The inputs the
-/// queued work reads must stay unchanged until then.
+/// queued work reads must stay unchanged until then, unless the queue is told
+/// to keep copies of them (set_copy_inputs): a stage that recomputes its
+/// blocks' forward in backward overwrites those inputs before the queue runs.
 class DeferredWork {
  public:
+  /// With true, each Linear that queues its weight gradient here also copies
+  /// its input x into a buffer of this queue (take), and the queued gemm
+  /// reads the copy. Off by default.
+  void set_copy_inputs(bool on) { copy_inputs_ = on; }
+  /// Whether queued work keeps copies of its inputs (set_copy_inputs).
+  bool copies_inputs() const { return copy_inputs_; }
   /// Queues one piece of work.
   void push(std::function<void()> f) { work_.push_back(std::move(f)); }
   /// Runs every queued piece, oldest first, and forgets them; the buffers
@@ -265,6 +273,7 @@ class DeferredWork {
   std::vector<std::function<void()>> work_;
   std::vector<std::any> in_use_, spare_;
   std::size_t bytes_ = 0;
+  bool copy_inputs_ = false;
 };
 
 /// The element type of the operands of a model's weight products (every

@@ -306,8 +306,8 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   b.optimizer_state = opt_elems * double(m.optimizer_bytes_per_param());
 
   // Activations, per chunk of this rank: each activation slot (one in-flight
-  // microbatch) holds the saved tensors of the chunk's blocks (one set under
-  // recompute), its residual stream (the chunk's input and each block's
+  // microbatch) holds the saved tensors of the chunk's blocks (none under
+  // recompute, where one set serves every block of the rank), its residual stream (the chunk's input and each block's
   // output), and on the head chunk the final norm (output and statistics)
   // and the logits; under sequence parallelism the residuals and norms are on
   // token shards and the head keeps the gathered final-norm output too. A
@@ -330,17 +330,29 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
                    (m.experts ? double(m.experts) : 0.0))
             : 0.0;
   const double deferred_head = split ? n * double(m.vocab) / tp : 0.0;
+  // Under recompute the deferred work also copies each linear layer's input
+  // (the shared set it read is refilled before the weight halves run): QKV's
+  // and the MLP up's (the router's too) [n, D], the attention output's
+  // [n, D / tp], the MLP down's [n, hidden / tp], per routed row; the head's [n, D].
+  const bool copies = split && m.recompute;
+  const double deferred_inputs_block =
+      copies ? n * (D + D / tp + routed * (D + double(m.hidden()) / mlp_tp_split(m, s)) + (m.experts ? D : 0.0)) : 0.0;
+  const double deferred_inputs_head = copies ? n * D : 0.0;
+  bool any_blocks = false;
   for (const ChunkLayout& k : rank_layout(m, s, rank)) {
-    const double blocks = double(k.blocks), sets = m.recompute ? std::min(1.0, blocks) : blocks;
+    any_blocks = any_blocks || k.blocks > 0;
+    const double blocks = double(k.blocks), sets = m.recompute ? 0.0 : blocks;
     // Each block's context-parallel attention keeps its own copies (every
     // block, recompute or not: they are the attention's, not the block's).
     const double slot = sets * block_saved_elements(m, s) + blocks * context_saved_elements(m, s) +
                         (blocks + 1) * n * D / seq_split + (k.head ? head : 0.0) +
-                        blocks * deferred_block + (k.head ? deferred_head : 0.0);
+                        blocks * (deferred_block + deferred_inputs_block) +
+                        (k.head ? deferred_head + deferred_inputs_head : 0.0);
     const double messages = (k.head ? 0.0 : n * D / seq_split) + (k.embedding ? 0.0 : n * D / seq_split);
     b.activations += double(k.slots) * slot * a;
     b.communication += double(k.slots) * messages * a;
   }
+  if (m.recompute && any_blocks) b.activations += block_saved_elements(m, s) * a;  // the shared set
   b.communication += pipeline_send_buffer_bytes(m, s, rank);
   b.temporary += backward_scratch_elements(m, s) * a;
   // Tensor parallelism: the vocabulary-parallel cross-entropy's per-token

@@ -243,11 +243,13 @@ inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t
   const double a = double(m.act_bytes), g = double(m.grad_bytes), nd = n * D * a;
   const bool sp = s.sequence_parallel && s.tp > 1;
   const auto chunks = rank_layout(m, s, rank);
-  // Recompute re-runs the forward of every block but the last one of a
-  // chunk (whose activations are still in the shared set when backward starts).
+  // Recompute re-runs the forward of every block but the last one in one
+  // process (nn::GPT: the last block's activations are still in the shared
+  // set when backward starts); a pipeline stage re-runs every block, since
+  // its shared set holds whichever microbatch ran forward last.
   double recomputed = 0;
   if (m.recompute)
-    for (const auto& k : chunks) recomputed += k.blocks > 0 ? double(k.blocks - 1) : 0.0;
+    for (const auto& k : chunks) recomputed += k.blocks > 0 ? double(k.blocks) - (s.pp > 1 ? 0.0 : 1.0) : 0.0;
   if (s.tp > 1) {
     double blocks = 0;
     bool emb = false, head = false;

@@ -4,7 +4,11 @@
 // model's parameter names, so counter-based initialisation gives every
 // parameter the value it has in the single-process nn::GPT. Activations are
 // kept per in-flight microbatch (a slot), which is what lets a schedule run
-// several microbatches' forwards before their backwards.
+// several microbatches' forwards before their backwards. With
+// GPTConfig::recompute (activation checkpointing) a slot keeps only its
+// residual stream, each block's input; the blocks of every chunk share one
+// set of saved tensors, which backward refills by running each block's
+// forward again from the slot's input, in every schedule.
 //
 // Given a tensor-parallel axis (nn::TensorSplit: the TP communicator of a
 // DP x PP x TP mesh), a stage holds the TP-split layers instead: its blocks'
@@ -96,7 +100,7 @@ class GPTStage {
   /// requests of the messages that read or write them.
   struct Slot {
     std::vector<Matrix> xs;                      ///< residual stream: xs[0] the chunk input, xs.back() its output
-    std::vector<typename BlockT::Saved> saved;   ///< each block's saved tensors
+    std::vector<typename BlockT::Saved> saved;   ///< each block's saved tensors (none under recompute)
     Matrix hf, logits;                           ///< head chunk: final norm output; logits, then their gradient
     Matrix hf_full;                              ///< head chunk, sequence parallelism: the gathered final norm output
     typename nn::Norm<T, Space>::Saved sf;
@@ -170,8 +174,6 @@ class GPTStage {
         ranks_(ranks), rank_(rank), rows_(BlockT::rows(cfg_, tp)) {
     WEFT_REQUIRE(cfg.experts > 0 || !experts.global(), ConfigError,
                  "pipeline::Stage: a routing split was given for a model without mixture-of-experts blocks");
-    WEFT_REQUIRE(!cfg.recompute, ConfigError,
-                 "pipeline::Stage: --recompute is not supported with pipeline parallelism yet; drop it or use pp=1");
     WEFT_REQUIRE(ranks >= 1 && rank >= 0 && rank < ranks && chunks >= 1, ConfigError, "pipeline::Stage: rank ", rank,
                  " of ", ranks, " with ", chunks, " chunks; expected 0 <= rank < ranks and chunks >= 1");
     WEFT_REQUIRE(part.stages() == std::size_t(ranks) * std::size_t(chunks), ConfigError, "pipeline::Stage: the partition has ",
@@ -190,6 +192,11 @@ class GPTStage {
     }
     nn::GPTConfig empty = cfg_;
     empty.batch = 0;  // a block's own Saved only receives each slot's tensors
+    // Recompute (activation checkpointing): a slot keeps only its chunk's
+    // residual stream, and every block of every chunk on this rank writes
+    // its saved tensors into one shared set, which backward refills by
+    // running the block's forward again from its input.
+    if (cfg_.recompute) shared_ = std::make_shared<typename BlockT::Saved>("pipeline.blocks.shared", cfg_, tp);
     const std::size_t L = cfg_.layers;
     std::size_t groups = 0;
     chunks_.resize(std::size_t(chunks));
@@ -205,8 +212,9 @@ class GPTStage {
       const std::size_t end_block = std::min(k.end_unit, L + 1) - 1;
       if (end_block > k.first_block) k.blocks.reserve(end_block - k.first_block);
       for (std::size_t b = k.first_block; b < end_block; ++b) {
-        k.blocks.emplace_back(ctx_, b, cfg_, std::make_shared<typename BlockT::Saved>("pipeline.bound", empty, tp), ws_,
-                              ctx_->cp.active() ? &cp_ : nullptr);
+        k.blocks.emplace_back(ctx_, b, cfg_,
+                              shared_ ? shared_ : std::make_shared<typename BlockT::Saved>("pipeline.bound", empty, tp),
+                              ws_, ctx_->cp.active() ? &cp_ : nullptr);
         k.block_group.push_back(groups++);
       }
       if (k.end_unit == L + 2) {
@@ -438,10 +446,14 @@ class GPTStage {
       // of the mean token loss, as in nn::GPT.
       if (auto* m = k.blocks[i].moe())
         m->set_loss_weight(grad_scale * double(global_.tokens()) * double(ctx_->ep.data_size()));
-      auto& cur = *k.blocks[i].saved();
-      cur = s.saved[i];
-      k.blocks[i].forward(s.xs[i], s.xs[i + 1]);
-      s.saved[i] = cur;
+      if (shared_) {  // recompute: the shared set; backward recomputes it
+        k.blocks[i].forward(s.xs[i], s.xs[i + 1]);
+      } else {
+        auto& cur = *k.blocks[i].saved();
+        cur = s.saved[i];
+        k.blocks[i].forward(s.xs[i], s.xs[i + 1]);
+        s.saved[i] = cur;
+      }
       if (hooks_) hooks_->after_forward(k.block_group[i]);
     }
     double loss = 0;
@@ -475,6 +487,13 @@ class GPTStage {
     } reset{ctx_.get()};
     if (root && hooks_) hooks_->before_backward(root_group_);
     const std::size_t n = k.blocks.size();
+    // Recompute: whatever the shared set holds now belongs to the last
+    // forward this rank ran, which a schedule need not have run for this
+    // microbatch, so every block recomputes its forward from its input.
+    if (shared_) shared_->holder = -1;
+    // A split backward's queued weight gradients read their Linear inputs
+    // after later recomputes have overwritten the shared set: they keep copies.
+    s.deferred.set_copy_inputs(shared_ != nullptr);
     // Where each gradient goes: the last one to be computed lands in the
     // slot's dx unless the embedding consumes it.
     Matrix cur = s.dy;
@@ -498,8 +517,7 @@ class GPTStage {
       Timer t(this, k.first_block + i + 1);
       if (hooks_) hooks_->before_backward(k.block_group[i]);
       Matrix out = next_target(i == 0);
-      auto& saved = *k.blocks[i].saved();
-      saved = s.saved[i];
+      if (!shared_) *k.blocks[i].saved() = s.saved[i];
       k.blocks[i].backward(s.xs[i], cur, out);
       if (hooks_) hooks_->after_backward(k.block_group[i]);
       cur = out;
@@ -544,6 +562,7 @@ class GPTStage {
       deferred += s.deferred.bytes();
     });
     m.add(C::activations, "pipeline.slots", act);
+    if (shared_) m.add(C::activations, "pipeline.blocks.shared", shared_->bytes());
     if (deferred) m.add(C::activations, "pipeline.deferred_output_gradients", deferred);
     std::size_t context = 0;  // context parallelism: what the attention keeps of its own, per slot
     for (const auto& k : chunks_)
@@ -659,7 +678,8 @@ class GPTStage {
     const std::size_t n = k.blocks.size(), tok = rows_, d = cfg_.d_model;
     const nn::TensorSplit& tp = ctx_->tp;
     for (std::size_t i = 0; i <= n; ++i) s->xs.emplace_back("pipeline.residual", tok, d);
-    for (std::size_t i = 0; i < n; ++i) s->saved.emplace_back("pipeline.block", cfg_, tp);
+    if (!shared_)
+      for (std::size_t i = 0; i < n; ++i) s->saved.emplace_back("pipeline.block", cfg_, tp);
     if (k.head) {
       s->hf = Matrix("pipeline.ln_f.out", tok, d);
       s->sf = typename nn::Norm<T, Space>::Saved("pipeline.ln_f", tok);
@@ -690,6 +710,7 @@ class GPTStage {
   std::vector<Chunk> chunks_;
   std::size_t root_group_ = no_group;
   std::shared_ptr<typename BlockT::Workspace> ws_;
+  std::shared_ptr<typename BlockT::Saved> shared_;  // recompute: the saved set every block shares (null: per slot)
   Matrix g_[2], dhf_;
   Matrix dhf_full_;                 // sequence parallelism: the head's partial input gradient [tokens, D]
   ops::Vector<T, Space> ce_max_;    // tensor parallelism: per-token maximum logit
@@ -744,7 +765,9 @@ std::vector<UnitCost> measure_unit_costs(const nn::GPTConfig& cfg, int reps = 3,
   };
   auto& chunk = st.chunks().front();
   const double row = double(cfg.tokens() * cfg.d_model * sizeof(T));
-  const double block_act = double(typename GPTStage<T, Space, NoPolicy>::BlockT::Saved("measure", cfg).bytes()) + row;
+  // Under recompute a slot keeps only the block's input (the shared set is one per rank, not per microbatch).
+  const double block_act =
+      (cfg.recompute ? 0.0 : double(typename GPTStage<T, Space, NoPolicy>::BlockT::Saved("measure", cfg).bytes())) + row;
   const double head_act = 2 * row + double(cfg.tokens() * cfg.vocab * sizeof(T)) + double(2 * cfg.tokens() * sizeof(T));
   out[0].bytes = 4 * param_bytes(*chunk.emb) + in_flight * row;
   for (std::size_t b = 0; b < cfg.layers; ++b) out[b + 1].bytes = 4 * param_bytes(chunk.blocks[b]) + in_flight * block_act;
