@@ -1,4 +1,5 @@
-// Element-wise operations on DistViews (weft/placement/elementwise.hpp): for
+// Element-wise operations on DistViews (weft/placement/elementwise.hpp,
+// mul included): for
 // each operation and each placement combination it accepts, on Mesh<TP> and
 // Mesh<DP, TP>, the result gathered with redistribute<Replicate> equals the
 // operation on the full tensor computed in one process, element by element.
@@ -167,6 +168,31 @@ void check_add(MeshT& mesh, std::size_t rows, std::size_t cols, const std::strin
   }
 }
 
+// a * b: exact for the dyadic values (and their rank multiples) used here.
+template <class LA, class LB, class MeshT>
+void check_mul(MeshT& mesh, std::size_t rows, std::size_t cols, const std::string& where) {
+  using A = Dist<LA>;
+  using B = Dist<LB>;
+  const std::string what = where + " " + A::describe() + " * " + B::describe();
+  A a(mesh, rows, cols);
+  B b(mesh, rows, cols);
+  fill_placed(mesh, a, value_a);
+  fill_placed(mesh, b, value_b);
+  const auto ia = full_of<A>(mesh, rows * cols, value_a), ib = full_of<B>(mesh, rows * cols, value_b);
+  std::vector<T> want(ia.size());
+  for (std::size_t n = 0; n < want.size(); ++n) want[n] = ia[n] * ib[n];
+  auto y = mul(a, b);
+  static_assert(std::is_same_v<decltype(y), elementwise_result_t<Multiplicative, A, B>>);
+  CHECK(wrong(what, differ(y, want, 0)) == wrong(what, 0));
+  decltype(y) into(mesh, rows, cols);
+  mul(a, b, into);
+  CHECK(wrong(what + " into", differ(into, want, 0)) == wrong(what + " into", 0));
+  if constexpr (std::is_same_v<A, decltype(y)>) {
+    mul(a, b, a);
+    CHECK(wrong(what + " in place", differ(a, want, 0)) == wrong(what + " in place", 0));
+  }
+}
+
 template <class LX, class LB, class MeshT>
 void check_bias(MeshT& mesh, std::size_t rows, std::size_t cols, const std::string& where) {
   using X = Dist<LX>;
@@ -210,6 +236,13 @@ TEST_CASE("element-wise operations on a 1-axis mesh equal the single-process res
   check_add<L<On<TP, Partial<Sum>>>, L<On<TP, Partial<Sum>>>>(mesh, rows, cols, where);
   check_add<L<On<TP, Partial<Avg>>>, L<On<TP, Partial<Avg>>>>(mesh, rows, cols, where);
 
+  check_mul<L<>, L<>>(mesh, rows, cols, where);
+  check_mul<L<On<TP, Shard<0>>>, L<On<TP, Shard<0>>>>(mesh, rows, cols, where);
+  check_mul<L<On<TP, Shard<1>>>, L<On<TP, Shard<1>>>>(mesh, rows, cols, where);
+  check_mul<L<On<TP, Partial<Sum>>>, L<On<TP, Replicate>>>(mesh, rows, cols, where);
+  check_mul<L<>, L<On<TP, Partial<Sum>>>>(mesh, rows, cols, where);  // Replicate * Partial: Partial
+  check_mul<L<On<TP, Partial<Avg>>>, L<>>(mesh, rows, cols, where);
+
   check_bias<L<>, L<>>(mesh, rows, cols, where);
   check_bias<L<On<TP, Shard<0>>>, L<>>(mesh, rows, cols, where);
   check_bias<L<On<TP, Shard<0>>>, L<On<TP, Replicate>>>(mesh, rows, cols, where);
@@ -233,6 +266,9 @@ TEST_CASE("element-wise operations on a 2-axis mesh equal the single-process res
   check_add<L<On<TP, Shard<1>>>, L<On<DP, Replicate>, On<TP, Shard<1>>>>(mesh, rows, cols, where);
   check_add<L<On<DP, Shard<0>>, On<TP, Partial<Sum>>>, L<On<DP, Shard<0>>, On<TP, Partial<Sum>>>>(mesh, rows, cols,
                                                                                                    where);
+
+  check_mul<L<On<DP, Shard<0>>, On<TP, Shard<1>>>, L<On<TP, Shard<1>>, On<DP, Shard<0>>>>(mesh, rows, cols, where);
+  check_mul<L<On<DP, Shard<0>>, On<TP, Partial<Sum>>>, L<On<DP, Shard<0>>>>(mesh, rows, cols, where);
 
   check_bias<L<On<DP, Shard<0>>, On<TP, Shard<1>>>, L<On<TP, Shard<0>>>>(mesh, rows, cols, where);
   check_bias<L<On<DP, Shard<1>>, On<TP, Shard<0>>>, L<On<DP, Shard<0>>>>(mesh, rows, cols, where);

@@ -1,5 +1,5 @@
 // Element-wise operations on DistViews -- gelu, relu, silu, scale, add (the
-// residual) and bias_add -- with placements checked at compile time; each runs
+// residual), mul (a gate's product) and bias_add -- with placements checked at compile time; each runs
 // on the view's execution space and returns a DistView of the propagated placement.
 //
 // A combination that would give a wrong result (gelu of partial sums, a bias
@@ -134,6 +134,42 @@ constexpr bool add_accepts() {
   return elementwise_valid<Additive, PA, PB>();
 }
 
+template <class Axis, class PA, class PB>
+constexpr bool mul_accepts() {
+  if constexpr (is_partial_v<PA> && is_partial_v<PB>) {
+    static_assert(never_v<PA>,
+                  "weft::mul: both operands are Partial over one mesh axis (the axis and both placements are in the "
+                  "instantiation note), and the product of two partial sums is not a partial of the product: "
+                  "(a1 + a2)(b1 + b2) is not a1 b1 + a2 b2. Reduce one first: "
+                  "weft::mul(weft::redistribute<weft::Replicate>(a, axis), b) (all-reduce).");
+  } else if constexpr (is_partial_v<PA> || is_partial_v<PB>) {
+    static_assert(!is_shard_v<PA> && !is_shard_v<PB>,
+                  "weft::mul: one operand is Partial and the other Shard<D> over the same mesh axis (named in the "
+                  "instantiation note); a partial whole tensor and a block of final values do not multiply "
+                  "element by element. Reduce-scatter the Partial operand to the same Shard<D> first: "
+                  "weft::redistribute<weft::Shard<D>>(x, axis).");
+    static_assert(is_shard_v<PA> || is_shard_v<PB> || linear_partial<PA>() || linear_partial<PB>(),
+                  "weft::mul: the Partial operand is Partial<Max> or Partial<Min> over a mesh axis (named in the "
+                  "instantiation note); a negative factor turns the maximum of the partial values into the minimum "
+                  "of the products. Reduce it first: weft::redistribute<weft::Replicate>(x, axis) (all-reduce). "
+                  "Partial<Sum> and Partial<Avg> times a Replicate operand stay Partial.");
+  } else if constexpr (is_shard_v<PA> && is_shard_v<PB>) {
+    static_assert(std::is_same_v<PA, PB>,
+                  "weft::mul: the operands are Shard over different dimensions of one mesh axis (the axis and both "
+                  "placements are in the instantiation note), so the ranks hold different blocks of them. "
+                  "Redistribute one to the other's Shard<D>: weft::redistribute<weft::Shard<D>>(b, axis) "
+                  "(all-to-all), or both to Replicate (all-gather).");
+  } else if constexpr (is_shard_v<PA> || is_shard_v<PB>) {
+    static_assert(never_v<PA>,
+                  "weft::mul: one operand is Shard<D> and the other Replicate over the same mesh axis (the axis and "
+                  "both placements are in the instantiation note); element-wise operands must have the same "
+                  "placement. Slice the Replicate operand: weft::redistribute<weft::Shard<D>>(y, axis) (a local "
+                  "slice, no communication), or all-gather the Shard one: weft::redistribute<weft::Replicate>(x, "
+                  "axis).");
+  }
+  return elementwise_valid<Multiplicative, PA, PB>();
+}
+
 template <class Axis, class PX, class PB, std::size_t Rank>
 constexpr bool bias_accepts() {
   if constexpr (is_partial_v<PX>) {
@@ -183,6 +219,12 @@ constexpr bool add_accepts_all(type_list<A...>, type_list<B...>) {
           add_accepts<typename A::axis, typename A::placement, typename DVB::template placement_on<typename A::axis>>()) &&
          (true && ... && add_accepts<typename B::axis, Replicate, typename B::placement>());
 }
+template <class DVA, class DVB, class... A, class... B>
+constexpr bool mul_accepts_all(type_list<A...>, type_list<B...>) {
+  return (true && ... &&
+          mul_accepts<typename A::axis, typename A::placement, typename DVB::template placement_on<typename A::axis>>()) &&
+         (true && ... && mul_accepts<typename B::axis, Replicate, typename B::placement>());
+}
 template <class DVX, class DVB, class... A, class... B>
 constexpr bool bias_accepts_all(type_list<A...>, type_list<B...>) {
   return (true && ... &&
@@ -219,6 +261,16 @@ void scale_flat(T alpha, const Src& src, const Dst& dst) {
   Kokkos::parallel_for("weft::scale",
                        Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(s.size())),
                        KOKKOS_LAMBDA(const std::int64_t i) { d(i) = alpha * s(i); });
+}
+
+// d(i) = a(i) * b(i) over the flat local blocks (d may be a or b).
+template <class Exec, class A, class B, class D>
+void mul_flat(const A& a, const B& b, const D& dst) {
+  auto x = flat(a);
+  auto y = flat(b);
+  auto d = flat(dst);
+  Kokkos::parallel_for("weft::mul", Kokkos::RangePolicy<Exec, Kokkos::IndexType<std::int64_t>>(0, std::int64_t(d.size())),
+                       KOKKOS_LAMBDA(const std::int64_t i) { d(i) = x(i) * y(i); });
 }
 
 // Whether two DistViews were built on the same mesh (the same axis communicators).
@@ -362,6 +414,76 @@ void add(const A& a, const B& b, const Y& y) {
                    b.global_extent(d), " and the result's ", y.global_extent(d),
                    "); element-wise operands must have the same shape");
     ops::add(detail::as_matrix(y.local()), detail::as_matrix(a.local()), detail::as_matrix(b.local()));
+  }
+}
+
+namespace detail {
+// The compile-time rules of weft::mul; true when a * b is allowed.
+template <class DVA, class DVB>
+constexpr bool mul_checked() {
+  static_assert(DVA::rank == DVB::rank,
+                "weft::mul: the operands have different ranks; element-wise operands must have the same shape. "
+                "Reshape one of them, or multiply tensors of the same rank.");
+  static_assert(same_element_and_space<DVA, DVB>(),
+                "weft::mul: the operands have different element types or memory spaces; convert one (deep_copy into "
+                "a DistView of the other's type) first.");
+  if constexpr (DVA::rank == DVB::rank && same_element_and_space<DVA, DVB>())
+    return mul_accepts_all<DVA, DVB>(typename DVA::placements{}, typename binary_axes<DVA, DVB>::b_only{});
+  else
+    return false;
+}
+}  // namespace detail
+
+/// y = a * b element by element (the product of a gate and its value, as in
+/// SwiGLU or a user's gated block): same element type, memory space, rank
+/// and global extents (ShapeError otherwise), built on the same mesh
+/// (ConfigError otherwise). Over every mesh axis either names: equal
+/// placements (Shard<D> * Shard<D>, Replicate * Replicate) keep theirs, and
+/// Partial<Sum> (or Partial<Avg>) times Replicate, in either order, stays
+/// Partial, since the product is linear in the partial operand. Partial *
+/// Partial does not compile (a product of sums is not the sum of products),
+/// nor do Partial<Max> or Partial<Min> times anything, Partial * Shard,
+/// Shard * Replicate and Shard<i> * Shard<j>; each message names the
+/// redistribute that fixes it. The result type is
+/// elementwise_result_t<Multiplicative, A, B>.
+template <DistributedView A, DistributedView B>
+auto mul(const A& a, const B& b);
+
+/// y = a * b into an existing y (no allocation; y may be a or b): the same
+/// rules as mul(a, b), and y must have the result's type,
+/// elementwise_result_t<Multiplicative, A, B>, with a's global extents and mesh.
+template <DistributedView A, DistributedView B, DistributedView Y>
+void mul(const A& a, const B& b, const Y& y) {
+  using DVA = std::remove_cvref_t<A>;
+  using DVB = std::remove_cvref_t<B>;
+  constexpr bool ok = detail::mul_checked<DVA, DVB>();
+  if constexpr (ok) {
+    static_assert(std::is_same_v<std::remove_cvref_t<Y>, elementwise_result_t<Multiplicative, DVA, DVB>>,
+                  "weft::mul(a, b, y): y must have the type of a * b (weft::elementwise_result_t<weft::Multiplicative, "
+                  "A, B>: the same element type, memory space, rank and placements); use mul(a, b) for a new tensor");
+    detail::require_same_mesh("weft::mul", a, b);
+    detail::require_same_mesh("weft::mul", a, y);
+    for (std::size_t d = 0; d < DVA::rank; ++d)
+      WEFT_REQUIRE(a.global_extent(d) == b.global_extent(d) && a.global_extent(d) == y.global_extent(d), ShapeError,
+                   "weft::mul: the operands' global extents differ in dimension ", d, " (", a.global_extent(d), ", ",
+                   b.global_extent(d), " and the result's ", y.global_extent(d),
+                   "); element-wise operands must have the same shape");
+    detail::mul_flat<typename DVA::execution_space>(a.local(), b.local(), y.local());
+  }
+}
+
+template <DistributedView A, DistributedView B>
+auto mul(const A& a, const B& b) {
+  using DVA = std::remove_cvref_t<A>;
+  using DVB = std::remove_cvref_t<B>;
+  constexpr bool ok = detail::mul_checked<DVA, DVB>();
+  if constexpr (!ok) {
+    return a;  // not reached: a static_assert in mul_checked has failed
+  } else {
+    using Y = elementwise_result_t<Multiplicative, DVA, DVB>;
+    Y y(detail::internal_tag{}, a.axis_table(), a.global_extents(), std::string("weft::mul"));
+    mul(a, b, y);
+    return y;
   }
 }
 
