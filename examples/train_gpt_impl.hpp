@@ -1560,9 +1560,9 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
                  " ranks, but train_gpt was started on ", world, "; launch it with mpirun -n ", c.ndp * model_ranks,
                  " or change --mesh");
   }
-  WEFT_REQUIRE(o.model.experts == 0 || (o.cp == 1 && !o.sequence_parallel), ConfigError, "--experts ",
+  WEFT_REQUIRE(o.model.experts == 0 || o.cp == 1, ConfigError, "--experts ",
                o.model.experts, ": mixture-of-experts blocks run under data, pipeline, expert and tensor parallelism "
-               "(--mesh dp=A,pp=P,ep=E,tp=T); context parallelism and --sequence-parallel are not "
+               "(--mesh dp=A,pp=P,ep=E,tp=T, with or without --sequence-parallel); context parallelism is not "
                "implemented for them (docs/moe.md)");
   WEFT_REQUIRE(o.ep == 1 || o.model.experts > 0, ConfigError, "--mesh ep=", o.ep,
                ": expert parallelism splits the experts of mixture-of-experts blocks; add --experts N");

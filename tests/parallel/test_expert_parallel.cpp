@@ -273,6 +273,89 @@ TEST_CASE("EP beside tensor parallelism (ep 2 x tp 2): the single-process loss a
   }
 }
 
+namespace {
+// One MoE pass under TensorParallel<SequenceParallel> on a mesh of DP, EP and
+// TP (sizes dp, ep, tp; ranks = their product), against the single process
+// on the whole microbatch: the loss, every whole (TP-replicated) parameter's
+// gradient and the dropped slots.
+template <class S, class MeshT>
+void check_moe_sequence_parallel(MeshT& mesh, int dp, int ep, double capacity, bool swiglu) {
+  const nn::GPTConfig whole = moe_config(2, capacity, swiglu);
+  nn::GPT<double> single(whole);
+  const Pass ref = run(single, whole, 0, whole.tokens());
+  nn::GPTConfig local = whole;
+  local.batch = whole.batch / std::size_t(dp * ep);
+  const auto split_of = nn::expert_split_of<S>(mesh, local);
+  CHECK(split_of.token_shards == std::size_t(mesh.template extent<TP>()));
+  nn::GPT<double, S> split(mesh, local, split_of);
+  // This rank's samples: its DP x EP index (TP ranks share them and split their tokens).
+  int sample_rank = 0;
+  if constexpr (MeshT::template has_axis<DP>) sample_rank = mesh.template coord<DP>();
+  if constexpr (MeshT::template has_axis<EP>) sample_rank = sample_rank * ep + mesh.template coord<EP>();
+  Pass p = run(split, local, std::size_t(sample_rank) * local.batch, whole.tokens());
+  Comm& data = *split_of.data;
+  double loss = p.loss;
+  data.all_reduce(HostD(&loss, 1), ReduceOp::avg);  // every TP rank holds its samples' mean loss
+  CHECK(test::rel(loss, ref.loss) < 1e-12);
+  CHECK(gather_dropped(p, data) == ref.dropped);
+  // Whole parameters: the norms, routers and experts (summed over TP by the
+  // blocks), then over the ranks holding other samples (experts: over DP only).
+  Comm* samples = nullptr;  // the ranks with this TP coordinate holding other samples (DP x EP)
+  std::unique_ptr<Comm> samples_own;
+  samples_own = std::make_unique<Comm>(data.split(mesh.template coord<TP>(), data.rank(), "samples"));
+  samples = samples_own.get();
+  Comm* dp_only = nullptr;
+  if constexpr (MeshT::template has_axis<DP>) dp_only = &mesh.template axis<DP>();
+  double worst = 0;
+  std::size_t compared = 0, experts = 0;
+  for (auto& [name, g] : p.grads) {
+    const auto& r = ref.grads.at(name);
+    if (r.size() != g.size()) continue;  // a TP shard
+    const bool expert = name.find(".mlp.experts.") != std::string::npos;
+    if (expert) {
+      if (dp_only) dp_only->all_reduce(HostD(g.data(), g.size()));
+      ++experts;
+    } else {
+      samples->all_reduce(HostD(g.data(), g.size()));
+    }
+    worst = std::max(worst, max_rel(g, r));
+    ++compared;
+  }
+  CAPTURE(compared);
+  CAPTURE(experts);
+  // Every expert parameter of the single process is compared on the EP rank that holds it.
+  std::size_t ref_experts = 0;
+  for (const auto& [name, g] : ref.grads) ref_experts += name.find(".mlp.experts.") != std::string::npos ? 1 : 0;
+  double seen = double(experts);
+  if constexpr (MeshT::template has_axis<EP>) mesh.template axis<EP>().all_reduce(HostD(&seen, 1));
+  CHECK(std::size_t(seen) == ref_experts);
+  CHECK(compared > experts);  // the whole dense parameters too
+  CHECK(worst < 1e-10);
+}
+}  // namespace
+
+TEST_CASE("MoE under sequence parallelism (tp 2; dp 2 x tp 2; ep 2 x tp 2): the single-process loss, gradients and drops") {
+  auto& w = test::world();
+  for (double capacity : {1.0, 0.0})
+    for (bool swiglu : {false, true}) {
+      CAPTURE(capacity);
+      CAPTURE(swiglu);
+      if (w.size() == 2) {
+        using S = Strategy<On<TP, TensorParallel<SequenceParallel>>>;
+        Mesh<TP> mesh(w, 2);
+        check_moe_sequence_parallel<S>(mesh, 1, 1, capacity, swiglu);
+      }
+      if (w.size() == 4) {
+        using S = Strategy<On<DP, Replicated>, On<TP, TensorParallel<SequenceParallel>>>;
+        Mesh<DP, TP> mesh(w, 2, 2);
+        check_moe_sequence_parallel<S>(mesh, 2, 1, capacity, swiglu);
+        using SE = Strategy<On<EP, Experts<4>>, On<TP, TensorParallel<SequenceParallel>>>;
+        Mesh<EP, TP> emesh(w, 2, 2);
+        check_moe_sequence_parallel<SE>(emesh, 1, 2, capacity, swiglu);
+      }
+    }
+}
+
 TEST_CASE("train_step with ExpertDataParallel follows the single-process loss curve under every DP policy") {
   auto& w = test::world();
   const int W = w.size();

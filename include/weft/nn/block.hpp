@@ -57,7 +57,7 @@ class Block {
           h2(n + ".ln2.out", rows(c, tp), c.d_model),
           attn(n + ".attn", c, tp),
           mlp(needs_dense(c, index) ? typename MLP<T, Space>::Saved(n + ".mlp", c, tp) : typename MLP<T, Space>::Saved()) {
-      if (needs_moe(c, index)) moe.emplace(n + ".mlp", c);
+      if (needs_moe(c, index)) moe.emplace(n + ".mlp", moe_rows(c, tp));
     }
     /// Bytes held.
     std::size_t bytes() const {
@@ -80,7 +80,7 @@ class Block {
           dmid("block.dmid", rows(c, tp), c.d_model),
           scratch(c.recompute ? ops::Matrix<T, Space>("block.recompute_out", rows(c, tp), c.d_model)
                               : ops::Matrix<T, Space>()) {
-      if (c.moe_blocks() > 0) moe.emplace(c);
+      if (c.moe_blocks() > 0) moe.emplace(moe_rows(c, tp));
     }
     /// Bytes held.
     std::size_t bytes() const {
@@ -113,6 +113,16 @@ class Block {
   /// under sequence parallelism.
   static std::size_t rows(const GPTConfig& c, const TensorSplit& tp) {
     return tp.sp() ? c.tokens() / tp.size() : c.tokens();
+  }
+  /// The config a MoE's Saved and Workspace are sized from: c, or under
+  /// sequence parallelism c with tokens() = this rank's rows (the MoE routes
+  /// its own token shard).
+  static GPTConfig moe_rows(const GPTConfig& c, const TensorSplit& tp) {
+    if (!tp.sp()) return c;
+    GPTConfig local = c;
+    local.batch = rows(c, tp);
+    local.seq = 1;
+    return local;
   }
 
   /// y = block(x); x must stay unchanged until backward (it is the checkpoint).
@@ -150,11 +160,16 @@ class Block {
     }
     const bool sp = ctx_->tp.sp();
     if (sp) {
+      WEFT_REQUIRE(!moe_ || !ctx_->deferred_weight_grads, ConfigError, "nn::Block ", index_, ": ",
+                   moe_sp_split_text);
       if (!partial_) {
-        std::vector<Parameter<T, Space>*> norms;
-        ln1_.collect(norms);
-        ln2_.collect(norms);
-        partial_ = std::make_unique<detail::PartialGrads<T, Space>>(norms);
+        // The norms', and a MoE's (its router and experts see this rank's
+        // tokens only), summed over TP after the block's backward.
+        std::vector<Parameter<T, Space>*> partial;
+        ln1_.collect(partial);
+        ln2_.collect(partial);
+        if (moe_) moe_->collect(partial);
+        partial_ = std::make_unique<detail::PartialGrads<T, Space>>(partial);
       }
       partial_->begin();
     }
@@ -175,6 +190,13 @@ class Block {
     }
     if (sp) partial_->finish(*ctx_);
   }
+
+  /// Why a split backward (zero-bubble schedules) is refused for a MoE block
+  /// under sequence parallelism.
+  static constexpr const char* moe_sp_split_text =
+      "a mixture-of-experts block under SequenceParallel sums its router's and experts' gradients over TP when its "
+      "backward ends, so it cannot defer them to a zero-bubble schedule's weight half; use gpipe, 1f1b or "
+      "interleaved, or drop SequenceParallel";
 
   /// Appends pointers to this block's parameters.
   void collect(std::vector<Parameter<T, Space>*>& out) {

@@ -234,7 +234,9 @@ class GPTModel {
     const std::size_t L = cfg_.layers;
     // The MoE blocks' auxiliary losses enter the gradient with the weight of the mean token loss.
     for (auto& b : blocks_)
-      if (auto* m = b.moe()) m->set_loss_weight(grad_scale * double(global_.tokens()) * double(ctx_->ep.data_size()));
+      if (auto* m = b.moe())
+        m->set_loss_weight(grad_scale * double(global_.tokens()) *
+                           double(ctx_->ep.data_size() / ctx_->ep.token_shards));
     if (hooks_) hooks_->before_backward(L);
     if (root_partial_) root_partial_->begin();
     detail::head_backward(*ctx_, head_, hf_, hf_full_, logits_, dhf_, dhf_full_);

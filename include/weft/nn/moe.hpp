@@ -250,7 +250,10 @@ struct MoEStats {
 /// whole microbatch of the ExpertSplit's data ranks, so that they are the
 /// single process's. Under tensor parallelism without sequence parallelism
 /// every TP rank runs the same MoE on the same tokens (the experts are
-/// TP-replicated); sequence and context parallelism are refused (docs/moe.md).
+/// TP-replicated); with sequence parallelism each TP rank routes and runs
+/// its own token shard (the TP ranks are data ranks of the ExpertSplit,
+/// token_shards = tp) and the block sums the MoE's parameter gradients over
+/// TP; context parallelism is refused (docs/moe.md).
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class MoE {
   using Mat = ops::Matrix<T, Space>;
@@ -724,10 +727,18 @@ class MoE {
   static ContextPtr checked(ContextPtr ctx, const std::string& name, const GPTConfig& c) {
     WEFT_REQUIRE(c.experts > 0 && c.top_k >= 1 && c.top_k <= c.experts, ConfigError, "nn::MoE '", name, "': ",
                  c.experts, " experts and top-k ", c.top_k, "; expected experts >= 1 and 1 <= top-k <= experts");
-    WEFT_REQUIRE(!ctx->tp.sp() && !ctx->cp.active(), ConfigError, "nn::MoE '", name,
-                 "': sequence and context parallelism are not implemented for mixture-of-experts blocks (tp ",
-                 ctx->tp.size(), ctx->tp.sp() ? " with SequenceParallel" : "", ", cp ", ctx->cp.size(),
-                 "); run MoE models with TensorParallel<> (no SequenceParallel) and cp=1");
+    WEFT_REQUIRE(!ctx->cp.active(), ConfigError, "nn::MoE '", name,
+                 "': context parallelism is not implemented for mixture-of-experts blocks (cp ", ctx->cp.size(),
+                 "); run MoE models with cp=1");
+    // Sequence parallelism: each TP rank routes its own token shard, so the
+    // TP ranks are data ranks of the routing split (after DP and EP).
+    WEFT_REQUIRE(!ctx->tp.sp() || ctx->tp.size() == 1 ||
+                     (ctx->ep.data && ctx->ep.token_shards == ctx->tp.size() &&
+                      ctx->ep.data_size() % ctx->tp.size() == 0),
+                 ConfigError, "nn::MoE '", name, "': under SequenceParallel (tp ", ctx->tp.size(),
+                 ") each TP rank routes its own tokens, so the routing split must count the TP ranks among the data "
+                 "ranks (its token_shards is ", ctx->ep.token_shards,
+                 "); build it with weft::nn::expert_split_of<Strategy>(mesh, cfg)");
     const std::size_t ep = ctx->ep.ep_size();
     WEFT_REQUIRE(c.experts % ep == 0, ConfigError, "nn::MoE '", name, "': ", c.experts,
                  " routed experts do not divide by ep ", ep, " (each EP rank holds N / ep whole experts); ep sizes that work: ",
@@ -1171,6 +1182,36 @@ ExpertSplit expert_split_of(MeshT& mesh, const GPTConfig& c) {
                    mesh.template extent<EP>(), " but the strategy gives it no policy; add On<EP, Experts<", c.experts,
                    ">> to the strategy or set ep=1");
     if constexpr (MeshT::template has_axis<DP>) x.data = &mesh.template axis<DP>();
+  }
+  // Sequence parallelism: the TP ranks split each sample's tokens, which
+  // they route themselves; they are the innermost data ranks (the mesh's
+  // axes<...>() orders ranks row-major in mesh order, TP last of the three).
+  if constexpr (MeshT::template has_axis<TP>) {
+    if constexpr (S::sequence_parallel) {
+      constexpr bool ep_before_tp = [] {
+        if constexpr (MeshT::template has_axis<EP>) return MeshT::template index_of<EP>() < MeshT::template index_of<TP>();
+        else return true;
+      }();
+      constexpr bool dp_before_tp = [] {
+        if constexpr (MeshT::template has_axis<DP>) return MeshT::template index_of<DP>() < MeshT::template index_of<TP>();
+        else return true;
+      }();
+      static_assert(ep_before_tp,
+                    "weft::nn::expert_split_of: under SequenceParallel the TP axis must come after the EP axis in "
+                    "the mesh (its ranks split each sample's tokens, the innermost data ranks); declare "
+                    "Mesh<..., EP, ..., TP>");
+      static_assert(dp_before_tp,
+                    "weft::nn::expert_split_of: under SequenceParallel the TP axis must come after the DP axis in "
+                    "the mesh; declare Mesh<DP, ..., TP>");
+      if (mesh.template extent<TP>() > 1) {
+        constexpr bool dp = MeshT::template has_axis<DP>, ep = S::expert_parallel_v && MeshT::template has_axis<EP>;
+        if constexpr (dp && ep) x.data = &mesh.template axes<DP, EP, TP>();
+        else if constexpr (dp) x.data = &mesh.template axes<DP, TP>();
+        else if constexpr (ep) x.data = &mesh.template axes<EP, TP>();
+        else x.data = &mesh.template axis<TP>();
+        x.token_shards = std::size_t(mesh.template extent<TP>());
+      }
+    }
   }
   if (x.data && x.data->size() == 1) x.data = nullptr;
   if (x.ep && x.ep->size() == 1) x.ep = nullptr;

@@ -200,6 +200,10 @@ struct ContextSplit {
 struct ExpertSplit {
   Comm* ep = nullptr;    ///< the EP axis
   Comm* data = nullptr;  ///< the ranks that share the microbatch (contains the EP axis)
+  /// How many consecutive data ranks split each sample's tokens between them
+  /// (the TP ranks under sequence parallelism, which route their own token
+  /// shards); data_size() / token_shards ranks hold different samples.
+  std::size_t token_shards = 1;
   /// Number of EP ranks (1 without a communicator).
   std::size_t ep_size() const { return ep ? static_cast<std::size_t>(ep->size()) : 1; }
   /// This rank's EP index.

@@ -214,6 +214,8 @@ class Executor : private detail::OwnedPipelineComm {
                  pp.rank(), " of ", pp.size(), ", but the stage was built for rank ", stage.rank(), " of ", stage.ranks());
     WEFT_REQUIRE(int(stage.num_chunks()) == Schedule::chunks, ConfigError, "pipeline::Executor: schedule ", name,
                  " runs ", Schedule::chunks, " chunks per rank, but the stage has ", stage.num_chunks());
+    if constexpr (Schedule::splits_backward && requires { stage.check_split_backward(); })
+      stage.check_split_backward();  // a stage that cannot split its backward says why, before step 0
     stage.reserve_microbatches(std::size_t(m_));
     auto plans = pipeline.plans();
     plan_ = plans[std::size_t(pp.rank())];

@@ -445,7 +445,8 @@ class GPTStage {
       // The MoE blocks' auxiliary losses enter the gradient with the weight
       // of the mean token loss, as in nn::GPT.
       if (auto* m = k.blocks[i].moe())
-        m->set_loss_weight(grad_scale * double(global_.tokens()) * double(ctx_->ep.data_size()));
+        m->set_loss_weight(grad_scale * double(global_.tokens()) *
+                           double(ctx_->ep.data_size() / ctx_->ep.token_shards));
       if (shared_) {  // recompute: the shared set; backward recomputes it
         k.blocks[i].forward(s.xs[i], s.xs[i + 1]);
       } else {
@@ -529,6 +530,14 @@ class GPTStage {
       if (pos_partial_) pos_partial_->finish(*ctx_);
     }
     if (root && hooks_) hooks_->after_backward(root_group_);
+  }
+
+  /// Refuses a split backward (the executor asks before step 0 when its
+  /// schedule splits backwards): ConfigError for mixture-of-experts blocks
+  /// under sequence parallelism, whose TP sum of the experts' gradients
+  /// cannot wait for the deferred weight halves.
+  void check_split_backward() const {
+    WEFT_REQUIRE(!(ctx_->tp.sp() && cfg_.moe_blocks() > 0), ConfigError, "pipeline::Stage: ", BlockT::moe_sp_split_text);
   }
 
   /// The weight-gradient half of a split backward of (mb, chunk c).
