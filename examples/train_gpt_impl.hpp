@@ -1463,7 +1463,7 @@ int pick_strategy(const Options& o, F&& f) {
     if (o.context == "alltoall") return g(std::type_identity<weft::Context<weft::AllToAll>>{});
     return g(std::type_identity<weft::Context<weft::Ring>>{});
   };
-  if (o.ep > 1) {  // expert parallelism: DP x (PP x) EP x TP, no CP or SP (checked before)
+  if (o.ep > 1) {  // expert parallelism: DP x (PP x) EP x TP, no CP or SP (refused before)
     auto with_experts = [&](auto g) -> int {
       if (o.model.experts == 8) return g(std::type_identity<weft::Experts<8>>{});
       return g(std::type_identity<weft::Experts<4>>{});
@@ -1564,6 +1564,10 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
                o.model.experts, ": mixture-of-experts blocks run under data, pipeline, expert and tensor parallelism "
                "(--mesh dp=A,pp=P,ep=E,tp=T, with or without --sequence-parallel); context parallelism is not "
                "implemented for them (docs/moe.md)");
+  WEFT_REQUIRE(o.ep == 1 || !o.sequence_parallel, ConfigError, "--sequence-parallel with --mesh ep=", o.ep,
+               ": train_gpt compiles its expert-parallel strategies with TensorParallel<> only (the library runs "
+               "Experts<N> beside TensorParallel<SequenceParallel>: weft::nn::expert_split_of, docs/moe.md); drop "
+               "--sequence-parallel, or use ep=1");
   WEFT_REQUIRE(o.ep == 1 || o.model.experts > 0, ConfigError, "--mesh ep=", o.ep,
                ": expert parallelism splits the experts of mixture-of-experts blocks; add --experts N");
   if (o.ep > 1) {
