@@ -248,7 +248,7 @@ Options parse(int argc, char** argv) {
   flags.usage_text(kUsage)
       .value("--mesh", "dp=A,pp=B,tp=C", "the mesh",
              [&](const std::string& v) {
-               const weft::MeshSpec m = weft::parse_mesh_spec("--mesh", v, {"dp", "pp", "tp"});
+               const weft::AxisSizes m = weft::parse_mesh_spec("--mesh", v, {"dp", "pp", "tp"});
                if (m.count("dp")) o.dp = m.at("dp");
                if (m.count("pp")) o.pp = m.at("pp");
                if (m.count("tp")) o.tp = m.at("tp");

@@ -219,7 +219,7 @@ Options parse(int argc, char** argv) {
       .value("--mesh", "tp=N[,dp=M]", "the mesh",
              [&](const std::string& v) {
                // Every axis name is known, so that pp=1 and the like are accepted; only tp and dp may exceed 1.
-               const weft::MeshSpec m = weft::parse_mesh_spec("--mesh", v, {"tp", "dp", "pp", "cp", "ep"});
+               const weft::AxisSizes m = weft::parse_mesh_spec("--mesh", v, {"tp", "dp", "pp", "cp", "ep"});
                for (const auto& [axis, n] : m) {
                  if (axis == "tp") o.tp = n;
                  else if (axis == "dp") o.dp = n;

@@ -189,7 +189,7 @@ inline Options parse(int argc, char** argv) {
       // world = dp x ep x tp x pp x cp); at most 2^24 ranks per axis, weft-plan's largest device count.
       .value("--mesh", "dp=A,tp=B,pp=C,cp=D,ep=E", "the mesh",
              [&](const std::string& v) {
-               const weft::MeshSpec m = weft::parse_mesh_spec("--mesh", v, {"dp", "tp", "pp", "cp", "ep"});
+               const weft::AxisSizes m = weft::parse_mesh_spec("--mesh", v, {"dp", "tp", "pp", "cp", "ep"});
                const auto size = [&m](const char* axis, int& dest) {
                  if (m.count(axis)) dest = m.at(axis);
                };

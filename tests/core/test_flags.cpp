@@ -264,8 +264,8 @@ TEST_CASE("flags: registration mistakes") {
 TEST_CASE("mesh spec: accepted forms") {
   const std::vector<std::string> axes{"dp", "pp", "tp"};
   const auto m = weft::parse_mesh_spec("--mesh", "dp=2,pp=2,tp=2", axes);
-  CHECK(m == weft::MeshSpec{{"dp", 2}, {"pp", 2}, {"tp", 2}});
-  CHECK(weft::parse_mesh_spec("--mesh", "tp=16777216", axes) == weft::MeshSpec{{"tp", 16777216}});
+  CHECK(m == weft::AxisSizes{{"dp", 2}, {"pp", 2}, {"tp", 2}});
+  CHECK(weft::parse_mesh_spec("--mesh", "tp=16777216", axes) == weft::AxisSizes{{"tp", 16777216}});
   CHECK(weft::parse_mesh_spec("--mesh", "pp=3", axes).count("dp") == 0);  // left out: the caller's default
 }
 

@@ -44,7 +44,7 @@ inline double parse_real(const std::string& what, const std::string& text, RealS
 
 /// The sizes a mesh spec gives, by axis name: {"dp": 2, "tp": 4}. Axes the
 /// spec leaves out are absent (the caller chooses their defaults).
-using MeshSpec = std::map<std::string, int>;
+using AxisSizes = std::map<std::string, int>;
 
 /// Parses a mesh spec "axis=size[,axis=size...]" (`flag` names where it came
 /// from in messages, e.g. "--mesh"). Every axis must be one of `axes` and
@@ -56,9 +56,9 @@ using MeshSpec = std::map<std::string, int>;
 ///   "--mesh dp=2,dp=1: axis dp is given twice; name each axis once"
 ///   "--mesh dp 0: out of range; expected an integer from 1 to 16777216"
 ///   (the last from weft::parse_integer, with "<flag> <axis>" as its what).
-inline MeshSpec parse_mesh_spec(const std::string& flag, const std::string& text, const std::vector<std::string>& axes,
+inline AxisSizes parse_mesh_spec(const std::string& flag, const std::string& text, const std::vector<std::string>& axes,
                                 int max_size = 1 << 24) {
-  MeshSpec sizes;
+  AxisSizes sizes;
   std::string names;
   for (const auto& a : axes) names += (names.empty() ? "" : ", ") + a;
   const std::string example = (axes.empty() ? std::string("dp") : axes.front()) + "=2";
