@@ -18,15 +18,13 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include <weft/weft.hpp>
-#include <weft/core/parse.hpp>
+#include <weft/core/flags.hpp>
 
 namespace {
 
@@ -240,75 +238,37 @@ const char* kUsage =
     "  --baseline FILE        compare the loss curve with FILE's, fail beyond --tolerance (1e-5 relative)\n"
     "  --help                 this text\n";
 
-// A count flag: an integer from 1 (0 with allow_zero) to `max` (2^40 by
-// default: no product of counts overflows), parsed strictly
-// (weft::parse_integer: a value beyond the range is refused, never wrapped).
-std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false,
-                        std::size_t max = std::size_t(1) << 40) {
-  return weft::parse_integer<std::size_t>(flag, v, allow_zero ? 0 : 1, max);
-}
-double parse_real(const std::string& flag, const std::string& v) {
-  std::size_t pos = 0;
-  double x = -1;
-  try {
-    x = std::stod(v, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  WEFT_REQUIRE(pos == v.size() && !v.empty() && std::isfinite(x) && x >= 0, ConfigError, flag, " ", v,
-               ": expected a non-negative number");
-  return x;
-}
-
+// The flags, through weft::FlagParser: counts are strict integers from 1 to
+// 2^40 (weft::parse_integer: a value beyond the range is refused, never
+// wrapped), reals finite and non-negative; an unknown flag, a missing value or
+// a flag given twice is refused with the fix. Returns o.help = true on --help.
 Options parse(int argc, char** argv) {
   Options o;
-  std::map<std::string, std::function<void(const std::string&)>> flags = {
-      {"--mesh",
-       [&](const std::string& v) {
-         std::map<std::string, int> seen;
-         std::size_t start = 0;
-         while (start <= v.size()) {
-           const std::size_t end = std::min(v.find(',', start), v.size());
-           const std::string item = v.substr(start, end - start);
-           const std::size_t eq = item.find('=');
-           WEFT_REQUIRE(eq != std::string::npos, ConfigError, "--mesh ", v, ": expected axis=size items such as dp=2, got '",
-                        item, "'");
-           const std::string axis = item.substr(0, eq);
-           const int n = weft::parse_integer<int>("--mesh " + axis, item.substr(eq + 1), 1, 1 << 24);  // no wrapping
-           WEFT_REQUIRE(seen[axis]++ == 0, ConfigError, "--mesh ", v, ": axis ", axis, " is given twice");
-           if (axis == "dp") o.dp = n;
-           else if (axis == "pp") o.pp = n;
-           else if (axis == "tp") o.tp = n;
-           else weft::detail::throw_error<ConfigError>("--mesh ", v, ": unknown axis '", axis, "'; custom_model runs dp, pp and tp");
-           start = end + 1;
-         }
-       }},
-      {"--dp", [&](const std::string& v) { o.dp_mode = weft::parallel::to_string(weft::parallel::parse_dp_mode(v)); }},
-      {"--schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v); }},
-      {"--batch", [&](const std::string& v) { o.batch = parse_count("--batch", v); }},
-      {"--microbatches", [&](const std::string& v) { o.microbatches = parse_count("--microbatches", v); }},
-      {"--steps", [&](const std::string& v) { o.steps = parse_count("--steps", v); }},
-      {"--blocks", [&](const std::string& v) { o.z.blocks = parse_count("--blocks", v); }},
-      {"--width", [&](const std::string& v) { o.z.width = parse_count("--width", v); }},
-      {"--hidden", [&](const std::string& v) { o.z.hidden = parse_count("--hidden", v); }},
-      {"--lr", [&](const std::string& v) { o.lr = parse_real("--lr", v); }},
-      {"--clip", [&](const std::string& v) { o.clip = parse_real("--clip", v); }},
-      {"--seed", [&](const std::string& v) { o.z.seed = parse_count("--seed", v, true); }},
-      {"--record", [&](const std::string& v) { o.record = v; }},
-      {"--baseline", [&](const std::string& v) { o.baseline = v; }},
-      {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v); }},
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (f == "--help" || f == "-h") {
-      o.help = true;
-      return o;
-    }
-    auto it = flags.find(f);
-    WEFT_REQUIRE(it != flags.end(), ConfigError, f, ": unknown flag; see custom_model --help");
-    WEFT_REQUIRE(i + 1 < argc, ConfigError, f, ": missing value");
-    it->second(argv[++i]);
-  }
+  weft::FlagParser flags("custom_model");
+  flags.usage_text(kUsage)
+      .value("--mesh", "dp=A,pp=B,tp=C", "the mesh",
+             [&](const std::string& v) {
+               const weft::AxisSizes m = weft::parse_mesh_spec("--mesh", v, {"dp", "pp", "tp"});
+               if (m.count("dp")) o.dp = m.at("dp");
+               if (m.count("pp")) o.pp = m.at("pp");
+               if (m.count("tp")) o.tp = m.at("tp");
+             })
+      .value("--dp", "MODE", "DP mode",
+             [&](const std::string& v) { o.dp_mode = weft::parallel::to_string(weft::parallel::parse_dp_mode(v)); })
+      .value("--schedule", "S", "pipeline schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v); })
+      .count("--batch", "N", "global batch in samples", o.batch)
+      .count("--microbatches", "M", "microbatches per step", o.microbatches)
+      .count("--steps", "N", "optimizer steps", o.steps)
+      .count("--blocks", "L", "blocks", o.z.blocks)
+      .count("--width", "D", "width", o.z.width)
+      .count("--hidden", "H", "hidden width", o.z.hidden)
+      .real("--lr", "X", "AdamW learning rate", o.lr)
+      .real("--clip", "X", "clipping norm", o.clip)
+      .count("--seed", "N", "seed", o.z.seed, 0)
+      .text("--record", "FILE", "run record", o.record)
+      .text("--baseline", "FILE", "loss curve to follow", o.baseline)
+      .real("--tolerance", "X", "relative loss difference --baseline allows", o.tolerance);
+  o.help = !flags.parse(argc, argv);
   return o;
 }
 
@@ -413,16 +373,15 @@ int with_schedule(const Options& o, MeshT& mesh) {
   if (o.schedule == "1f1b") return train<DPPolicy, weft::OneFOneB>(o, mesh);
   if (o.schedule == "interleaved:2") return train<DPPolicy, weft::Interleaved1F1B<2>>(o, mesh);
   if (o.schedule == "zb") return train<DPPolicy, weft::ZeroBubble>(o, mesh);
-  weft::detail::throw_error<ConfigError>("--schedule ", o.schedule,
-                                         ": not compiled into custom_model; the compiled schedules are gpipe, 1f1b, "
-                                         "interleaved:2 and zb");
+  throw ConfigError("--schedule " + o.schedule +
+                    ": not compiled into custom_model; the compiled schedules are gpipe, 1f1b, interleaved:2 and zb");
 }
 
 int run(const Options& o, weft::Environment& env) {
   const int world = env.world().size();
   {
     // BLAS threads so that the node's ranks x threads do not outnumber its cores, and what that gives.
-    const int ranks_per_node = weft::detail::ranks_on_node(MPI_COMM_WORLD);
+    const int ranks_per_node = weft::ranks_on_node(MPI_COMM_WORLD);
     const auto bt = weft::ops::set_blas_threads(0, ranks_per_node);
     weft::ops::print_host_threads("custom_model", env.world().rank(), weft::ops::host_binding(bt.threads, ranks_per_node));
   }

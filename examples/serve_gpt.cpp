@@ -36,11 +36,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -52,6 +50,7 @@
 #include <weft/metrics/json.hpp>
 #include <weft/metrics/counters.hpp>
 #include <weft/comm/node.hpp>
+#include <weft/core/flags.hpp>
 #include <weft/core/parse.hpp>
 #include <weft/ops/blas_threads.hpp>
 #include <weft/plan/json_read.hpp>
@@ -143,19 +142,6 @@ std::size_t parse_count(const std::string& flag, const std::string& v, bool allo
   return weft::parse_integer<std::size_t>(flag, v, allow_zero ? 0 : 1, max);
 }
 
-double parse_real(const std::string& flag, const std::string& v, bool positive) {
-  std::size_t pos = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  WEFT_REQUIRE(pos == v.size() && !v.empty() && std::isfinite(x) && (positive ? x > 0 : x >= 0), ConfigError, flag,
-               " ", v, ": expected a ", positive ? "positive" : "non-negative", " number");
-  return x;
-}
-
 struct Range {
   std::size_t lo = 8, hi = 32;
 };
@@ -204,121 +190,89 @@ Options parse(int argc, char** argv) {
   o.engine.block_size = 16;
   o.engine.token_budget = 0;  // --seq unless given
   o.engine.max_seqs = 16;
-  bool rate = false, conc = false;
-  const std::map<std::string, std::function<void(const std::string&)>> flags{
-      {"--layers", [&](const std::string& v) { o.model.layers = parse_count("--layers", v); }},
-      {"--d-model", [&](const std::string& v) { o.model.d_model = parse_count("--d-model", v); }},
-      {"--heads", [&](const std::string& v) { o.model.heads = parse_count("--heads", v); }},
-      {"--kv-heads", [&](const std::string& v) { o.model.kv_heads = parse_count("--kv-heads", v); }},
-      {"--seq", [&](const std::string& v) { o.model.seq = parse_count("--seq", v); }},
-      {"--vocab", [&](const std::string& v) { o.model.vocab = parse_count("--vocab", v); }},
-      {"--seed", [&](const std::string& v) { o.model.seed = parse_count("--seed", v, true); }},
-      {"--norm", [&](const std::string& v) {
-         o.model.norm = parse_choice<weft::nn::NormKind>(
-             "--norm", v, {{"layernorm", weft::nn::NormKind::layernorm}, {"rmsnorm", weft::nn::NormKind::rmsnorm}});
-       }},
-      {"--mlp", [&](const std::string& v) {
-         o.model.mlp = parse_choice<weft::nn::MlpKind>("--mlp", v,
-                                                       {{"gelu", weft::nn::MlpKind::gelu}, {"swiglu", weft::nn::MlpKind::swiglu}});
-       }},
-      {"--pos", [&](const std::string& v) {
-         o.model.position = parse_choice<weft::nn::PositionKind>(
-             "--pos", v, {{"learned", weft::nn::PositionKind::learned}, {"rotary", weft::nn::PositionKind::rotary}});
-       }},
-      {"--experts", [&](const std::string& v) { o.model.experts = parse_count("--experts", v); }},
-      {"--moe-top-k", [&](const std::string& v) { o.model.top_k = parse_count("--moe-top-k", v); }},
-      {"--router", [&](const std::string& v) {
-         o.model.router = parse_choice<weft::nn::RouterKind>(
-             "--router", v, {{"softmax", weft::nn::RouterKind::softmax}, {"sigmoid", weft::nn::RouterKind::sigmoid}});
-       }},
-      {"--moe-every", [&](const std::string& v) { o.model.moe_every = parse_count("--moe-every", v); }},
-      {"--shared-experts", [&](const std::string& v) { o.model.shared_experts = parse_count("--shared-experts", v, true); }},
-      {"--expert-hidden", [&](const std::string& v) { o.model.expert_hidden = parse_count("--expert-hidden", v); }},
-      {"--checkpoint", [&](const std::string& v) { o.checkpoint = v; }},
-      {"--record", [&](const std::string& v) { o.record = v; }},
-      {"--prompts", [&](const std::string& v) { o.prompts = v; }},
-      {"--baseline", [&](const std::string& v) { o.baseline = v; }},
-      {"--mesh", [&](const std::string& v) {
-         std::size_t start = 0;
-         std::set<std::string> seen;
-         while (start <= v.size()) {
-           const std::size_t end = std::min(v.find(',', start), v.size());
-           const std::string item = v.substr(start, end - start);
-           const std::size_t eq = item.find('=');
-           WEFT_REQUIRE(eq != std::string::npos, ConfigError, "--mesh ", v, ": expected axis=size items such as tp=2, got '",
-                        item, "'");
-           const std::string axis = item.substr(0, eq);
-           WEFT_REQUIRE(seen.insert(axis).second, ConfigError, "--mesh ", v, ": axis ", axis, " is given twice");
-           const int n = weft::parse_integer<int>("--mesh " + axis, item.substr(eq + 1), 1, 1 << 24);  // no wrapping
-           if (axis == "tp") o.tp = n;
-           else if (axis == "dp") o.dp = n;
-           else
-             WEFT_REQUIRE(n == 1, ConfigError, "--mesh ", v, ": ", axis, "=", n,
-                          " is not available in serve_gpt (tensor parallelism and independent dp replicas only); use ",
-                          axis, "=1 or leave it out");
-           start = end + 1;
-         }
-       }},
-      {"--requests", [&](const std::string& v) { o.requests = parse_count("--requests", v); }},
-      {"--rate", [&](const std::string& v) { o.rate = parse_real("--rate", v, true); rate = true; }},
-      {"--concurrency", [&](const std::string& v) { o.concurrency = parse_count("--concurrency", v); conc = true; }},
-      {"--prompt-len", [&](const std::string& v) { o.prompt = parse_range("--prompt-len", v); }},
-      {"--output-len", [&](const std::string& v) { o.output = parse_range("--output-len", v); }},
-      {"--prompt-dist", [&](const std::string& v) { o.prompt_shape = weft::serve::parse_length_shape("--prompt-dist", v); }},
-      {"--output-dist", [&](const std::string& v) { o.output_shape = weft::serve::parse_length_shape("--output-dist", v); }},
-      {"--prompt-scale", [&](const std::string& v) { o.prompt_scale = parse_real("--prompt-scale", v, false); }},
-      {"--output-scale", [&](const std::string& v) { o.output_scale = parse_real("--output-scale", v, false); }},
-      {"--prompt-sigma", [&](const std::string& v) { o.prompt_sigma = parse_real("--prompt-sigma", v, true); }},
-      {"--output-sigma", [&](const std::string& v) { o.output_sigma = parse_real("--output-sigma", v, true); }},
-      {"--temperature", [&](const std::string& v) { o.temperature = parse_real("--temperature", v, false); }},
-      {"--top-k", [&](const std::string& v) { o.top_k = parse_count("--top-k", v, true); }},
-      {"--block-size", [&](const std::string& v) { o.engine.block_size = parse_count("--block-size", v); }},
-      {"--kv-blocks", [&](const std::string& v) { o.kv_blocks = parse_count("--kv-blocks", v); }},
-      {"--token-budget", [&](const std::string& v) { o.engine.token_budget = parse_count("--token-budget", v); }},
-      {"--max-seqs", [&](const std::string& v) { o.engine.max_seqs = parse_count("--max-seqs", v); }},
-      {"--precision", [&](const std::string& v) {
-         o.bf16 = parse_choice<bool>("--precision", v, {{"fp32", false}, {"bf16", true}});
-       }},
-      {"--batching", [&](const std::string& v) {
-         o.engine.batching = parse_choice<weft::serve::Batching>(
-             "--batching", v, {{"continuous", weft::serve::Batching::continuous}, {"static", weft::serve::Batching::static_batch}});
-       }},
-  };
-  std::set<std::string> seen;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i], v;
-    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      v = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    } else {
-      auto it = flags.find(a);
-      WEFT_REQUIRE(it != flags.end(), ConfigError, "unknown flag ", a, "; see --help");
-      WEFT_REQUIRE(i + 1 < argc, ConfigError, a, " needs a value; see --help");
-      v = argv[++i];
-    }
-    auto it = flags.find(a);
-    WEFT_REQUIRE(it != flags.end(), ConfigError, "unknown flag ", a, "; see --help");
-    WEFT_REQUIRE(seen.insert(a).second, ConfigError, a, " is given twice; give each flag once");
-    it->second(v);
-  }
+  using weft::RealSign;
+  weft::FlagParser flags("serve_gpt");
+  flags.usage_text(kUsage)
+      .count("--layers", "N", "blocks", o.model.layers)
+      .count("--d-model", "N", "model width", o.model.d_model)
+      .count("--heads", "N", "attention heads", o.model.heads)
+      .count("--kv-heads", "N", "key/value heads", o.model.kv_heads)
+      .count("--seq", "N", "the context", o.model.seq)
+      .count("--vocab", "N", "vocabulary", o.model.vocab)
+      .count("--seed", "N", "seed", o.model.seed, 0)
+      .choice<weft::nn::NormKind>("--norm", "normalization", o.model.norm,
+                                  {{"layernorm", weft::nn::NormKind::layernorm}, {"rmsnorm", weft::nn::NormKind::rmsnorm}})
+      .choice<weft::nn::MlpKind>("--mlp", "MLP", o.model.mlp, {{"gelu", weft::nn::MlpKind::gelu}, {"swiglu", weft::nn::MlpKind::swiglu}})
+      .choice<weft::nn::PositionKind>("--pos", "positions", o.model.position,
+                                      {{"learned", weft::nn::PositionKind::learned}, {"rotary", weft::nn::PositionKind::rotary}})
+      .count("--experts", "N", "experts per MoE block", o.model.experts)
+      .count("--moe-top-k", "K", "experts per token", o.model.top_k)
+      .choice<weft::nn::RouterKind>("--router", "router", o.model.router,
+                                    {{"softmax", weft::nn::RouterKind::softmax}, {"sigmoid", weft::nn::RouterKind::sigmoid}})
+      .count("--moe-every", "K", "every K-th block is MoE", o.model.moe_every)
+      .count("--shared-experts", "N", "shared experts", o.model.shared_experts, 0)
+      .count("--expert-hidden", "N", "expert hidden width", o.model.expert_hidden)
+      .text("--checkpoint", "DIR", "weights", o.checkpoint)
+      .text("--record", "FILE", "JSON record", o.record)
+      .text("--prompts", "FILE", "prompts", o.prompts)
+      .text("--baseline", "FILE", "output parity", o.baseline)
+      .value("--mesh", "tp=N[,dp=M]", "the mesh",
+             [&](const std::string& v) {
+               // Every axis name is known, so that pp=1 and the like are accepted; only tp and dp may exceed 1.
+               const weft::AxisSizes m = weft::parse_mesh_spec("--mesh", v, {"tp", "dp", "pp", "cp", "ep"});
+               for (const auto& [axis, n] : m) {
+                 if (axis == "tp") o.tp = n;
+                 else if (axis == "dp") o.dp = n;
+                 else
+                   WEFT_REQUIRE(n == 1, ConfigError, "--mesh ", v, ": ", axis, "=", n,
+                                " is not available in serve_gpt (tensor parallelism and independent dp replicas only); use ",
+                                axis, "=1 or leave it out");
+               }
+             })
+      .count("--requests", "N", "requests in all", o.requests)
+      .real("--rate", "R", "Poisson arrivals per second", o.rate, RealSign::positive)
+      .count("--concurrency", "C", "closed-loop clients", o.concurrency)
+      .value("--prompt-len", "A[-B]", "prompt tokens", [&](const std::string& v) { o.prompt = parse_range("--prompt-len", v); })
+      .value("--output-len", "A[-B]", "tokens to generate", [&](const std::string& v) { o.output = parse_range("--output-len", v); })
+      .value("--prompt-dist", "D", "prompt lengths' shape",
+             [&](const std::string& v) { o.prompt_shape = weft::serve::parse_length_shape("--prompt-dist", v); })
+      .value("--output-dist", "D", "output lengths' shape",
+             [&](const std::string& v) { o.output_shape = weft::serve::parse_length_shape("--output-dist", v); })
+      .real("--prompt-scale", "S", "prompt lengths' scale", o.prompt_scale)
+      .real("--output-scale", "S", "output lengths' scale", o.output_scale)
+      .real("--prompt-sigma", "G", "prompt lengths' sigma", o.prompt_sigma, RealSign::positive)
+      .real("--output-sigma", "G", "output lengths' sigma", o.output_sigma, RealSign::positive)
+      .real("--temperature", "T", "sampling temperature", o.temperature)
+      .count("--top-k", "K", "sampling top-k", o.top_k, 0)
+      .count("--block-size", "N", "tokens per KV block", o.engine.block_size)
+      .count("--kv-blocks", "N", "KV blocks per rank", o.kv_blocks)
+      .count("--token-budget", "N", "tokens per step", o.engine.token_budget)
+      .count("--max-seqs", "N", "sequences per step", o.engine.max_seqs)
+      .choice<bool>("--precision", "weights and KV cache", o.bf16, {{"fp32", false}, {"bf16", true}})
+      .choice<weft::serve::Batching>(
+          "--batching", "batching", o.engine.batching,
+          {{"continuous", weft::serve::Batching::continuous}, {"static", weft::serve::Batching::static_batch}});
+  flags.parse(argc, argv);  // run() answers --help before
+  const bool rate = flags.given("--rate"), conc = flags.given("--concurrency");
+  const auto seen = [&](const char* f) { return flags.given(f); };
   WEFT_REQUIRE(!(rate && conc), ConfigError, "--rate and --concurrency both given; choose Poisson arrivals (--rate) or a "
                "closed loop (--concurrency)");
   if (!rate && !conc) o.concurrency = 4;
-  WEFT_REQUIRE(!seen.count("--prompts") || !o.prompts.empty(), ConfigError,
+  WEFT_REQUIRE(!seen("--prompts") || !o.prompts.empty(), ConfigError,
                "--prompts is given an empty file name; give the path of a prompts file");
-  WEFT_REQUIRE(!seen.count("--baseline") || !o.baseline.empty(), ConfigError,
+  WEFT_REQUIRE(!seen("--baseline") || !o.baseline.empty(), ConfigError,
                "--baseline is given an empty file name; give the path of a serve_gpt record");
   // The file's lines are the requests: a flag that would draw them is refused, not ignored.
   if (!o.prompts.empty()) {
-    WEFT_REQUIRE(!seen.count("--requests"), ConfigError, "--requests and --prompts both given: with --prompts every line "
+    WEFT_REQUIRE(!seen("--requests"), ConfigError, "--requests and --prompts both given: with --prompts every line "
                  "of ", o.prompts, " is one request; leave --requests out (or add or remove lines)");
     for (const char* f : {"--prompt-len", "--prompt-dist", "--prompt-scale", "--prompt-sigma"})
-      WEFT_REQUIRE(!seen.count(f), ConfigError, f, " shapes drawn prompts, but --prompts ", o.prompts,
+      WEFT_REQUIRE(!seen(f), ConfigError, f, " shapes drawn prompts, but --prompts ", o.prompts,
                    " gives them; leave ", f, " out");
   }
   if (o.model.experts == 0)
     for (const char* f : {"--moe-top-k", "--router", "--moe-every", "--shared-experts", "--expert-hidden"})
-      WEFT_REQUIRE(!seen.count(f), ConfigError, f, " configures mixture-of-experts blocks, but --experts is not given; add --experts N");
+      WEFT_REQUIRE(!seen(f), ConfigError, f, " configures mixture-of-experts blocks, but --experts is not given; add --experts N");
   o.model.batch = 1;
   o.model.validate();
   WEFT_REQUIRE(o.prompt.lo > 0, ConfigError, "--prompt-len ", o.prompt.lo, ": prompts need at least one token");
@@ -576,11 +530,10 @@ std::string gather_text(MPI_Comm comm, const std::string& mine) {
 }
 
 int run(int argc, char** argv, weft::Environment& env) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      if (env.world().rank() == 0) std::fputs(kUsage, stdout);
-      return 0;
-    }
+  if (weft::FlagParser::help_requested(argc, argv)) {  // wherever it stands, before any flag is checked
+    if (env.world().rank() == 0) std::fputs(kUsage, stdout);
+    return 0;
+  }
   Options o = parse(argc, argv);
   const int world = env.world().size();
   // The environment as strictly as the flags (WEFT_DEADLINE=5s is 5 s; a value that is no duration is refused).
@@ -635,7 +588,7 @@ int run(int argc, char** argv, weft::Environment& env) {
   }
   {
     // BLAS threads so that the node's ranks x threads do not outnumber its cores, and what that gives.
-    const int ranks_per_node = weft::detail::ranks_on_node(MPI_COMM_WORLD);
+    const int ranks_per_node = weft::ranks_on_node(MPI_COMM_WORLD);
     const auto bt = weft::ops::set_blas_threads(0, ranks_per_node);
     weft::ops::print_host_threads("serve_gpt", env.world().rank(), weft::ops::host_binding(bt.threads, ranks_per_node));
   }
@@ -668,7 +621,7 @@ int run(int argc, char** argv, weft::Environment& env) {
         if (key == "MemAvailable:") avail_kb = kb;
       }
     }
-    const int node_ranks = weft::detail::ranks_on_node(MPI_COMM_WORLD);
+    const int node_ranks = weft::ranks_on_node(MPI_COMM_WORLD);
     const double limit = avail_kb * 1024.0 / double(node_ranks);
     constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;
     auto gib = [](double b) {

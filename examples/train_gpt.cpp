@@ -44,18 +44,17 @@ namespace {
 using namespace train_gpt;
 
 int run(int argc, char** argv, weft::Environment& env) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      if (env.world().rank() == 0) {  // once, not once per rank
-        std::fputs(kUsage, stdout);
-        std::fputs(train_gpt_checkpoint::Flags::usage, stdout);
-        std::fflush(stdout);
-      }
-      return 0;
+  if (weft::FlagParser::help_requested(argc, argv)) {  // wherever it stands, before any flag is checked
+    if (env.world().rank() == 0) {  // once, not once per rank
+      std::fputs(kUsage, stdout);
+      std::fputs(train_gpt_checkpoint::Flags::usage, stdout);
+      std::fflush(stdout);
     }
+    return 0;
+  }
   const int world = env.world().size();
   // Ranks sharing this node: the memory limit's share and the BLAS threads.
-  const int ranks_per_node = weft::detail::ranks_on_node(MPI_COMM_WORLD);
+  const int ranks_per_node = weft::ranks_on_node(MPI_COMM_WORLD);
   // Every rank checks what it can; the ranks then agree, and an error is
   // printed once (by the lowest rank that found one) before anything is allocated.
   Checked checked;

@@ -37,13 +37,6 @@ namespace train_gpt_checks {
 
 using weft::ConfigError;
 
-/// Throws when `flag` was already given: a repeated flag would silently
-/// replace the first value. `seen` collects the canonical names so far.
-inline void once(std::set<std::string>& seen, const std::string& flag) {
-  WEFT_REQUIRE(seen.insert(flag).second, ConfigError, flag,
-               " is given twice; give each flag once (the second value would silently replace the first)");
-}
-
 /// `--data PATH` must name a regular file this process can read; returns its size in bytes.
 inline std::size_t check_data_file(const std::string& path) {
   struct stat st {};

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include <weft/core/flags.hpp>
 #include <weft/core/parse.hpp>
 #include <weft/metrics/metrics.hpp>
 #include <weft/plan/json_read.hpp>
@@ -137,17 +138,6 @@ inline constexpr const char* kUsage =
     "far above its best: --divergence-factor);\n"
     "5 an allocation failed (the tensor is named).\n";
 
-// The largest value train_gpt accepts for a count (any larger one is
-// refused with the range, so that no product of counts overflows): 2^40.
-constexpr std::size_t kMaxCount = std::size_t(1) << 40;
-
-// A count flag: an integer from 1 (0 with allow_zero) to `max`, parsed
-// strictly (weft::parse_integer: no wrapping, no trailing text).
-inline std::size_t parse_count(const std::string& flag, const std::string& v, bool allow_zero = false,
-                        std::size_t max = kMaxCount) {
-  return weft::parse_integer<std::size_t>(flag, v, allow_zero ? 0 : 1, max);
-}
-
 // Usual ranges of coefficients: a value above `warn` is printed as a warning
 // before step 0 (the run goes on: the divergence guard watches it); one
 // above `refuse` is refused (nothing sane is that large).
@@ -163,231 +153,135 @@ constexpr CoefficientRange kCoefficients[] = {
     {"--bias-balance", 1.0, 1e6, "0 to 1 (typically 0.001)"},
 };
 
-inline double parse_real(const std::string& flag, const std::string& v, bool positive) {
-  std::size_t pos = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &pos);
-  } catch (...) {
-    pos = 0;
-  }
-  WEFT_REQUIRE(pos == v.size() && !v.empty() && std::isfinite(x) && (positive ? x > 0 : x >= 0), ConfigError, flag,
-               " ", v, ": expected a ", positive ? "positive" : "non-negative", " number");
-  return x;
-}
-
-using weft::parse_choice;
-
-// --mesh dp=A[,tp=B,pp=C,cp=D,ep=E]: the mesh's axes (ep: expert
-// parallelism, whose ranks are data ranks too: world = dp x ep x tp x pp x cp).
-struct MeshFlags {
-  int dp = 0, tp = 1, pp = 1, cp = 1, ep = 1;
-};
-inline MeshFlags parse_mesh(const std::string& v) {
-  MeshFlags m;
-  std::set<std::string> axes;
-  std::size_t start = 0;
-  while (start <= v.size()) {
-    const std::size_t end = std::min(v.find(',', start), v.size());
-    const std::string item = v.substr(start, end - start);
-    const std::size_t eq = item.find('=');
-    WEFT_REQUIRE(eq != std::string::npos, ConfigError, "--mesh ", v, ": expected axis=size items such as dp=4, got '", item, "'");
-    const std::string axis = item.substr(0, eq);
-    WEFT_REQUIRE(axes.insert(axis).second, ConfigError, "--mesh ", v, ": axis ", axis,
-                 " is given twice; name each axis once");
-    // At most 2^24 ranks per axis (weft-plan's largest device count): the
-    // value fits an int, and no product of the axes overflows.
-    const int n = weft::parse_integer<int>("--mesh " + axis, item.substr(eq + 1), 1, 1 << 24);
-    if (axis == "dp") {
-      m.dp = n;
-    } else if (axis == "tp") {
-      m.tp = n;
-    } else if (axis == "pp") {
-      m.pp = n;
-    } else if (axis == "cp") {
-      m.cp = n;
-    } else {
-      WEFT_REQUIRE(axis == "ep", ConfigError, "--mesh ", v,
-                   ": unknown axis '", axis, "'; the axes are dp, tp, pp, cp, ep");
-      m.ep = n;
-    }
-    start = end + 1;
-  }
-  return m;
-}
-
+// The flags (weft::FlagParser): counts are strict integers, from 1 (0 where
+// the usage says so) to 2^40 unless a smaller bound is named (no value wraps,
+// no product of counts overflows); reals are finite; a flag given twice, an
+// unknown flag, a missing value or a stray argument is refused. Then the
+// checks between flags.
 inline Options parse(int argc, char** argv) {
+  using weft::RealSign;
   Options o;
   o.model.d_model = 128;
   o.model.heads = 4;
   o.model.seq = 64;
-  std::map<std::string, std::function<void(const std::string&)>> flags = {
-      // The model's sizes have weft-plan's largest accepted values (plan::model_field_max).
-      {"--layers", [&](const std::string& v) { o.model.layers = parse_count("--layers", v, false, std::size_t(1) << 20); }},
-      {"--d-model", [&](const std::string& v) { o.model.d_model = parse_count("--d-model", v, false, std::size_t(1) << 18); }},
-      {"--heads", [&](const std::string& v) { o.model.heads = parse_count("--heads", v, false, std::size_t(1) << 18); }},
-      {"--kv-heads", [&](const std::string& v) { o.model.kv_heads = parse_count("--kv-heads", v, false, std::size_t(1) << 18); }},
-      {"--seq", [&](const std::string& v) { o.model.seq = parse_count("--seq", v, false, std::size_t(1) << 24); }},
-      {"--batch", [&](const std::string& v) { o.batch = parse_count("--batch", v, false, std::size_t(1) << 30); }},
-      {"--microbatches", [&](const std::string& v) { o.microbatches = parse_count("--microbatches", v, false, std::size_t(1) << 30); }},
-      {"--vocab", [&](const std::string& v) { o.model.vocab = parse_count("--vocab", v, false, std::size_t(1) << 24); }},
-      {"--steps", [&](const std::string& v) { o.steps = parse_count("--steps", v); }},
-      {"--lr", [&](const std::string& v) { o.lr = parse_real("--lr", v, true); }},
-      {"--warmup", [&](const std::string& v) { o.warmup = parse_count("--warmup", v, true); }},
-      {"--weight-decay", [&](const std::string& v) { o.weight_decay = parse_real("--weight-decay", v, false); }},
-      {"--momentum", [&](const std::string& v) { o.momentum = parse_real("--momentum", v, false); }},
-      {"--clip", [&](const std::string& v) { o.clip = parse_real("--clip", v, false); }},
-      {"--seed", [&](const std::string& v) { o.model.seed = weft::parse_integer<std::uint64_t>("--seed", v); }},
-      {"--data", [&](const std::string& v) { o.data = v; }},
-      {"--record", [&](const std::string& v) { o.record = v; }},
-      {"--threads", [&](const std::string& v) { o.threads = parse_count("--threads", v, false, 65536); }},
-      {"--mesh", [&](const std::string& v) {
-         const MeshFlags m = parse_mesh(v);
-         o.dp = m.dp;
-         o.tp = m.tp;
-         o.pp = m.pp;
-         o.cp = m.cp;
-         o.ep = m.ep;
-       }},
-      {"--context",
-       [&](const std::string& v) {
-         o.context = parse_choice<std::string>("--context", v,
-                                               {{"ring", "ring"}, {"allgather", "allgather"}, {"alltoall", "alltoall"}});
-       }},
-      {"--attention",
-       [&](const std::string& v) {
-         o.model.attention = parse_choice<weft::nn::AttentionKernel>(
-             "--attention", v,
-             {{"auto", weft::nn::AttentionKernel::automatic}, {"blas", weft::nn::AttentionKernel::blas},
-              {"blockwise", weft::nn::AttentionKernel::blockwise}});
-       }},
-      {"--schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v); }},
-      {"--stages", [&](const std::string& v) { o.stages = (weft::pipeline::parse_stage_spec(v), v); }},
-      {"--stage-memory-mb", [&](const std::string& v) { o.stage_memory_mb = parse_real("--stage-memory-mb", v, false); }},
-      {"--compare", [&](const std::string& v) { o.compare = v; }},
-      {"--baseline", [&](const std::string& v) { o.compare = v; }},
-      {"--memory-limit", [&](const std::string& v) { o.memory_limit = train_gpt_checks::parse_bytes("--memory-limit", v); }},
-      {"--tolerance", [&](const std::string& v) { o.tolerance = parse_real("--tolerance", v, true); }},
-      {"--divergence-factor", [&](const std::string& v) {
-         o.divergence_factor = parse_real("--divergence-factor", v, false);
-         WEFT_REQUIRE(o.divergence_factor == 0 || o.divergence_factor > 1, ConfigError, "--divergence-factor ", v,
-                      ": expected 0 (off) or a factor above 1 (the loss staying above factor x its best so far)");
-       }},
-      {"--divergence-window", [&](const std::string& v) { o.divergence_window = parse_count("--divergence-window", v); }},
-      {"--dp", [&](const std::string& v) { o.dp_mode = weft::parallel::parse_dp_mode(v); }},
-      {"--precision", [&](const std::string& v) {
-         WEFT_REQUIRE(v == "fp32" || v == "bf16" || v == "fp16", ConfigError, "--precision ", v,
-                      ": expected fp32, bf16 or fp16");
-         o.precision = v;
-       }},
-      {"--loss-scale", [&](const std::string& v) {
-         o.loss_scale = parse_real("--loss-scale", v, true);
-         WEFT_REQUIRE(o.loss_scale >= 1, ConfigError, "--loss-scale ", v,
-                      ": the initial loss scale must be >= 1 (the scale never backs off below 1); 65536 is usual");
-         o.loss_scale_given = true;
-       }},
-      {"--checkpoint", [&](const std::string& v) { o.ckpt.dir = v; }},
-      {"--save-every", [&](const std::string& v) { o.ckpt.save_every = parse_count("--save-every", v); }},
-      {"--keep", [&](const std::string& v) { o.ckpt.keep = parse_count("--keep", v, true); }},
-      {"--resume", [&](const std::string& v) { o.ckpt.resume = v; }},
-      {"--bucket-mb", [&](const std::string& v) { o.dp_options.bucket_mb = parse_real("--bucket-mb", v, true); }},
-      {"--optimizer",
-       [&](const std::string& v) {
-         o.optimizer = parse_choice<std::string>("--optimizer", v, {{"adamw", "adamw"}, {"sgd", "sgd"}});
-       }},
-      {"--norm",
-       [&](const std::string& v) {
-         o.model.norm = parse_choice<weft::nn::NormKind>(
-             "--norm", v, {{"layernorm", weft::nn::NormKind::layernorm}, {"rmsnorm", weft::nn::NormKind::rmsnorm}});
-       }},
-      {"--mlp",
-       [&](const std::string& v) {
-         o.model.mlp = parse_choice<weft::nn::MlpKind>("--mlp", v,
-                                                       {{"gelu", weft::nn::MlpKind::gelu}, {"swiglu", weft::nn::MlpKind::swiglu}});
-       }},
+  weft::FlagParser flags("train_gpt");
+  flags.usage_text(std::string(kUsage) + train_gpt_checkpoint::Flags::usage);
+  // The model's sizes have weft-plan's largest accepted values (plan::model_field_max).
+  flags.count("--layers", "N", "blocks", o.model.layers, 1, std::size_t(1) << 20)
+      .count("--d-model", "N", "model width", o.model.d_model, 1, std::size_t(1) << 18)
+      .count("--heads", "N", "attention heads", o.model.heads, 1, std::size_t(1) << 18)
+      .count("--kv-heads", "N", "key/value heads", o.model.kv_heads, 1, std::size_t(1) << 18)
+      .count("--seq", "N", "tokens per sequence", o.model.seq, 1, std::size_t(1) << 24)
+      .count("--batch", "N", "global batch", o.batch, 1, std::size_t(1) << 30)
+      .count("--microbatches", "M", "microbatches per step", o.microbatches, 1, std::size_t(1) << 30)
+      .count("--vocab", "N", "vocabulary", o.model.vocab, 1, std::size_t(1) << 24)
+      .count("--steps", "N", "optimizer steps", o.steps)
+      .real("--lr", "X", "learning rate", o.lr, RealSign::positive)
+      .count("--warmup", "N", "warmup steps", o.warmup, 0)
+      .real("--weight-decay", "X", "weight decay", o.weight_decay)
+      .real("--momentum", "X", "SGD momentum", o.momentum)
+      .real("--clip", "X", "clipping norm", o.clip)
+      .count("--seed", "N", "seed", o.model.seed, 0, std::numeric_limits<std::uint64_t>::max())
+      .text("--data", "FILE", "training text", o.data)
+      .text("--record", "FILE", "run record", o.record)
+      .count("--threads", "N", "BLAS threads", o.threads, 1, 65536)
+      // --mesh dp=A[,tp=B,pp=C,cp=D,ep=E] (ep: expert parallelism, whose ranks are data ranks too:
+      // world = dp x ep x tp x pp x cp); at most 2^24 ranks per axis, weft-plan's largest device count.
+      .value("--mesh", "dp=A,tp=B,pp=C,cp=D,ep=E", "the mesh",
+             [&](const std::string& v) {
+               const weft::AxisSizes m = weft::parse_mesh_spec("--mesh", v, {"dp", "tp", "pp", "cp", "ep"});
+               const auto size = [&m](const char* axis, int& dest) {
+                 if (m.count(axis)) dest = m.at(axis);
+               };
+               size("dp", o.dp);
+               size("tp", o.tp);
+               size("pp", o.pp);
+               size("cp", o.cp);
+               size("ep", o.ep);
+             })
+      .choice<std::string>("--context", "CP variant", o.context,
+                           {{"ring", "ring"}, {"allgather", "allgather"}, {"alltoall", "alltoall"}})
+      .choice<weft::nn::AttentionKernel>("--attention", "attention kernel", o.model.attention,
+                                         {{"auto", weft::nn::AttentionKernel::automatic},
+                                          {"blas", weft::nn::AttentionKernel::blas},
+                                          {"blockwise", weft::nn::AttentionKernel::blockwise}})
+      .value("--schedule", "S", "pipeline schedule", [&](const std::string& v) { o.schedule = weft::pipeline::parse_schedule(v); })
+      .value("--stages", "SPEC", "pipeline stages", [&](const std::string& v) { o.stages = (weft::pipeline::parse_stage_spec(v), v); })
+      .real("--stage-memory-mb", "MB", "memory per stage for --stages auto", o.stage_memory_mb)
+      .text("--baseline", "FILE", "the loss curve to follow", o.compare)
+      .alias("--compare", "--baseline")
+      .value("--memory-limit", "BYTES", "per-rank memory limit",
+             [&](const std::string& v) { o.memory_limit = train_gpt_checks::parse_bytes("--memory-limit", v); })
+      .real("--tolerance", "X", "loss difference --baseline allows", o.tolerance, RealSign::positive)
+      .value("--divergence-factor", "X", "divergence guard's factor",
+             [&](const std::string& v) {
+               o.divergence_factor = weft::parse_real("--divergence-factor", v);
+               WEFT_REQUIRE(o.divergence_factor == 0 || o.divergence_factor > 1, ConfigError, "--divergence-factor ", v,
+                            ": expected 0 (off) or a factor above 1 (the loss staying above factor x its best so far)");
+             })
+      .count("--divergence-window", "N", "divergence guard's window", o.divergence_window)
+      .value("--dp", "MODE", "DP mode", [&](const std::string& v) { o.dp_mode = weft::parallel::parse_dp_mode(v); })
+      .value("--precision", "P", "operand type of the products",
+             [&](const std::string& v) {
+               WEFT_REQUIRE(v == "fp32" || v == "bf16" || v == "fp16", ConfigError, "--precision ", v,
+                            ": expected fp32, bf16 or fp16");
+               o.precision = v;
+             })
+      .value("--loss-scale", "X", "fp16's initial loss scale",
+             [&](const std::string& v) {
+               o.loss_scale = weft::parse_real("--loss-scale", v, RealSign::positive);
+               WEFT_REQUIRE(o.loss_scale >= 1, ConfigError, "--loss-scale ", v,
+                            ": the initial loss scale must be >= 1 (the scale never backs off below 1); 65536 is usual");
+               o.loss_scale_given = true;
+             })
+      .text("--checkpoint", "DIR", "checkpoint root", o.ckpt.dir)
+      .count("--save-every", "N", "steps between checkpoints", o.ckpt.save_every)
+      .count("--keep", "N", "checkpoints kept", o.ckpt.keep, 0)
+      .text("--resume", "PATH", "checkpoint to resume from", o.ckpt.resume)
+      .real("--bucket-mb", "MB", "gradient bucket size", o.dp_options.bucket_mb, RealSign::positive)
+      .choice<std::string>("--optimizer", "optimizer", o.optimizer, {{"adamw", "adamw"}, {"sgd", "sgd"}})
+      .choice<weft::nn::NormKind>("--norm", "normalization", o.model.norm,
+                                  {{"layernorm", weft::nn::NormKind::layernorm}, {"rmsnorm", weft::nn::NormKind::rmsnorm}})
+      .choice<weft::nn::MlpKind>("--mlp", "MLP", o.model.mlp, {{"gelu", weft::nn::MlpKind::gelu}, {"swiglu", weft::nn::MlpKind::swiglu}})
       // --experts 0: a dense model, as the usage says.
-      {"--experts", [&](const std::string& v) { o.model.experts = parse_count("--experts", v, true, std::size_t(1) << 16); }},
-      {"--top-k", [&](const std::string& v) { o.model.top_k = parse_count("--top-k", v, false, std::size_t(1) << 16); }},
-      {"--capacity-factor",
-       [&](const std::string& v) { o.model.capacity_factor = parse_real("--capacity-factor", v, true); }},
-      {"--router",
-       [&](const std::string& v) {
-         o.model.router = parse_choice<weft::nn::RouterKind>(
-             "--router", v, {{"softmax", weft::nn::RouterKind::softmax}, {"sigmoid", weft::nn::RouterKind::sigmoid}});
-       }},
-      {"--aux-loss", [&](const std::string& v) { o.model.aux_loss = parse_real("--aux-loss", v, false); }},
-      {"--z-loss", [&](const std::string& v) { o.model.z_loss = parse_real("--z-loss", v, false); }},
-      {"--bias-balance", [&](const std::string& v) { o.model.bias_balance = parse_real("--bias-balance", v, false); }},
-      {"--moe-every", [&](const std::string& v) { o.model.moe_every = parse_count("--moe-every", v); }},
-      {"--shared-experts", [&](const std::string& v) { o.model.shared_experts = parse_count("--shared-experts", v, true); }},
-      {"--expert-hidden", [&](const std::string& v) { o.model.expert_hidden = parse_count("--expert-hidden", v); }},
-      {"--pos",
-       [&](const std::string& v) {
-         o.model.position = parse_choice<weft::nn::PositionKind>(
-             "--pos", v, {{"learned", weft::nn::PositionKind::learned}, {"rotary", weft::nn::PositionKind::rotary}});
-       }},
-  };
-  std::set<std::string> seen;  // flags given so far (--compare counts as --baseline)
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i], v;
-    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos)
-      train_gpt_checks::once(seen, a.substr(0, eq) == "--compare" ? "--baseline" : a.substr(0, eq));
-    else if (a.rfind("--", 0) == 0)
-      train_gpt_checks::once(seen, a == "--compare" ? "--baseline" : a);
-    // Switches, as --switch or --switch=true|false (yes/no, on/off, 1/0).
-    const std::map<std::string, std::function<void(bool)>> switches = {
-        {"--recompute", [&](bool on) { o.model.recompute = on; }},
-        {"--sequence-parallel", [&](bool on) { o.sequence_parallel = on; }},
-        {"--no-overlap", [&](bool on) { o.dp_options.overlap = !on; }},
-        {"--check", [&](bool on) { o.check_only = on; }},
-        {"--dropless", [&](bool on) { if (on) o.model.capacity_factor = 0; }},
-        {"--overwrite-checkpoint", [&](bool on) { o.ckpt.overwrite = on; }},
-    };
-    {
-      const std::size_t eq = a.find('=');
-      const auto sw = switches.find(a.substr(0, eq));
-      if (sw != switches.end()) {
-        bool on = true;
-        if (eq != std::string::npos) {
-          const std::string val = a.substr(eq + 1);
-          if (val == "true" || val == "yes" || val == "on" || val == "1") on = true;
-          else if (val == "false" || val == "no" || val == "off" || val == "0") on = false;
-          else
-            weft::detail::throw_error<ConfigError>(a, ": ", sw->first, " is a switch; give it alone or as ", sw->first,
-                                                   "=true or ", sw->first, "=false (yes/no, on/off, 1/0)");
-        }
-        sw->second(on);
-        continue;
-      }
-    }
-    if (auto eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      v = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    }
-    auto it = flags.find(a);
-    WEFT_REQUIRE(it != flags.end(), ConfigError, "unknown flag ", a, "; run train_gpt --help for the flags");
-    if (v.empty() && argv[i][a.size()] != '=') {
-      WEFT_REQUIRE(i + 1 < argc, ConfigError, a, " needs a value");
-      v = argv[++i];
-    }
-    it->second(v);
-  }
-  WEFT_REQUIRE(!(seen.count("--dropless") && seen.count("--capacity-factor")), ConfigError,
+      .count("--experts", "N", "experts per MoE block", o.model.experts, 0, std::size_t(1) << 16)
+      .count("--top-k", "K", "experts per token", o.model.top_k, 1, std::size_t(1) << 16)
+      .real("--capacity-factor", "X", "expert capacity factor", o.model.capacity_factor, RealSign::positive)
+      .choice<weft::nn::RouterKind>("--router", "router", o.model.router,
+                                    {{"softmax", weft::nn::RouterKind::softmax}, {"sigmoid", weft::nn::RouterKind::sigmoid}})
+      .real("--aux-loss", "X", "load-balancing loss coefficient", o.model.aux_loss)
+      .real("--z-loss", "X", "router z-loss coefficient", o.model.z_loss)
+      .real("--bias-balance", "X", "bias balancing rate", o.model.bias_balance)
+      .count("--moe-every", "K", "every K-th block is MoE", o.model.moe_every)
+      .count("--shared-experts", "N", "shared experts", o.model.shared_experts, 0)
+      .count("--expert-hidden", "N", "expert hidden width", o.model.expert_hidden)
+      .choice<weft::nn::PositionKind>("--pos", "positions", o.model.position,
+                                      {{"learned", weft::nn::PositionKind::learned}, {"rotary", weft::nn::PositionKind::rotary}})
+      // Switches, as --switch or --switch=true|false (yes/no, on/off, 1/0).
+      .toggle("--recompute", "recompute activations", o.model.recompute)
+      .toggle("--sequence-parallel", "sequence parallelism", o.sequence_parallel)
+      .toggle("--no-overlap", "no communication overlap", [&](bool on) { o.dp_options.overlap = !on; })
+      .toggle("--check", "check the flags only", o.check_only)
+      .toggle("--dropless", "no token dropped", [&](bool on) { if (on) o.model.capacity_factor = 0; })
+      .toggle("--overwrite-checkpoint", "replace another run's checkpoints", o.ckpt.overwrite);
+  flags.parse(argc, argv);  // run() answers --help before
+  const auto given = [&](const char* f) { return flags.given(f); };
+  WEFT_REQUIRE(!(given("--dropless") && given("--capacity-factor")), ConfigError,
                "--dropless and --capacity-factor exclude each other; give one (dropless: no token is dropped)");
   if (o.model.experts == 0)
     for (const char* f : {"--top-k", "--capacity-factor", "--dropless", "--router", "--aux-loss", "--z-loss",
                           "--bias-balance", "--moe-every", "--shared-experts", "--expert-hidden"})
-      WEFT_REQUIRE(!seen.count(f), ConfigError, f, " configures mixture-of-experts blocks, but --experts is not given; add --experts N");
+      WEFT_REQUIRE(!given(f), ConfigError, f, " configures mixture-of-experts blocks, but --experts is not given; add --experts N");
   // Flags that only another flag gives a meaning: refused alone, rather than silently ignored.
-  WEFT_REQUIRE(!seen.count("--tolerance") || seen.count("--baseline"), ConfigError,
+  WEFT_REQUIRE(!given("--tolerance") || given("--baseline"), ConfigError,
                "--tolerance is the loss difference --baseline allows, but no --baseline is given; add --baseline FILE "
                "(a --record of the run to follow) or drop --tolerance");
-  WEFT_REQUIRE(!seen.count("--divergence-window") || o.divergence_factor > 0, ConfigError,
+  WEFT_REQUIRE(!given("--divergence-window") || o.divergence_factor > 0, ConfigError,
                "--divergence-window with --divergence-factor 0 (the guard is off); give a factor above 1 or drop --divergence-window");
-  WEFT_REQUIRE(!seen.count("--stage-memory-mb") || o.stages == "auto", ConfigError,
+  WEFT_REQUIRE(!given("--stage-memory-mb") || o.stages == "auto", ConfigError,
                "--stage-memory-mb limits the stages --stages auto chooses, but --stages is ", o.stages,
                "; add --stages auto or drop --stage-memory-mb");
-  WEFT_REQUIRE(!seen.count("--momentum") || o.optimizer == "sgd", ConfigError,
+  WEFT_REQUIRE(!given("--momentum") || o.optimizer == "sgd", ConfigError,
                "--momentum is SGD's, but --optimizer is ", o.optimizer, "; add --optimizer sgd or drop --momentum");
   // Coefficients far outside any sane range are refused, with the range.
   const std::map<std::string, double> coefficient = {{"--weight-decay", o.weight_decay}, {"--aux-loss", o.model.aux_loss},

@@ -5,6 +5,7 @@
 #include <weft/config.hpp>
 #include <weft/core/allocation.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/flags.hpp>
 #include <weft/core/half.hpp>
 #include <weft/core/kokkos_compat.hpp>
 #include <weft/core/version.hpp>

@@ -74,3 +74,13 @@ inline std::string node_name() {
 }
 
 }  // namespace weft::detail
+
+namespace weft {
+
+/// How many ranks of `comm` share this rank's node, at least 1: a program's
+/// count for dividing the node's cores among its ranks (e.g.
+/// ops::set_blas_threads). Follows WEFT_TEST_RANKS_PER_NODE like every node
+/// split of weft. Collective over comm.
+inline int ranks_on_node(MPI_Comm comm) { return detail::ranks_on_node(comm); }
+
+}  // namespace weft
