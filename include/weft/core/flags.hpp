@@ -23,6 +23,18 @@
 
 namespace weft {
 
+namespace detail {
+/// FlagParser::count's default upper bound: 2^40, or T's largest value if
+/// smaller. (A free function declared before the class: nvcc refuses a
+/// default argument naming a member template declared after it.)
+template <class T>
+constexpr T default_count_max() {
+  constexpr unsigned long long cap = 1ull << 40;
+  return static_cast<unsigned long long>(std::numeric_limits<T>::max()) < cap ? std::numeric_limits<T>::max()
+                                                                             : static_cast<T>(cap);
+}
+}  // namespace detail
+
 /// Which real numbers parse_real accepts: 0 and above, or above 0 only.
 enum class RealSign { non_negative, positive };
 
@@ -145,7 +157,7 @@ class FlagParser {
   /// any product of a few counts from overflowing.
   template <class T>
   FlagParser& count(const std::string& name, const std::string& meta, const std::string& help, T& dest,
-                    std::type_identity_t<T> lo = 1, std::type_identity_t<T> hi = default_count_max<T>()) {
+                    std::type_identity_t<T> lo = 1, std::type_identity_t<T> hi = detail::default_count_max<T>()) {
     static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>, "count parses into an integer type");
     return value(name, meta, help, [&dest, name, lo, hi](const std::string& v) { dest = parse_integer<T>(name, v, lo, hi); });
   }
@@ -302,13 +314,6 @@ class FlagParser {
     Handler handler;
     bool repeatable = false;
   };
-
-  template <class T>
-  static constexpr T default_count_max() {
-    constexpr unsigned long long cap = 1ull << 40;
-    return static_cast<unsigned long long>(std::numeric_limits<T>::max()) < cap ? std::numeric_limits<T>::max()
-                                                                               : static_cast<T>(cap);
-  }
 
   void check_new(const std::string& name) const {
     WEFT_REQUIRE(name.size() > 2 && name.rfind("--", 0) == 0 && name.find('=') == std::string::npos, ConfigError,
