@@ -45,6 +45,11 @@ struct Deferring {
 
 std::string name_of(std::size_t index, const char* part) { return "block." + std::to_string(index) + "." + part; }
 
+// m with rows x cols: kept when it has them, else allocated (once per shape, not per step).
+void fit(Matrix& m, const char* label, std::size_t rows, std::size_t cols) {
+  if (m.extent(0) != rows || m.extent(1) != cols) m = Matrix(std::string(label), rows, cols);
+}
+
 // x + tanh(x W1 + b1) W2 + b2.
 class ResidualMlp {
  public:
@@ -86,7 +91,8 @@ class ResidualMlp {
  private:
   void run_backward(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s, weft::nn::DeferredWork* work) {
     Deferring d(*ctx_, work);
-    Matrix dh("mlp.dh", s.a.extent(0), s.a.extent(1));
+    fit(dh_, "mlp.dh", s.a.extent(0), s.a.extent(1));
+    auto dh = dh_;
     down_.backward(s.a, dy, dh);
     auto a = s.a;
     Kokkos::parallel_for(
@@ -98,6 +104,7 @@ class ResidualMlp {
   weft::nn::ContextPtr ctx_;
   weft::nn::Linear<T, Space> up_, down_;
   std::size_t hidden_;
+  Matrix dh_;  // backward scratch
 };
 
 // x + (x Wa) * sigmoid(x Wb).
@@ -138,7 +145,9 @@ class ResidualGate {
  private:
   void run_backward(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s, weft::nn::DeferredWork* work) {
     Deferring d(*ctx_, work);
-    Matrix du("gate.du", dy.extent(0), width_), dv("gate.dv", dy.extent(0), width_);
+    fit(du_, "gate.du", dy.extent(0), width_);
+    fit(dv_, "gate.dv", dy.extent(0), width_);
+    auto du = du_, dv = dv_;
     auto u = s.u, g = s.g;
     Kokkos::parallel_for(
         "gate.backward", Kokkos::MDRangePolicy<Space, Kokkos::Rank<2>>({0, 0}, {dy.extent(0), dy.extent(1)}),
@@ -153,6 +162,7 @@ class ResidualGate {
   weft::nn::ContextPtr ctx_;
   weft::nn::Linear<T, Space> a_, b_;
   std::size_t width_;
+  Matrix du_, dv_;  // backward scratch
 };
 
 using Block = weft::nn::OneOf<ResidualMlp, ResidualGate>;

@@ -143,54 +143,55 @@ void check_unary(MeshT& mesh, std::size_t rows, std::size_t cols, const std::str
   CHECK(wrong(what + " scale", differ(s, map(in, [](T v) { return T(-3) * v; }), 0)) == wrong(what + " scale", 0));
 }
 
-template <class LA, class LB, class MeshT>
-void check_add(MeshT& mesh, std::size_t rows, std::size_t cols, const std::string& where) {
+// A binary operation of kind Kind, op(a, b) and op(a, b, y), against
+// combine on the full tensors: exact for the dyadic values (and their rank
+// multiples) used here; in place too when a has the result's type.
+template <class Kind, class LA, class LB, class MeshT, class Op, class Combine>
+void check_binary(MeshT& mesh, std::size_t rows, std::size_t cols, const std::string& where, const char* sym, Op op,
+                  Combine combine) {
   using A = Dist<LA>;
   using B = Dist<LB>;
-  const std::string what = where + " " + A::describe() + " + " + B::describe();
+  const std::string what = where + " " + A::describe() + sym + B::describe();
   A a(mesh, rows, cols);
   B b(mesh, rows, cols);
   fill_placed(mesh, a, value_a);
   fill_placed(mesh, b, value_b);
   const auto ia = full_of<A>(mesh, rows * cols, value_a), ib = full_of<B>(mesh, rows * cols, value_b);
   std::vector<T> want(ia.size());
-  for (std::size_t n = 0; n < want.size(); ++n) want[n] = ia[n] + ib[n];
-  auto y = add(a, b);
-  static_assert(std::is_same_v<decltype(y), elementwise_result_t<Additive, A, B>>);
+  for (std::size_t n = 0; n < want.size(); ++n) want[n] = combine(ia[n], ib[n]);
+  auto y = op(a, b);
+  static_assert(std::is_same_v<decltype(y), elementwise_result_t<Kind, A, B>>);
   CHECK(wrong(what, differ(y, want, 0)) == wrong(what, 0));
-  // Into an existing result, and in place when a has the result's type.
   decltype(y) into(mesh, rows, cols);
-  add(a, b, into);
+  op(a, b, into);
   CHECK(wrong(what + " into", differ(into, want, 0)) == wrong(what + " into", 0));
   if constexpr (std::is_same_v<A, decltype(y)>) {
-    add(a, b, a);
+    op(a, b, a);
     CHECK(wrong(what + " in place", differ(a, want, 0)) == wrong(what + " in place", 0));
   }
 }
 
-// a * b: exact for the dyadic values (and their rank multiples) used here.
+// weft::add and weft::mul, each as one callable for both of its forms.
+struct AddOp {
+  template <class A, class B>
+  auto operator()(const A& a, const B& b) const { return add(a, b); }
+  template <class A, class B, class Y>
+  void operator()(const A& a, const B& b, const Y& y) const { add(a, b, y); }
+};
+struct MulOp {
+  template <class A, class B>
+  auto operator()(const A& a, const B& b) const { return mul(a, b); }
+  template <class A, class B, class Y>
+  void operator()(const A& a, const B& b, const Y& y) const { mul(a, b, y); }
+};
+
+template <class LA, class LB, class MeshT>
+void check_add(MeshT& mesh, std::size_t rows, std::size_t cols, const std::string& where) {
+  check_binary<Additive, LA, LB>(mesh, rows, cols, where, " + ", AddOp{}, [](T x, T y) { return x + y; });
+}
 template <class LA, class LB, class MeshT>
 void check_mul(MeshT& mesh, std::size_t rows, std::size_t cols, const std::string& where) {
-  using A = Dist<LA>;
-  using B = Dist<LB>;
-  const std::string what = where + " " + A::describe() + " * " + B::describe();
-  A a(mesh, rows, cols);
-  B b(mesh, rows, cols);
-  fill_placed(mesh, a, value_a);
-  fill_placed(mesh, b, value_b);
-  const auto ia = full_of<A>(mesh, rows * cols, value_a), ib = full_of<B>(mesh, rows * cols, value_b);
-  std::vector<T> want(ia.size());
-  for (std::size_t n = 0; n < want.size(); ++n) want[n] = ia[n] * ib[n];
-  auto y = mul(a, b);
-  static_assert(std::is_same_v<decltype(y), elementwise_result_t<Multiplicative, A, B>>);
-  CHECK(wrong(what, differ(y, want, 0)) == wrong(what, 0));
-  decltype(y) into(mesh, rows, cols);
-  mul(a, b, into);
-  CHECK(wrong(what + " into", differ(into, want, 0)) == wrong(what + " into", 0));
-  if constexpr (std::is_same_v<A, decltype(y)>) {
-    mul(a, b, a);
-    CHECK(wrong(what + " in place", differ(a, want, 0)) == wrong(what + " in place", 0));
-  }
+  check_binary<Multiplicative, LA, LB>(mesh, rows, cols, where, " * ", MulOp{}, [](T x, T y) { return x * y; });
 }
 
 template <class LX, class LB, class MeshT>

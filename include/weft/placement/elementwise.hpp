@@ -288,6 +288,19 @@ void require_same_mesh(const char* op, const DVA& a, const DVB& b) {
                b.axis_table().describe(), "); build both on the same Mesh object");
 }
 
+// The run-time checks of a binary element-wise operation into y: one mesh,
+// and equal global extents.
+template <class DVA, class DVB, class DVY>
+void require_same_shape(const char* op, const DVA& a, const DVB& b, const DVY& y) {
+  require_same_mesh(op, a, b);
+  require_same_mesh(op, a, y);
+  for (std::size_t d = 0; d < DVA::rank; ++d)
+    WEFT_REQUIRE(a.global_extent(d) == b.global_extent(d) && a.global_extent(d) == y.global_extent(d), ShapeError, op,
+                 ": the operands' global extents differ in dimension ", d, " (", a.global_extent(d), ", ",
+                 b.global_extent(d), " and the result's ", y.global_extent(d),
+                 "); element-wise operands must have the same shape");
+}
+
 template <class Op, class X>
 auto activation(const char* name, const X& x) {
   using DV = std::remove_cvref_t<X>;
@@ -406,13 +419,7 @@ void add(const A& a, const B& b, const Y& y) {
     static_assert(std::is_same_v<std::remove_cvref_t<Y>, elementwise_result_t<Additive, DVA, DVB>>,
                   "weft::add(a, b, y): y must have the type of a + b (weft::elementwise_result_t<weft::Additive, A, "
                   "B>: the same element type, memory space, rank and placements); use add(a, b) for a new tensor");
-    detail::require_same_mesh("weft::add", a, b);
-    detail::require_same_mesh("weft::add", a, y);
-    for (std::size_t d = 0; d < DVA::rank; ++d)
-      WEFT_REQUIRE(a.global_extent(d) == b.global_extent(d) && a.global_extent(d) == y.global_extent(d), ShapeError,
-                   "weft::add: the operands' global extents differ in dimension ", d, " (", a.global_extent(d), ", ",
-                   b.global_extent(d), " and the result's ", y.global_extent(d),
-                   "); element-wise operands must have the same shape");
+    detail::require_same_shape("weft::add", a, b, y);
     ops::add(detail::as_matrix(y.local()), detail::as_matrix(a.local()), detail::as_matrix(b.local()));
   }
 }
@@ -461,13 +468,7 @@ void mul(const A& a, const B& b, const Y& y) {
     static_assert(std::is_same_v<std::remove_cvref_t<Y>, elementwise_result_t<Multiplicative, DVA, DVB>>,
                   "weft::mul(a, b, y): y must have the type of a * b (weft::elementwise_result_t<weft::Multiplicative, "
                   "A, B>: the same element type, memory space, rank and placements); use mul(a, b) for a new tensor");
-    detail::require_same_mesh("weft::mul", a, b);
-    detail::require_same_mesh("weft::mul", a, y);
-    for (std::size_t d = 0; d < DVA::rank; ++d)
-      WEFT_REQUIRE(a.global_extent(d) == b.global_extent(d) && a.global_extent(d) == y.global_extent(d), ShapeError,
-                   "weft::mul: the operands' global extents differ in dimension ", d, " (", a.global_extent(d), ", ",
-                   b.global_extent(d), " and the result's ", y.global_extent(d),
-                   "); element-wise operands must have the same shape");
+    detail::require_same_shape("weft::mul", a, b, y);
     detail::mul_flat<typename DVA::execution_space>(a.local(), b.local(), y.local());
   }
 }
