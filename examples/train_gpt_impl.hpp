@@ -1198,9 +1198,11 @@ int run_data_tensor_on(const Options& o, MeshT& mesh, weft::nn::ContextParallel<
   using DPPolicy = typename S::data_parallel;
   const std::string context = cp.policy;
   weft::Comm& grads = o.cp > 1 ? mesh.template axes<weft::DP, weft::CP>() : mesh.template axis<weft::DP>();
-  // Without CP the MoE blocks' routing (capacity, drops, losses) covers the whole microbatch over DP.
-  auto owned = o.cp > 1 ? std::make_unique<weft::nn::GPT<float, S>>(mesh, o.model, std::move(cp))
-                        : std::make_unique<weft::nn::GPT<float, S>>(mesh, o.model, weft::nn::expert_split_of<S>(mesh, o.model));
+  // The MoE blocks' routing (capacity, drops, losses) covers the whole microbatch over DP (x CP).
+  const weft::nn::ExpertSplit experts =
+      o.model.experts > 0 ? weft::nn::expert_split_of<S>(mesh, o.model) : weft::nn::ExpertSplit{};
+  auto owned = o.cp > 1 ? std::make_unique<weft::nn::GPT<float, S>>(mesh, o.model, std::move(cp), experts)
+                        : std::make_unique<weft::nn::GPT<float, S>>(mesh, o.model, experts);
   auto& gpt = *owned;
   weft::parallel::DataParallel<float, DPPolicy> dp(grads, gpt.parameter_groups(), o.dp_options);
   gpt.set_hooks(&dp);
@@ -1454,10 +1456,10 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
                  " ranks, but train_gpt was started on ", world, "; launch it with mpirun -n ", c.ndp * model_ranks,
                  " or change --mesh");
   }
-  WEFT_REQUIRE(o.model.experts == 0 || o.cp == 1, ConfigError, "--experts ",
-               o.model.experts, ": mixture-of-experts blocks run under data, pipeline, expert and tensor parallelism "
-               "(--mesh dp=A,pp=P,ep=E,tp=T, with or without --sequence-parallel); context parallelism is not "
-               "implemented for them (docs/moe.md)");
+  WEFT_REQUIRE(o.ep == 1 || o.cp == 1, ConfigError, "--mesh cp=", o.cp, ",ep=", o.ep,
+               ": train_gpt compiles its expert-parallel strategies without a Context entry (the library runs "
+               "Experts<N> beside Context<...>: weft::nn::expert_split_of, docs/moe.md); use cp=1, or ep=1 (the "
+               "experts whole on every rank, routing over the DP x CP ranks)");
   WEFT_REQUIRE(o.ep == 1 || !o.sequence_parallel, ConfigError, "--sequence-parallel with --mesh ep=", o.ep,
                ": train_gpt compiles its expert-parallel strategies with TensorParallel<> only (the library runs "
                "Experts<N> beside TensorParallel<SequenceParallel>: weft::nn::expert_split_of, docs/moe.md); drop "

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include <weft/parallel/context.hpp>
 #include <weft/parallel/expert_parallel.hpp>
 #include <weft/parallel/train_step.hpp>
 
@@ -186,7 +187,7 @@ TEST_CASE("Experts<4> on every dp x ep mesh: the single-process loss, gradients 
         // The statistics are the whole microbatch's on every rank.
         CHECK(p.stats.selected == ref.stats.selected);
         CHECK(p.stats.dropped == ref.stats.dropped);
-        CHECK(test::rel(p.stats.aux_loss, ref.stats.aux_loss) < 1e-12);
+              CHECK(test::rel(p.stats.aux_loss, ref.stats.aux_loss) < 1e-12);
         CHECK(test::rel(p.stats.z_loss, ref.stats.z_loss) < 1e-12);
         CHECK(std::abs(p.stats.entropy() - ref.stats.entropy()) < 1e-12);
         CHECK((ep == 1) == (p.stats.a2a_bytes == 0));
@@ -352,6 +353,91 @@ TEST_CASE("MoE under sequence parallelism (tp 2; dp 2 x tp 2; ep 2 x tp 2): the 
         using SE = Strategy<On<EP, Experts<4>>, On<TP, TensorParallel<SequenceParallel>>>;
         Mesh<EP, TP> emesh(w, 2, 2);
         check_moe_sequence_parallel<SE>(emesh, 1, 2, capacity, swiglu);
+      }
+    }
+}
+
+namespace {
+// One MoE pass under context parallelism (Context<Ring> over the mesh's CP
+// axis) beside DP, EP or TP under SequenceParallel, against the single
+// process on the whole microbatch: the loss, every whole parameter's
+// gradient and the dropped slots. S names the strategy's policies but CP's
+// (the model takes its CP handle from attention_of), as train_gpt does.
+template <class S, class MeshT>
+void check_moe_context(MeshT& mesh, int samples, double capacity, bool swiglu) {
+  const nn::GPTConfig whole = moe_config(2, capacity, swiglu);
+  nn::GPT<double> single(whole);
+  const Pass ref = run(single, whole, 0, whole.tokens());
+  nn::GPTConfig local = whole;
+  local.batch = whole.batch / std::size_t(samples);
+  const auto split_of = nn::expert_split_of<S>(mesh, local);
+  std::size_t shards = std::size_t(mesh.template extent<CP>());
+  int tp_coord = 0;
+  if constexpr (MeshT::template has_axis<TP>) {
+    shards *= std::size_t(mesh.template extent<TP>());  // every TP strategy here is sequence-parallel
+    tp_coord = mesh.template coord<TP>();
+  }
+  CHECK(split_of.token_shards == shards);
+  REQUIRE(split_of.data != nullptr);
+  CHECK(std::size_t(split_of.data->size()) == shards * std::size_t(samples));
+  nn::GPT<double, S> split(mesh, local, context::attention_of<Context<Ring>, double>(mesh.template axis<CP>()), split_of);
+  // This rank's samples: its DP x EP index (CP and TP ranks share them and split their tokens).
+  int sample_rank = 0;
+  if constexpr (MeshT::template has_axis<DP>) sample_rank = mesh.template coord<DP>();
+  if constexpr (MeshT::template has_axis<EP>) sample_rank = sample_rank * mesh.template extent<EP>() + mesh.template coord<EP>();
+  CHECK(split_of.sample_index() == std::size_t(sample_rank));
+  Pass p = run(split, local, std::size_t(sample_rank) * local.batch, whole.tokens());
+  Comm& data = *split_of.data;
+  double loss = p.loss;
+  data.all_reduce(HostD(&loss, 1), ReduceOp::avg);  // every CP and TP rank holds its samples' mean loss
+  CHECK(test::rel(loss, ref.loss) < 1e-12);
+  CHECK(gather_dropped(p, data) == ref.dropped);
+  // Whole parameters (TP-summed by the blocks under sequence parallelism):
+  // summed over the ranks of this TP coordinate; the routed experts over
+  // those of this EP coordinate too.
+  Comm others = data.split(tp_coord, data.rank(), "others");
+  int ep_coord = 0;
+  if constexpr (MeshT::template has_axis<EP>) ep_coord = mesh.template coord<EP>();
+  Comm replicas = others.split(ep_coord, others.rank(), "replicas");
+  double worst = 0;
+  std::size_t compared = 0, experts = 0;
+  for (auto& [name, g] : p.grads) {
+    const auto& r = ref.grads.at(name);
+    if (r.size() != g.size()) continue;  // a TP shard
+    const bool expert = name.find(".mlp.experts.") != std::string::npos;
+    (expert ? replicas : others).all_reduce(HostD(g.data(), g.size()));
+    experts += expert ? 1 : 0;
+    worst = std::max(worst, max_rel(g, r));
+    ++compared;
+  }
+  CAPTURE(compared);
+  std::size_t ref_experts = 0;
+  for (const auto& [name, g] : ref.grads) ref_experts += name.find(".mlp.experts.") != std::string::npos ? 1 : 0;
+  double seen = double(experts);
+  if constexpr (MeshT::template has_axis<EP>) mesh.template axis<EP>().all_reduce(HostD(&seen, 1));
+  CHECK(std::size_t(seen) == ref_experts);
+  CHECK(compared > experts);
+  CHECK(worst < 1e-10);
+}
+}  // namespace
+
+TEST_CASE("MoE under context parallelism (cp 2; dp 2 x cp 2; cp 2 x ep 2; cp 2 x tp 2 with SP): the single-process loss, gradients and drops") {
+  auto& w = test::world();
+  for (double capacity : {1.0, 0.0})
+    for (bool swiglu : {false, true}) {
+      CAPTURE(capacity);
+      CAPTURE(swiglu);
+      if (w.size() == 2) {
+        Mesh<CP> mesh(w, 2);
+        check_moe_context<Strategy<>>(mesh, 1, capacity, swiglu);
+      }
+      if (w.size() == 4) {
+        Mesh<DP, CP> dmesh(w, 2, 2);
+        check_moe_context<Strategy<On<DP, Replicated>>>(dmesh, 2, capacity, swiglu);
+        Mesh<CP, EP> emesh(w, 2, 2);
+        check_moe_context<Strategy<On<EP, Experts<4>>>>(emesh, 2, capacity, swiglu);
+        Mesh<CP, TP> tmesh(w, 2, 2);
+        check_moe_context<Strategy<On<TP, TensorParallel<SequenceParallel>>>>(tmesh, 1, capacity, swiglu);
       }
     }
 }

@@ -347,12 +347,12 @@ TEST_CASE("enumeration: each rejection names its reason") {
   CHECK(reasons({.dp = 2, .mode = DPMode::fsdp}) == "");
   CHECK(reasons({.mode = DPMode::zero1}) == "dp 1: nothing to shard with zero1;");
   CHECK(reasons({.dp = 2, .ep = 2}) == "ep 2 does not divide experts 0;");
-  // weft runs no MoE block under context parallelism, so no MoE layout with cp > 1 is ranked.
+  // MoE blocks run under context parallelism (each CP rank routes its share), so MoE layouts with cp > 1 are ranked.
   ModelSpec moe = g;
   moe.experts = 8;
   CHECK(reasons({.cp = 2}) == "");
-  CHECK(weft::plan::rejection_reasons(moe, {.cp = 2}, t) ==
-        std::vector<std::string>{"cp 2: mixture-of-experts blocks do not run under context parallelism (docs/moe.md)"});
+  CHECK(weft::plan::rejection_reasons(moe, {.cp = 2}, t).empty());
+  CHECK(weft::plan::rejection_reasons(moe, {.cp = 2, .ep = 2}, t) == std::vector<std::string>{"ep 2 does not divide dp 1"});
   CHECK(weft::plan::rejection_reasons(moe, {.dp = 2, .ep = 2}, t).empty());
   ModelSpec few = g;
   few.global_batch = 4;

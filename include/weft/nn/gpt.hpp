@@ -149,6 +149,18 @@ class GPTModel {
   GPTModel(MeshT& mesh, const GPTConfig& c, ExpertSplit ep)
       : GPTModel(c, tensor_parallel_of(mesh), {}, 0, ep) {}
 
+  /// Both: context parallelism `cp` and the mixture-of-experts routing split
+  /// `ep` (nn::expert_split_of<Strategy>(mesh, c) on a mesh with a CP axis
+  /// counts the CP ranks among ep.data, each routing its share of every
+  /// sequence). forward_backward takes whole sequences, as with cp alone;
+  /// sum the routed experts' gradients over DP x CP and all others over DP x
+  /// CP x EP (parallel::ExpertDataParallel over mesh.axes<DP, CP, EP>() and
+  /// mesh.axes<DP, CP>()).
+  template <class MeshT>
+    requires requires { MeshT::template has_axis<TP>; }
+  GPTModel(MeshT& mesh, const GPTConfig& c, ContextParallel<T, Space> cp, ExpertSplit ep)
+      : GPTModel(c, tensor_parallel_of(mesh), std::move(cp), 0, ep) {}
+
  private:
   // Every public constructor ends here, with the run-time descriptors the layers share.
   GPTModel(const GPTConfig& c, TensorSplit tp, ContextParallel<T, Space> cp, int, ExpertSplit ep = {})
@@ -461,8 +473,6 @@ class GPTModel {
     c.validate();
     WEFT_REQUIRE(!ep.active() || c.moe_blocks() > 0, ConfigError, "nn::GPT: expert parallelism over ", ep.ep_size(),
                  " EP ranks needs mixture-of-experts blocks; set GPTConfig::experts (--experts) or ep=1");
-    WEFT_REQUIRE(ep.data_size() == 1 || cp.size() == 1, ConfigError,
-                 "nn::GPT: mixture-of-experts routing over several data ranks with context parallelism is not implemented");
     if (cp.size() > 1) {
       WEFT_REQUIRE(cp.make && c.seq_shards == 1, ConfigError,
                    "nn::GPT: context parallelism needs a ContextParallel from weft::context::attention_of and a "

@@ -18,6 +18,9 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <weft/comm/comm.hpp>
@@ -253,7 +256,10 @@ struct MoEStats {
 /// TP-replicated); with sequence parallelism each TP rank routes and runs
 /// its own token shard (the TP ranks are data ranks of the ExpertSplit,
 /// token_shards = tp) and the block sums the MoE's parameter gradients over
-/// TP; context parallelism is refused (docs/moe.md).
+/// TP. Under context parallelism each CP rank routes its share of every
+/// sequence: the CP ranks are data ranks too (token_shards = cp, times tp
+/// under sequence parallelism), and the model's gradient sum over CP covers
+/// the MoE's parameters as every other's (docs/moe.md).
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class MoE {
   using Mat = ops::Matrix<T, Space>;
@@ -285,7 +291,16 @@ class MoE {
     std::vector<double> selected;        ///< [N] slots each expert was chosen for, over the whole microbatch
     double aux = 0, z = 0;               ///< the losses of the pass (with their coefficients)
     double tokens_global = 0;            ///< tokens of the whole microbatch (over the data ranks)
-    std::size_t first_slot = 0;          ///< global index of this rank's first slot (data rank x tokens x k)
+    /// The single-process index of each local token (tokens t of this rank
+    /// are contiguous unless the sequences are split over CP); see global_slot.
+    std::vector<std::size_t> token_index;
+    std::size_t first_token = 0;  ///< token_index[0]
+    bool contiguous = true;       ///< token t is first_token + t (token_index left empty)
+    /// The single-process index of local slot q (token q / k, choice q % k):
+    /// the slot's global token index x k + q % k.
+    std::size_t global_slot(std::size_t q, std::size_t k) const {
+      return (contiguous ? first_token + q / k : token_index[q / k]) * k + q % k;
+    }
     // The expert side. Without expert parallelism gx and gy are xin and eout.
     Mat gx;    ///< [R, D] the rows this rank's experts run on, grouped by local expert
     Mat gy;    ///< [R, D] their outputs
@@ -727,17 +742,15 @@ class MoE {
   static ContextPtr checked(ContextPtr ctx, const std::string& name, const GPTConfig& c) {
     WEFT_REQUIRE(c.experts > 0 && c.top_k >= 1 && c.top_k <= c.experts, ConfigError, "nn::MoE '", name, "': ",
                  c.experts, " experts and top-k ", c.top_k, "; expected experts >= 1 and 1 <= top-k <= experts");
-    WEFT_REQUIRE(!ctx->cp.active(), ConfigError, "nn::MoE '", name,
-                 "': context parallelism is not implemented for mixture-of-experts blocks (cp ", ctx->cp.size(),
-                 "); run MoE models with cp=1");
-    // Sequence parallelism: each TP rank routes its own token shard, so the
-    // TP ranks are data ranks of the routing split (after DP and EP).
-    WEFT_REQUIRE(!ctx->tp.sp() || ctx->tp.size() == 1 ||
-                     (ctx->ep.data && ctx->ep.token_shards == ctx->tp.size() &&
-                      ctx->ep.data_size() % ctx->tp.size() == 0),
-                 ConfigError, "nn::MoE '", name, "': under SequenceParallel (tp ", ctx->tp.size(),
-                 ") each TP rank routes its own tokens, so the routing split must count the TP ranks among the data "
-                 "ranks (its token_shards is ", ctx->ep.token_shards,
+    // Context and sequence parallelism: each CP rank (and each TP rank under
+    // SequenceParallel) routes its own share of the tokens, so those ranks
+    // are data ranks of the routing split.
+    const std::size_t shards = ctx->cp.size() * (ctx->tp.sp() ? ctx->tp.size() : 1);
+    WEFT_REQUIRE(shards == 1 || (ctx->ep.data && ctx->ep.token_shards == shards && ctx->ep.data_size() % shards == 0),
+                 ConfigError, "nn::MoE '", name, "': under context parallelism (cp ", ctx->cp.size(),
+                 ") or SequenceParallel (tp ", ctx->tp.size(), ", sequence parallel ", ctx->tp.sp() ? "on" : "off",
+                 ") each of ", shards, " ranks routes its own share of every sequence, so the routing split must count "
+                 "them among the data ranks (its token_shards is ", ctx->ep.token_shards,
                  "); build it with weft::nn::expert_split_of<Strategy>(mesh, cfg)");
     const std::size_t ep = ctx->ep.ep_size();
     WEFT_REQUIRE(c.experts % ep == 0, ConfigError, "nn::MoE '", name, "': ", c.experts,
@@ -984,7 +997,10 @@ class MoE {
     }
     const double ng = double(n * G);
     s.tokens_global = ng;
-    s.first_slot = x.data_rank() * n * K;
+    s.contiguous = ctx_->cp.size() == 1;
+    s.first_token = global_token(0, n);
+    s.token_index.resize(s.contiguous ? 0 : n);
+    for (std::size_t t = 0; t < s.token_index.size(); ++t) s.token_index[t] = global_token(t, n);
     s.selected.assign(sums.begin(), sums.begin() + long(N));
     // Capacity: an expert keeps its C slots of highest score, ties by global
     // slot index (token index) -- a rule on global indices and scores alone,
@@ -1014,7 +1030,7 @@ class MoE {
       for (std::size_t e : over)
         for (std::size_t q : cand[e]) {
           mine[i++] = s.scores[(q / K) * N + e];
-          mine[i++] = double(s.first_slot + q);
+          mine[i++] = double(s.global_slot(q, K));
         }
       if (x.global()) {
         all.resize(2 * M * G);
@@ -1050,8 +1066,8 @@ class MoE {
       s.offsets[e] = r;
       const bool capped = s.selected[e] > double(cap);
       for (std::size_t q : cand[e]) {  // ascending slot index = ascending token index
-        if (capped && ranks_before(last_kept[e], {s.scores[(q / K) * N + e], double(s.first_slot + q)})) {
-          s.dropped.push_back(s.first_slot + q);
+        if (capped && ranks_before(last_kept[e], {s.scores[(q / K) * N + e], double(s.global_slot(q, K))})) {
+          s.dropped.push_back(s.global_slot(q, K));
           continue;
         }
         slot_row(q) = int(r);
@@ -1085,6 +1101,22 @@ class MoE {
     Kokkos::deep_copy(s.row_token, row_token);
     Kokkos::deep_copy(s.row_gate, row_gate);
     Kokkos::deep_copy(s.slot_row, slot_row);
+  }
+
+  // The single-process index of local token t of this rank's n: the rank's
+  // rows are its samples' (ExpertSplit::sample_index) share of every
+  // sequence; under sequence parallelism TP rank r holds rows r n .. (r + 1)
+  // n - 1 of that share, and under context parallelism a sequence's local
+  // positions are the balanced layout's (context::global_index).
+  std::size_t global_token(std::size_t t, std::size_t n) const {
+    const std::size_t sp = ctx_->tp.sp() ? ctx_->tp.size() : 1, row = (ctx_->tp.sp() ? ctx_->tp.rank() : 0) * n + t;
+    const std::size_t rows = n * sp, cp = ctx_->cp.size();
+    if (cp == 1) return ctx_->ep.sample_index() * rows + row;
+    const std::size_t seq = cfg_.seq, whole = seq * cp;  // cfg_.seq: this rank's share of a sequence
+    WEFT_REQUIRE(seq > 0 && rows % seq == 0 && cfg_.seq_shards == cp, ShapeError, "nn::MoE: ", rows,
+                 " rows under context parallelism (cp ", cp, ") are not whole sequence shares of ", seq,
+                 " tokens (config seq_shards ", cfg_.seq_shards, ")");
+    return ctx_->ep.sample_index() * rows * cp + (row / seq) * whole + context::global_index(row % seq, whole, cp, ctx_->cp.rank());
   }
 
   // The capacity order of candidate slots (score, global slot index): higher
@@ -1152,19 +1184,36 @@ class MoE {
   int exchange_path_ = -1;  // node_exchange(): -1 not decided yet, 0 all_to_allv, 1 node-shared
 };
 
+namespace detail {
+// The communicator over those of the axes Tags... that MeshT has (mesh order,
+// whatever the order named); null when it has none of them.
+template <class MeshT, class... Have>
+Comm* axes_of(MeshT& mesh, std::tuple<Have...>*) {
+  if constexpr (sizeof...(Have) == 0) return nullptr;
+  else return &mesh.template axes<Have...>();
+}
+template <class MeshT, class Tag, bool Want>
+using axis_if_t = std::conditional_t<Want && MeshT::template has_axis<Tag>, std::tuple<Tag>, std::tuple<>>;
+}  // namespace detail
+
 /// The ExpertSplit a strategy S gives a MoE model of config c on `mesh`:
-/// with On<EP, Experts<N>>, the experts are split over mesh.axis<EP>() and
-/// the microbatch is shared by mesh.axes<DP, EP>() (EP alone when the mesh
-/// has no DP axis); without an EP policy, by the mesh's DP axis (so that the
-/// capacity and the losses are the whole microbatch's under plain data
-/// parallelism too). Throws ConfigError when N is not c.experts, when N does
-/// not divide by ep (naming the ep sizes that work), and for an EP axis
-/// of more than one rank without an Experts policy.
+/// with On<EP, Experts<N>>, the experts are split over mesh.axis<EP>(). The
+/// microbatch is shared by the mesh's DP and EP axes (the ranks that hold
+/// different samples: sample_rank = DP coordinate x ep + EP coordinate), its
+/// CP axis (each CP rank holds a share of every sequence) and, under
+/// TensorParallel<SequenceParallel>, its TP axis (each TP rank routes a
+/// shard of those tokens); token_shards = cp x (tp under sequence
+/// parallelism). Without an EP policy the routing still covers those ranks,
+/// so that the capacity and the losses are the whole microbatch's under
+/// plain data parallelism too. Throws ConfigError when N is not c.experts,
+/// when N does not divide by ep (naming the ep sizes that work), and for an
+/// EP axis of more than one rank without an Experts policy.
 template <StrategyType S, class MeshT>
 ExpertSplit expert_split_of(MeshT& mesh, const GPTConfig& c) {
   static_assert(check_strategy_mesh<S, MeshT>());
   ExpertSplit x;
-  if constexpr (S::expert_parallel_v) {
+  constexpr bool split_experts = S::expert_parallel_v;
+  if constexpr (split_experts) {
     constexpr std::size_t n = S::expert_parallel::experts;
     const std::size_t ep = std::size_t(mesh.template extent<EP>());
     WEFT_REQUIRE(c.experts == n, ConfigError, S::name(), ": the strategy's Experts<", n, "> does not match the model's ",
@@ -1174,45 +1223,28 @@ ExpertSplit expert_split_of(MeshT& mesh, const GPTConfig& c) {
                  "whole experts); choose ep among the divisors of N (N ",
                  n, ", ep ", ep, "; ep sizes that work: ", weft::detail::divisors_text(n), ")");
     x.ep = &mesh.template axis<EP>();
-    if constexpr (MeshT::template has_axis<DP>) x.data = &mesh.template axes<DP, EP>();
-    else x.data = &mesh.template axis<EP>();
   } else {
     if constexpr (MeshT::template has_axis<EP>)
       WEFT_REQUIRE(mesh.template extent<EP>() == 1, ConfigError, S::name(), ": the mesh's ep axis has extent ",
                    mesh.template extent<EP>(), " but the strategy gives it no policy; add On<EP, Experts<", c.experts,
                    ">> to the strategy or set ep=1");
-    if constexpr (MeshT::template has_axis<DP>) x.data = &mesh.template axis<DP>();
   }
-  // Sequence parallelism: the TP ranks split each sample's tokens, which
-  // they route themselves; they are the innermost data ranks (the mesh's
-  // axes<...>() orders ranks row-major in mesh order, TP last of the three).
-  if constexpr (MeshT::template has_axis<TP>) {
-    if constexpr (S::sequence_parallel) {
-      constexpr bool ep_before_tp = [] {
-        if constexpr (MeshT::template has_axis<EP>) return MeshT::template index_of<EP>() < MeshT::template index_of<TP>();
-        else return true;
-      }();
-      constexpr bool dp_before_tp = [] {
-        if constexpr (MeshT::template has_axis<DP>) return MeshT::template index_of<DP>() < MeshT::template index_of<TP>();
-        else return true;
-      }();
-      static_assert(ep_before_tp,
-                    "weft::nn::expert_split_of: under SequenceParallel the TP axis must come after the EP axis in "
-                    "the mesh (its ranks split each sample's tokens, the innermost data ranks); declare "
-                    "Mesh<..., EP, ..., TP>");
-      static_assert(dp_before_tp,
-                    "weft::nn::expert_split_of: under SequenceParallel the TP axis must come after the DP axis in "
-                    "the mesh; declare Mesh<DP, ..., TP>");
-      if (mesh.template extent<TP>() > 1) {
-        constexpr bool dp = MeshT::template has_axis<DP>, ep = S::expert_parallel_v && MeshT::template has_axis<EP>;
-        if constexpr (dp && ep) x.data = &mesh.template axes<DP, EP, TP>();
-        else if constexpr (dp) x.data = &mesh.template axes<DP, TP>();
-        else if constexpr (ep) x.data = &mesh.template axes<EP, TP>();
-        else x.data = &mesh.template axis<TP>();
-        x.token_shards = std::size_t(mesh.template extent<TP>());
-      }
-    }
-  }
+  // The ranks whose tokens form the microbatch, in one communicator (an axis
+  // of extent 1 changes nothing); the samples' index from the coordinates.
+  constexpr bool sp = [] {
+    if constexpr (MeshT::template has_axis<TP>) return S::sequence_parallel;
+    else return false;
+  }();
+  using Data = decltype(std::tuple_cat(
+      std::declval<detail::axis_if_t<MeshT, DP, true>>(), std::declval<detail::axis_if_t<MeshT, CP, true>>(),
+      std::declval<detail::axis_if_t<MeshT, EP, split_experts>>(), std::declval<detail::axis_if_t<MeshT, TP, sp>>()));
+  x.data = detail::axes_of(mesh, static_cast<Data*>(nullptr));
+  std::size_t sample = 0;
+  if constexpr (MeshT::template has_axis<DP>) sample = std::size_t(mesh.template coord<DP>());
+  if constexpr (split_experts) sample = sample * std::size_t(mesh.template extent<EP>()) + std::size_t(mesh.template coord<EP>());
+  x.sample_rank = sample;
+  if constexpr (MeshT::template has_axis<CP>) x.token_shards *= std::size_t(mesh.template extent<CP>());
+  if constexpr (sp) x.token_shards *= std::size_t(mesh.template extent<TP>());
   if (x.data && x.data->size() == 1) x.data = nullptr;
   if (x.ep && x.ep->size() == 1) x.ep = nullptr;
   return x;

@@ -192,18 +192,31 @@ struct ContextSplit {
 /// The expert-parallel split of a model's mixture-of-experts blocks. The
 /// routed experts are split over `ep` (rank r holds experts r N/ep ..
 /// (r+1) N/ep - 1); `data` is the group of ranks whose tokens form one
-/// microbatch together (DP x EP, EP inner, so that rank d of it holds global
-/// tokens d n .. (d+1) n - 1 of the microbatch). Capacity, drops, the
-/// balancing losses and the statistics are computed over `data`, so that
-/// they are those of the single process that holds the whole microbatch.
-/// Both null: a single process (or a MoE model that is not split).
+/// microbatch together: the DP and EP ranks, which hold different samples,
+/// and the ranks that split each sample's tokens between them (the CP ranks,
+/// and the TP ranks under sequence parallelism), whose tokens are more tokens
+/// of the same microbatch to the experts. Capacity, drops, the balancing
+/// losses and the statistics are computed over `data`, so that they are
+/// those of the single process that holds the whole microbatch. Both null:
+/// a single process (or a MoE model that is not split).
 struct ExpertSplit {
+  /// Value of sample_rank that means "data_rank() / token_shards".
+  static constexpr std::size_t from_data_rank = std::size_t(-1);
   Comm* ep = nullptr;    ///< the EP axis
   Comm* data = nullptr;  ///< the ranks that share the microbatch (contains the EP axis)
-  /// How many consecutive data ranks split each sample's tokens between them
-  /// (the TP ranks under sequence parallelism, which route their own token
-  /// shards); data_size() / token_shards ranks hold different samples.
+  /// How many data ranks split each sample's tokens between them: cp, times
+  /// tp under sequence parallelism (each routes its own tokens);
+  /// data_size() / token_shards ranks hold different samples.
   std::size_t token_shards = 1;
+  /// This rank's index among the data_size() / token_shards groups of ranks
+  /// that hold different samples (its samples are sample_index() x batch ..
+  /// of the whole microbatch); the capacity rule breaks score ties by the
+  /// single-process token index it gives. nn::expert_split_of sets it from
+  /// the mesh coordinates (DP coordinate x ep + EP coordinate);
+  /// from_data_rank takes data_rank() / token_shards.
+  std::size_t sample_rank = from_data_rank;
+  /// See sample_rank.
+  std::size_t sample_index() const { return sample_rank == from_data_rank ? data_rank() / token_shards : sample_rank; }
   /// Number of EP ranks (1 without a communicator).
   std::size_t ep_size() const { return ep ? static_cast<std::size_t>(ep->size()) : 1; }
   /// This rank's EP index.

@@ -37,30 +37,56 @@ inline std::size_t microbatch_first_sample(std::size_t m, std::size_t rank, std:
 }
 
 namespace detail {
+// Which of a step's samples this rank takes: `groups` sets of ranks hold
+// different samples (the DP engine's ranks over its CP ranks), this rank's
+// set is `index`. Under context parallelism the engine runs over DP x CP
+// and the CP ranks of a set take the same samples. A model whose
+// mixture-of-experts routing split knows its samples' index from the mesh
+// (nn::ExpertSplit::sample_rank: DP x EP, whatever the mesh order of CP and
+// EP) takes it from there; otherwise CP is the engine communicator's inner
+// axis (mesh.axes<DP, CP>()). `who` names the caller in the errors.
+struct SampleGroups {
+  std::size_t groups = 1, index = 0;
+};
+template <class Model>
+SampleGroups sample_groups(const Model& model, const Comm* comm, const char* who) {
+  const std::size_t size = comm ? std::size_t(comm->size()) : 1, rank = comm ? std::size_t(comm->rank()) : 0;
+  std::size_t cp = 1, cp_rank = 0;
+  if constexpr (requires { model.context_parallel().size(); }) {
+    cp = model.context_parallel().size();
+    cp_rank = model.context_parallel().rank();
+  }
+  if constexpr (requires { model.expert_split().sample_index(); }) {
+    const nn::ExpertSplit& x = model.expert_split();
+    if (x.global() && x.sample_rank != nn::ExpertSplit::from_data_rank) {
+      const std::size_t groups = x.data_size() / x.token_shards;
+      WEFT_REQUIRE(size == groups * cp, ConfigError, who, ": the model's routing split has ", groups,
+                   " sets of ranks holding different samples", cp > 1 ? " and " + std::to_string(cp) + " CP ranks" : std::string(),
+                   ", so its data-parallel engine must run over ", groups * cp,
+                   " ranks (mesh.axes<DP, CP, EP>() of those the mesh has); it runs over ", size);
+      return {groups, x.sample_index()};
+    }
+  }
+  WEFT_REQUIRE(size % cp == 0 && rank % cp == cp_rank, ConfigError, who, ": the model is split over ", cp,
+               " context-parallel ranks, so DataParallel must run over the DP x CP ranks (mesh.axes<DP, CP>(), CP "
+               "inner); it runs over ", size, " ranks");
+  return {size / cp, rank / cp};
+}
+
 // parallel::train_step's body; scaler is null without loss scaling.
 template <class Model, DataParallelType DP, class Optimizer, class IV, class TV>
 optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::TokenStream& data,
                              std::uint64_t step, std::size_t global_batch, std::size_t microbatches, const IV& ids,
                              const TV& targets, double lr, double clip, DynamicLossScaler* scaler,
                              metrics::Profiler* profiler) {
-  // Under context parallelism DataParallel runs over DP x CP (CP inner, as
-  // mesh.axes<DP, CP>() orders it): the CP ranks of a DP rank take the same
-  // sequences, and the model picks each rank's tokens of them.
-  std::size_t cp = 1;
-  if constexpr (requires { model.context_parallel().size(); }) {
-    const auto& split = model.context_parallel();
-    cp = split.size();
-    WEFT_REQUIRE(std::size_t(dp.comm().size()) % cp == 0 && std::size_t(dp.comm().rank()) % cp == split.rank(),
-                 ConfigError, "parallel::train_step: the model is split over ", cp,
-                 " context-parallel ranks, so DataParallel must run over the DP x CP ranks (mesh.axes<DP, CP>(), "
-                 "CP inner); it runs over ", dp.comm().size(), " ranks");
-  }
-  const std::size_t p = static_cast<std::size_t>(dp.comm().size()) / cp;
+  // The CP ranks of a DP rank take the same sequences, and the model picks
+  // each rank's tokens of them.
+  const SampleGroups g = sample_groups(model, &dp.comm(), "parallel::train_step");
+  const std::size_t p = g.groups, rank = g.index;
   const std::size_t mb = local_microbatch(global_batch, p, microbatches);
   WEFT_REQUIRE(mb == model.config().batch, ConfigError, "parallel::train_step: the model is built for microbatches of ",
                model.config().batch, " sequences, but batch ", global_batch, " / dp ", p, " / microbatches ",
                microbatches, " = ", mb);
-  const std::size_t rank = static_cast<std::size_t>(dp.comm().rank()) / cp;
   optim::StepResult r;
   if (scaler) r.loss_scale = scaler->scale();
   dp.zero_grad();

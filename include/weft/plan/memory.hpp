@@ -191,16 +191,19 @@ inline double block_saved_elements(const ModelSpec& m, const MeshSpec& s) {
   // Sequence parallelism splits the element-wise region over the tokens, and
   // the attention and MLP keep their all-gathered inputs for backward.
   const double sp = s.sequence_split();
+  // A MoE block routes its own token shard under sequence parallelism: its
+  // rows are n / sp and its input is not gathered (nn::Block::moe_rows).
+  const double mlp_rows = m.experts ? n / sp : n;
   double e = 2 * 2 * n / sp;                                 // two norms' mean and 1/std
   e += 3 * n * D / sp;                                       // h1, mid, h2
-  if (sp > 1) e += 2 * n * D;                                // gathered inputs of QKV and MLP up
+  if (sp > 1) e += (m.experts ? 1 : 2) * n * D;              // gathered inputs of QKV and (dense) MLP up
   e += n * double(m.qkv_cols()) / tp;                        // fused Q, K, V
   // Context parallelism runs the blockwise kernel on every variant: no probabilities.
   if (!m.flash_attention && s.cp == 1) e += B * heads * Tq * T;  // probabilities
   e += B * heads * Tq;                                       // log-sum-exp
   e += n * D / tp;                                           // heads before Wo
-  e += routed * n * double(m.up_cols() + m.hidden()) / mlp_tp_split(m, s);  // MLP up output and activation
-  if (m.experts) e += n * double(m.experts);                 // router logits
+  e += routed * mlp_rows * double(m.up_cols() + m.hidden()) / mlp_tp_split(m, s);  // MLP up output and activation
+  if (m.experts) e += mlp_rows * double(m.experts);          // router logits
   return e;
 }
 
@@ -215,10 +218,11 @@ inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
   // gradient and the partial input gradient, and the head one for its
   // partial input gradient before the reduce-scatter.
   const double sp = s.sequence_split();
+  const double mlp_rows = m.experts ? n / sp : n;            // a MoE block's rows (its token shard under sp)
   double e = n * double(m.qkv_cols()) / tp + n * D / tp;    // dqkv, dheads
   if (!m.flash_attention && s.cp == 1) e += B * heads * Tq * T;  // dprobs
-  e += routed * n * double(m.up_cols() + m.hidden()) / mlp_tp_split(m, s);  // dup, dact
-  if (sp > 1) e += 2 * n * D;                                // attention's and MLP's gathered gradients
+  e += routed * mlp_rows * double(m.up_cols() + m.hidden()) / mlp_tp_split(m, s);  // dup, dact
+  if (sp > 1) e += (m.experts ? 1 : 2) * n * D;              // attention's and (dense) MLP's gathered gradients
   e += 2 * n * D / sp;                                       // dh, dmid
   if (m.recompute) e += n * D / sp;                          // recomputed block output
   e += 3 * n * D / sp;                                       // two residual gradients and the final norm's
@@ -368,7 +372,7 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
 
   // Other strategies' staging: expert dispatch and combine, and the
   // context-parallel attention's largest set of exchange buffers.
-  if (m.experts && s.ep > 1) b.communication += 2 * n * double(m.top_k) * D * a;
+  if (m.experts && s.ep > 1) b.communication += 2 * n / seq_split * double(m.top_k) * D * a;
   if (s.cp > 1) b.communication += context_buffer_elements(m, s) * a;
 
   b.headroom = headroom_fraction * (b.total());

@@ -114,7 +114,7 @@ inline std::size_t factorisation_count(std::size_t world) {
 /// it: nn::GPTConfig::validate_tensor_parallel), MLP hidden and
 /// vocabulary, and fit in a node; PP must divide layers and not exceed the
 /// microbatches; CP must split the sequence into 2*cp chunks (load-balanced
-/// causal ring), and a MoE model runs with cp 1; EP must divide experts and dp; dp*micro_batch must divide
+/// causal ring); EP must divide experts and dp; dp*micro_batch must divide
 /// the global batch.
 inline std::vector<std::string> rejection_reasons(const ModelSpec& m, const MeshSpec& s, const Topology& t) {
   using detail::str;
@@ -143,8 +143,6 @@ inline std::vector<std::string> rejection_reasons(const ModelSpec& m, const Mesh
       !context::alltoall_fits(m.heads / s.tp, std::max<std::size_t>(m.kv() / s.tp, 1), s.cp))
     r.push_back("cp " + str(s.cp) + " alltoall: " + str(m.heads / s.tp) + " query heads and " +
                 str(std::max<std::size_t>(m.kv() / s.tp, 1)) + " K/V heads per TP rank do not shard over cp");
-  if (s.cp > 1 && m.experts)
-    r.push_back("cp " + str(s.cp) + ": mixture-of-experts blocks do not run under context parallelism (docs/moe.md)");
   if (s.ep > 1 && (!m.experts || m.experts % s.ep)) r.push_back("ep " + str(s.ep) + " does not divide experts " + str(m.experts));
   if (s.dp % s.ep) r.push_back("ep " + str(s.ep) + " does not divide dp " + str(s.dp));
   if (s.dp == 1 && s.mode != DPMode::replicate) r.push_back("dp 1: nothing to shard with " + std::string(to_string(s.mode)));

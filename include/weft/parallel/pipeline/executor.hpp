@@ -568,25 +568,16 @@ optim::StepResult train_step(Ex& ex, DP* dp, Optimizer& opt, std::size_t global_
                              DynamicLossScaler* scaler, Fill&& fill) {
   auto& stage = ex.stage();
   const std::size_t m = std::size_t(ex.microbatches());
-  // Under context parallelism DataParallel runs over DP x CP (CP inner, as
-  // mesh.axes<DP, CP>() orders it): the CP ranks of a DP rank take the same sequences.
-  std::size_t cp = 1;
-  if constexpr (requires { stage.context_parallel().size(); }) {
-    cp = stage.context_parallel().size();
-    WEFT_REQUIRE(cp == 1 || (dp && std::size_t(dp->comm().size()) % cp == 0 &&
-                             std::size_t(dp->comm().rank()) % cp == stage.context_parallel().rank()),
-                 ConfigError, "pipeline::train_step: the stage is split over ", cp,
-                 " context-parallel ranks, so DataParallel must run over the DP x CP ranks (mesh.axes<DP, CP>(), CP "
-                 "inner)");
-  }
-  const std::size_t ndp = dp ? std::size_t(dp->comm().size()) / cp : 1;
+  // The CP ranks of a DP rank take the same sequences (parallel::detail::sample_groups).
+  const auto groups = parallel::detail::sample_groups(stage, dp ? &dp->comm() : nullptr, "pipeline::train_step");
+  const std::size_t ndp = groups.groups;
   const std::size_t mb = parallel::local_microbatch(global_batch, ndp, m);
   WEFT_REQUIRE(mb == stage.microbatch_samples(), ConfigError, "pipeline::train_step: the stage is built for microbatches of ",
                stage.microbatch_samples(), " samples, but batch ", global_batch, " / dp ", ndp, " / microbatches ", m, " = ", mb);
   // zb adds weight gradients after the group hooks' after_backward: zero2
   // and fsdp then reduce-scatter each group once, after its last weight half.
   if (dp) dp->set_weight_gradients_deferred(Ex::schedule_type::splits_backward);
-  const std::size_t rank = dp ? std::size_t(dp->comm().rank()) / cp : 0;
+  const std::size_t rank = groups.index;
   for (std::size_t i = 0; i < m; ++i) fill(i, parallel::microbatch_first_sample(i, rank, mb, ndp), mb);
   if (dp) {
     dp->zero_grad();
