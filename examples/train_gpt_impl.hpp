@@ -416,8 +416,18 @@ class AnyOptimizer {
 inline weft::metrics::Json moe_record(const weft::nn::GPTConfig& c, const std::vector<weft::nn::MoEStats>& steps) {
   using weft::metrics::Json;
   if (c.experts == 0) return Json(nullptr);
-  std::vector<double> tmin, tmean, tmax, imb, ent, drop, dfrac, aux, z;
+  std::vector<double> tmin, tmean, tmax, imb, ent, drop, dfrac, aux, z, xsec, xbytes;
+  Json::Array hist, route;
+  bool route_measured = !steps.empty();
   for (const auto& s : steps) {
+    hist.emplace_back(s.selected);
+    route_measured = route_measured && s.route_loss_measured();
+    Json::Array r;
+    for (std::size_t i = 0; i < s.route_loss_slots.size(); ++i)
+      r.emplace_back(s.route_loss_slots[i] > 0 ? Json(s.route_loss_sum[i] / s.route_loss_slots[i]) : Json(nullptr));
+    route.emplace_back(std::move(r));
+    xsec.push_back(s.a2a_seconds);
+    xbytes.push_back(s.a2a_bytes);
     tmin.push_back(s.min_tokens());
     tmean.push_back(s.mean_tokens());
     tmax.push_back(s.max_tokens());
@@ -439,9 +449,15 @@ inline weft::metrics::Json moe_record(const weft::nn::GPTConfig& c, const std::v
       .set("tokens_per_expert_min", Json(tmin)).set("tokens_per_expert_mean", Json(tmean))
       .set("tokens_per_expert_max", Json(tmax)).set("imbalance", Json(imb)).set("routing_entropy", Json(ent))
       .set("dropped_slots", Json(drop)).set("dropped_fraction", Json(dfrac)).set("aux_loss", Json(aux))
-      .set("z_loss", Json(z))
+      .set("z_loss", Json(z)).set("tokens_per_expert", Json(std::move(hist)))
+      .set("route_loss", route_measured ? Json(std::move(route)) : Json(nullptr))
+      .set("exchange_seconds", Json(xsec)).set("exchange_bytes", Json(xbytes))
       .set("note", "per step, summed over the step's microbatches; tokens_per_expert: token-expert slots the router "
-                   "chose per (MoE layer, expert) before capacity, min/mean/max over all of them; imbalance: max over "
+                   "chose per (MoE layer, expert) before capacity, layer-major, and their min/mean/max; route_loss: "
+                   "per (MoE layer, expert) the mean cross-entropy of the tokens whose kept slots went to the expert "
+                   "(null where none did; null as a whole under a pipeline, which does not measure it); "
+                   "exchange_seconds and exchange_bytes: rank 0's time in and bytes through the expert-parallel "
+                   "dispatch and combine exchanges (blocking: all of the time is exposed); imbalance: max over "
                    "mean; routing_entropy: mean per token and layer of the entropy (nats) of the normalised scores; "
                    "dropped_slots: slots over capacity; aux_loss and z_loss: the terms the step's objective adds to "
                    "the loss array's cross-entropy (with their coefficients, summed over the MoE layers, mean over the "

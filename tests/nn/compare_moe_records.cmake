@@ -1,6 +1,6 @@
 # Compares the routing statistics of two train_gpt run records (the "moe"
-# object): the per-step dropped slots and the smallest and largest tokens per
-# expert must be equal, step for step. Two layouts of the same model that
+# object): the per-step dropped slots, the smallest and largest tokens per
+# expert and the whole tokens-per-expert histogram must be equal, step for step. Two layouts of the same model that
 # route alike (docs/moe.md) pass; a layout whose statistics miss a stage's
 # blocks, or count a block twice, fails.
 #   cmake -DREFERENCE=ref.json -DRECORD=run.json -P compare_moe_records.cmake
@@ -23,6 +23,29 @@ foreach(key dropped_slots tokens_per_expert_min tokens_per_expert_max)
     string(JSON b GET "${_json_RECORD}" moe ${key} ${i})
     if(NOT a EQUAL b)
       message(FATAL_ERROR "compare_moe_records: moe.${key}[${i}] is ${a} in ${REFERENCE} but ${b} in ${RECORD}")
+    endif()
+    math(EXPR _checked "${_checked} + 1")
+  endforeach()
+endforeach()
+# The full histogram: every (layer, expert) count of every step.
+string(JSON _na LENGTH "${_json_REFERENCE}" moe tokens_per_expert)
+string(JSON _nb LENGTH "${_json_RECORD}" moe tokens_per_expert)
+if(NOT _na EQUAL _nb)
+  message(FATAL_ERROR "compare_moe_records: moe.tokens_per_expert has ${_na} steps in ${REFERENCE} but ${_nb} in ${RECORD}")
+endif()
+math(EXPR _last "${_na} - 1")
+foreach(i RANGE 0 ${_last})
+  string(JSON _ea LENGTH "${_json_REFERENCE}" moe tokens_per_expert ${i})
+  string(JSON _eb LENGTH "${_json_RECORD}" moe tokens_per_expert ${i})
+  if(NOT _ea EQUAL _eb OR _ea EQUAL 0)
+    message(FATAL_ERROR "compare_moe_records: moe.tokens_per_expert[${i}] has ${_ea} entries in ${REFERENCE} but ${_eb} in ${RECORD}")
+  endif()
+  math(EXPR _elast "${_ea} - 1")
+  foreach(j RANGE 0 ${_elast})
+    string(JSON a GET "${_json_REFERENCE}" moe tokens_per_expert ${i} ${j})
+    string(JSON b GET "${_json_RECORD}" moe tokens_per_expert ${i} ${j})
+    if(NOT a EQUAL b)
+      message(FATAL_ERROR "compare_moe_records: moe.tokens_per_expert[${i}][${j}] is ${a} in ${REFERENCE} but ${b} in ${RECORD}")
     endif()
     math(EXPR _checked "${_checked} + 1")
   endforeach()

@@ -140,6 +140,30 @@ double grad_diff(Pass& p, const Pass& ref, Comm& data, Comm* replicas, Comm& ep,
   return worst;
 }
 
+// The route quality (MoEStats::route_loss_*) of a split pass against the
+// single process's: the same kept slots per (layer, expert) and the same
+// summed token losses. Dropless, each layer's sums add up to k x the
+// microbatch's summed loss (every token counted once per slot), which
+// checks the reference against the loss itself.
+void check_route_loss(const nn::MoEStats& s, const Pass& ref, const nn::GPTConfig& c) {
+  REQUIRE(ref.stats.route_loss_measured());
+  REQUIRE(s.route_loss_measured());
+  CHECK(s.route_loss_slots == ref.stats.route_loss_slots);
+  double d = 0;
+  for (std::size_t i = 0; i < s.route_loss_sum.size(); ++i)
+    d = std::max(d, std::abs(s.route_loss_sum[i] - ref.stats.route_loss_sum[i]) / std::max(1.0, std::abs(ref.stats.route_loss_sum[i])));
+  CHECK(d < 1e-12);
+  if (c.dropless()) {
+    const std::size_t N = c.experts, layers = ref.stats.route_loss_sum.size() / N;
+    for (std::size_t l = 0; l < layers; ++l) {
+      double sum = 0, slots = 0;
+      for (std::size_t e = 0; e < N; ++e) sum += ref.stats.route_loss_sum[l * N + e], slots += ref.stats.route_loss_slots[l * N + e];
+      CHECK(slots == double(c.top_k * c.tokens()));
+      CHECK(test::rel(sum, double(c.top_k) * ref.loss * double(c.tokens())) < 1e-12);
+    }
+  }
+}
+
 std::vector<int> divisors_up_to(int n, int limit) {
   std::vector<int> d;
   for (int i = 1; i <= std::min(n, limit); ++i)
@@ -187,7 +211,8 @@ TEST_CASE("Experts<4> on every dp x ep mesh: the single-process loss, gradients 
         // The statistics are the whole microbatch's on every rank.
         CHECK(p.stats.selected == ref.stats.selected);
         CHECK(p.stats.dropped == ref.stats.dropped);
-              CHECK(test::rel(p.stats.aux_loss, ref.stats.aux_loss) < 1e-12);
+        check_route_loss(p.stats, ref, whole);
+        CHECK(test::rel(p.stats.aux_loss, ref.stats.aux_loss) < 1e-12);
         CHECK(test::rel(p.stats.z_loss, ref.stats.z_loss) < 1e-12);
         CHECK(std::abs(p.stats.entropy() - ref.stats.entropy()) < 1e-12);
         CHECK((ep == 1) == (p.stats.a2a_bytes == 0));
@@ -299,6 +324,7 @@ void check_moe_sequence_parallel(MeshT& mesh, int dp, int ep, double capacity, b
   data.all_reduce(HostD(&loss, 1), ReduceOp::avg);  // every TP rank holds its samples' mean loss
   CHECK(test::rel(loss, ref.loss) < 1e-12);
   CHECK(gather_dropped(p, data) == ref.dropped);
+  check_route_loss(p.stats, ref, whole);
   // Whole parameters: the norms, routers and experts (summed over TP by the
   // blocks), then over the ranks holding other samples (experts: over DP only).
   Comm* samples = nullptr;  // the ranks with this TP coordinate holding other samples (DP x EP)
@@ -392,6 +418,7 @@ void check_moe_context(MeshT& mesh, int samples, double capacity, bool swiglu) {
   data.all_reduce(HostD(&loss, 1), ReduceOp::avg);  // every CP and TP rank holds its samples' mean loss
   CHECK(test::rel(loss, ref.loss) < 1e-12);
   CHECK(gather_dropped(p, data) == ref.dropped);
+  check_route_loss(p.stats, ref, whole);
   // Whole parameters (TP-summed by the blocks under sequence parallelism):
   // summed over the ranks of this TP coordinate; the routed experts over
   // those of this EP coordinate too.

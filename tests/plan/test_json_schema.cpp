@@ -185,7 +185,7 @@ TEST_CASE("schema: the identity names the build and the machine; a host-only run
 // --experts 4 --top-k 2 --capacity-factor 1.0), null for a dense one.
 TEST_CASE("schema: the moe object of a MoE record is checked, null passes") {
   const auto schema = shipped_schema();
-  const std::string moe = R"({"experts": 4, "top_k": 2, "dropless": false, "capacity_factor": 1, "router": "softmax", "normalize_gates": true, "aux_loss_coefficient": 0.01, "z_loss_coefficient": 0.001, "bias_balance": 0.001, "moe_every": 1, "moe_layers": 2, "shared_experts": 0, "expert_hidden": 128, "tokens_per_expert_min": [41, 9], "tokens_per_expert_mean": [64, 64], "tokens_per_expert_max": [83, 120], "imbalance": [1.2969, 1.875], "routing_entropy": [1.382, 1.3817], "dropped_slots": [44, 104], "dropped_fraction": [0.0859, 0.2031], "aux_loss": [0.0201, 0.0206], "z_loss": [0.004, 0.0039], "note": "per step"})";
+  const std::string moe = R"({"experts": 4, "top_k": 2, "dropless": false, "capacity_factor": 1, "router": "softmax", "normalize_gates": true, "aux_loss_coefficient": 0.01, "z_loss_coefficient": 0.001, "bias_balance": 0.001, "moe_every": 1, "moe_layers": 2, "shared_experts": 0, "expert_hidden": 128, "tokens_per_expert_min": [41, 9], "tokens_per_expert_mean": [64, 64], "tokens_per_expert_max": [83, 120], "imbalance": [1.2969, 1.875], "routing_entropy": [1.382, 1.3817], "dropped_slots": [44, 104], "dropped_fraction": [0.0859, 0.2031], "aux_loss": [0.0201, 0.0206], "z_loss": [0.004, 0.0039], "tokens_per_expert": [[41, 83, 60, 72, 9, 120, 70, 57], [50, 70, 66, 70, 12, 110, 75, 59]], "route_loss": [[5.51, 5.49, 5.6, 5.52, 5.7, 5.48, 5.5, 5.53], [5.4, 5.38, null, 5.41, 5.6, 5.37, 5.39, 5.42]], "exchange_seconds": [0, 0], "exchange_bytes": [0, 0], "note": "per step"})";
   auto rec = sample_record();
   rec.keys.push_back("moe");
   rec.members.push_back(parse_json(moe));
@@ -193,13 +193,19 @@ TEST_CASE("schema: the moe object of a MoE record is checked, null passes") {
   member(member(rec, "moe"), "imbalance").array[1] = parse_json(R"("high")");
   member(member(rec, "moe"), "router") = parse_json(R"("argmax")");
   erase(member(rec, "moe"), "dropped_slots");
+  member(member(rec, "moe"), "route_loss").array[0].array[2] = parse_json(R"("low")");
   auto e = schema_errors(schema, rec);
   for (const auto& x : e) INFO(x);
-  CHECK(e.size() == 3);
+  CHECK(e.size() == 4);
+  CHECK(has(e, "$.moe.route_loss[0][2]: expected number or null, got string"));
   CHECK(has(e, "$.moe.imbalance[1]: expected number, got string"));
   CHECK(has(e, "$.moe.router: \"argmax\" is not one of"));
   CHECK(has(e, "$.moe: required field \"dropped_slots\" is missing"));
   member(rec, "moe") = parse_json("null");
+  CHECK(schema_errors(schema, rec).empty());
+  // A pipeline run does not measure the route quality: route_loss null passes.
+  rec.members.back() = parse_json(moe);
+  member(member(rec, "moe"), "route_loss") = parse_json("null");
   CHECK(schema_errors(schema, rec).empty());
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -187,6 +188,8 @@ class GPTModel {
     if (tp.active()) {
       ce_max_ = ops::Vector<T, Space>("cross_entropy.max", cfg_.tokens());
       ce_sums_ = ops::Matrix<T, Space>("cross_entropy.sums", cfg_.tokens(), 2);
+    } else if (cfg_.moe_blocks() > 0) {
+      token_loss_ = Kokkos::View<double*, Space>("cross_entropy.token_loss", cfg_.tokens());
     }
     std::shared_ptr<typename Block<T, Space>::Saved> shared;
     if (cfg_.recompute) shared = std::make_shared<typename Block<T, Space>::Saved>("blocks.shared", cfg_, tp);
@@ -239,10 +242,11 @@ class GPTModel {
       metrics::Profiler::Scope sc(ctx_->profiler, "cross_entropy");
       if constexpr (tensor_parallel_v)
         sum = ctx_->tp.active() ? vocab_parallel_loss(targets, T(grad_scale), true)
-                                : ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
+                                : ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale), token_loss_);
       else
-        sum = ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale));
+        sum = ops::cross_entropy_forward_backward(logits_, targets, T(grad_scale), token_loss_);
     }
+    record_route_losses();
     const std::size_t L = cfg_.layers;
     // The MoE blocks' auxiliary losses enter the gradient with the weight of the mean token loss.
     for (auto& b : blocks_)
@@ -388,6 +392,7 @@ class GPTModel {
     if (ctx_->tp.active())
       m.add(C::buffers, "tensor-parallel buffers",
             emb_.buffer_bytes() + detail::bytes_of(ce_max_) + detail::bytes_of(ce_sums_));
+    if (token_loss_.extent(0)) m.add(C::buffers, "per-token losses (MoE route quality)", token_loss_.extent(0) * sizeof(double));
     return m;
   }
 
@@ -452,6 +457,44 @@ class GPTModel {
     return detail::vocab_parallel_loss(*ctx_, logits_, targets, cfg_.vocab, ce_max_, ce_sums_, grad_scale, backward);
   }
 
+  // The MoE blocks' route quality (MoEStats::route_loss_sum): each token's
+  // loss of this microbatch, attributed to the experts its kept slots went
+  // to, summed over the routing's data ranks in one all_reduce for all
+  // blocks. Under tensor parallelism the loss of row i is m_i + log s_i -
+  // z_t,i from the reduced vocabulary-parallel sums, the same on every TP
+  // rank; under sequence parallelism TP rank r's MoE rows are rows r n ..
+  // (r + 1) n - 1 of them.
+  void record_route_losses() {
+    if (cfg_.moe_blocks() == 0) return;
+    metrics::Profiler::Scope sc(ctx_->profiler, "moe_route_loss");
+    const std::size_t rows = cfg_.tokens();
+    route_loss_host_.resize(rows);
+    if (ctx_->tp.active()) {
+      auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ce_max_);
+      auto st = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ce_sums_);
+      for (std::size_t i = 0; i < rows; ++i)
+        route_loss_host_[i] = double(m(i)) + std::log(double(st(i, 0))) - double(st(i, 1));
+    } else {
+      Kokkos::deep_copy(Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+                            route_loss_host_.data(), rows),
+                        token_loss_);
+    }
+    const std::size_t shards = ctx_->tp.sp() ? ctx_->tp.size() : 1, n = rows / shards;
+    const double* mine = route_loss_host_.data() + (ctx_->tp.sp() ? ctx_->tp.rank() : 0) * n;
+    route_loss_sums_.clear();
+    for (auto& b : blocks_)
+      if (auto* moe = b.moe()) moe->route_loss_sums(mine, n, route_loss_sums_);
+    if (ctx_->ep.global())
+      ctx_->ep.data->all_reduce(Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
+          route_loss_sums_.data(), route_loss_sums_.size()));
+    std::size_t at = 0;
+    for (auto& b : blocks_)
+      if (auto* moe = b.moe()) {
+        moe->record_route_losses(route_loss_sums_.data() + at);
+        at += 2 * cfg_.experts;
+      }
+  }
+
   // The TP descriptor of a mesh, with the checks of weft::check_strategy_mesh (at compile time) for the layer policy.
   template <class MeshT>
   static TensorSplit tensor_parallel_of(MeshT& mesh) {
@@ -510,6 +553,8 @@ class GPTModel {
   ops::Matrix<T, Space> hf_full_, dhf_full_;  // sequence parallelism: gathered final-norm output, partial gradient
   ops::Vector<T, Space> ce_max_;              // tensor parallelism: per-token maximum logit
   ops::Matrix<T, Space> ce_sums_;             // tensor parallelism: per-token sum of exp and target logit
+  Kokkos::View<double*, Space> token_loss_;   // a MoE model without TP: each token's loss (route quality)
+  std::vector<double> route_loss_host_, route_loss_sums_;  // record_route_losses' host buffers
   std::shared_ptr<typename Block<T, Space>::Workspace> ws_;
   std::unique_ptr<detail::PartialGrads<T, Space>> root_partial_;  // sequence parallelism: ln_f, positions
   GroupHooks* hooks_ = nullptr;

@@ -205,6 +205,13 @@ struct MoEStats {
   std::size_t layers = 0;        ///< layers merged (1 for one layer's own statistics)
   double a2a_bytes = 0;          ///< bytes this rank sent in the expert-parallel all_to_allv calls (dispatch and combine, forward and backward)
   double a2a_seconds = 0;        ///< seconds this rank spent in them (blocking calls: all of it is exposed)
+  /// Route quality, per expert (per layer when merged, as `selected`): the
+  /// summed cross-entropy of the tokens whose kept slots went to the expert
+  /// (a token counts once per kept slot), and that number of slots; the
+  /// mean is route_loss_sum / route_loss_slots. Empty when the model did not
+  /// measure it (nn::GPT does, MoE::record_route_losses; a pipeline stage
+  /// does not).
+  std::vector<double> route_loss_sum, route_loss_slots;
 
   /// Whether anything was recorded.
   bool empty() const { return passes == 0; }
@@ -242,7 +249,11 @@ struct MoEStats {
     layers += std::max<std::size_t>(o.layers, 1);
     a2a_bytes += o.a2a_bytes;
     a2a_seconds += o.a2a_seconds;
+    route_loss_sum.insert(route_loss_sum.end(), o.route_loss_sum.begin(), o.route_loss_sum.end());
+    route_loss_slots.insert(route_loss_slots.end(), o.route_loss_slots.begin(), o.route_loss_slots.end());
   }
+  /// Whether the route quality was measured for every merged layer.
+  bool route_loss_measured() const { return !route_loss_slots.empty() && route_loss_slots.size() == selected.size(); }
 };
 
 /// The mixture-of-experts feed-forward part of a block. Under expert
@@ -694,6 +705,36 @@ class MoE {
     std::fill(step_counts_.begin(), step_counts_.end(), 0.0);
   }
 
+  /// The route-quality sums of the last recorded forward pass (2N values
+  /// appended to `out`): for each expert e the summed token_loss[t] over
+  /// this rank's tokens t with a kept slot on e, then for each e the number
+  /// of those slots. token_loss holds the loss of each of the pass's n
+  /// tokens, in the order the layer received them. Sum them over the
+  /// ExpertSplit's data ranks, then give them to record_route_losses.
+  void route_loss_sums(const double* token_loss, std::size_t n, std::vector<double>& out) const {
+    const std::size_t N = cfg_.experts, K = cfg_.top_k, at = out.size();
+    WEFT_REQUIRE(route_expert_.size() == n * K, ShapeError, "nn::MoE::route_loss_sums: ", n,
+                 " token losses, but the last recorded pass routed ", route_expert_.size() / K, " tokens");
+    out.resize(at + 2 * N, 0.0);
+    for (std::size_t q = 0; q < n * K; ++q)
+      if (const int e = route_expert_[q]; e >= 0) {
+        out[at + std::size_t(e)] += token_loss[q / K];
+        out[at + N + std::size_t(e)] += 1;
+      }
+  }
+  /// Adds 2N route-quality sums (route_loss_sums, summed over the data
+  /// ranks) to the statistics, when recording.
+  void record_route_losses(const double* sums) {
+    if (!recording_) return;
+    const std::size_t N = cfg_.experts;
+    stats_.route_loss_sum.resize(N, 0.0);
+    stats_.route_loss_slots.resize(N, 0.0);
+    for (std::size_t e = 0; e < N; ++e) {
+      stats_.route_loss_sum[e] += sums[e];
+      stats_.route_loss_slots[e] += sums[N + e];
+    }
+  }
+
   /// The load-balancing loss of the last forward pass (with its coefficient).
   double last_aux_loss() const { return last_aux_; }
   /// The router z-loss of the last forward pass (with its coefficient).
@@ -1098,6 +1139,10 @@ class MoE {
       stats_.z_loss += z;
       stats_.passes += 1;
     }
+    if (recording_) {  // each slot's expert, -1 when dropped (route_loss_sums)
+      route_expert_.resize(n * K);
+      for (std::size_t q = 0; q < n * K; ++q) route_expert_[q] = slot_row(q) >= 0 ? s.slot_expert[q] : -1;
+    }
     Kokkos::deep_copy(s.row_token, row_token);
     Kokkos::deep_copy(s.row_gate, row_gate);
     Kokkos::deep_copy(s.slot_row, slot_row);
@@ -1181,6 +1226,7 @@ class MoE {
   double loss_weight_ = 1;
   double last_aux_ = 0, last_z_ = 0;
   bool recording_ = true;
+  std::vector<int> route_expert_;  // the last recorded pass: each slot's expert, -1 when dropped
   int exchange_path_ = -1;  // node_exchange(): -1 not decided yet, 0 all_to_allv, 1 node-shared
 };
 

@@ -55,11 +55,18 @@ double cross_entropy_forward(const LV& logits, const IV& targets) {
 /// by grad_scale * (softmax(logits) - onehot(targets)): the gradient of
 /// grad_scale * loss. Pass 1/tokens as grad_scale for a mean loss. 2-byte
 /// logits: computed in float, each gradient element rounded once.
-template <class LV, class IV>
-double cross_entropy_forward_backward(const LV& logits, const IV& targets, detail::compute_t<LV> grad_scale) {
+/// With `row_loss` ([rows] doubles, or empty for none), also stores each
+/// row's loss there.
+template <class LV, class IV, class RV>
+double cross_entropy_forward_backward(const LV& logits, const IV& targets, detail::compute_t<LV> grad_scale,
+                                      const RV& row_loss) {
   detail::check_targets("weft::ops::cross_entropy_forward_backward", logits, targets);
   detail::require_contiguous_rows("weft::ops::cross_entropy_forward_backward", "logits", logits, 1);
+  WEFT_REQUIRE(row_loss.extent(0) == 0 || row_loss.extent(0) == logits.extent(0), ShapeError,
+               "weft::ops::cross_entropy_forward_backward: row_loss has ", row_loss.extent(0), " entries for ",
+               logits.extent(0), " rows");
   const std::size_t v = logits.extent(1);
+  const bool rows = row_loss.extent(0) > 0;
   double total = 0;
   Kokkos::parallel_reduce(
       "weft::cross_entropy_forward_backward", detail::range(logits, logits.extent(0)),
@@ -77,13 +84,14 @@ double cross_entropy_forward_backward(const LV& logits, const IV& targets, detai
         // Read outside the constexpr-if: nvcc's extended lambdas may not
         // capture a variable for the first time inside one.
         const T gs = grad_scale;
+        double li = 0;  // the row's loss
         if constexpr (detail::stores_exactly_v<Z, T>) {
           const T s = detail::lane_sum<T>(v, [&](std::size_t j) {
             const T e = math::fast_exp(z[j] - mx);
             z[j] = e;  // keep exp for the gradient: no exponential recomputed
             return e;
           });
-          acc += double(mx + math::log(s) - zt);
+          li = double(mx + math::log(s) - zt);
           const T f = gs / s;
           for (std::size_t j = 0; j < v; ++j) z[j] *= f;
           z[t] -= gs;
@@ -91,16 +99,25 @@ double cross_entropy_forward_backward(const LV& logits, const IV& targets, detai
           // A 2-byte row would round a kept exponential twice: recompute it
           // and round each gradient element once.
           const T s = detail::lane_sum<T>(v, [&](std::size_t j) { return math::fast_exp(load<T>(z[j]) - mx); });
-          acc += double(mx + math::log(s) - zt);
+          li = double(mx + math::log(s) - zt);
           const T f = gs / s;
           for (std::size_t j = 0; j < v; ++j) {
             const T g = math::fast_exp(load<T>(z[j]) - mx) * f;
             z[j] = detail::store<Z>(int(j) == t ? g - gs : g);
           }
         }
+        acc += li;
+        if (rows) row_loss(i) = li;
       },
       total);
   return total;
+}
+
+/// Without per-row losses.
+template <class LV, class IV>
+double cross_entropy_forward_backward(const LV& logits, const IV& targets, detail::compute_t<LV> grad_scale) {
+  return cross_entropy_forward_backward(logits, targets, grad_scale,
+                                        Kokkos::View<double*, typename LV::memory_space>());
 }
 
 // ------------------------------------------- vocabulary-parallel cross-entropy
