@@ -25,6 +25,7 @@
 
 #include <weft/weft.hpp>
 #include <weft/core/flags.hpp>
+#include <weft/nn/chain.hpp>
 
 namespace {
 
@@ -63,66 +64,52 @@ class InputProjection {
 };
 
 // A residual MLP block, its two matrices split over TP (column- then
-// row-parallel): y = x + all_reduce(gelu(x W1 + b1) W2) + b2.
+// row-parallel): y = x + all_reduce(gelu(x W1 + b1) W2) + b2. It is declared
+// as a sequence of placed steps (weft::nn::Chain): the column-parallel up
+// projection, gelu on its Shard<1> output, the row-parallel down projection
+// and the all-reduce of its Partial<Sum> output; nn::Residual adds the skip.
+// Backward, and the split backward of zero-bubble schedules, are generated
+// from the sequence: nothing of it is written here.
 class ResidualMLP {
   using Up = weft::nn::Linear<T, weft::On<weft::TP, weft::Shard<0>>>;
   using Down = weft::nn::Linear<T, weft::On<weft::TP, weft::Shard<1>>>;
   using Rep = weft::DistView<T, 2, weft::On<weft::TP, weft::Replicate>>;
-  using Hidden = decltype(std::declval<const Up&>().forward(std::declval<const Rep&>()));
+  using Body = weft::nn::Chain<Rep, Up, weft::nn::Gelu, Down, weft::nn::Reduce<weft::TP>>;
 
  public:
   using value_type = T;
   using execution_space = Space;
-  // What forward keeps for backward: the hidden pre-activation and activation
-  // (this rank's columns), the tensors the placed Linear and gelu return.
-  struct Saved {
-    Hidden h, a;
-  };
+  // What forward keeps for backward: the steps' inputs (the tensors the
+  // placed Linear and gelu return; empty until the first forward).
+  using Saved = Body::Saved;
 
   ResidualMLP(MeshT& mesh, std::size_t index, const Sizes& z)
       : mesh_(&mesh), width_(z.width),
-        up_(mesh, z.width, z.hidden, {"block." + std::to_string(index) + ".up", true, z.seed, 0.15}),
-        down_(mesh, z.hidden, z.width, {"block." + std::to_string(index) + ".down", true, z.seed, 0.05}) {}
+        f_(Body(Up(mesh, z.width, z.hidden, {"block." + std::to_string(index) + ".up", true, z.seed, 0.15}),
+                weft::nn::Gelu{},
+                Down(mesh, z.hidden, z.width, {"block." + std::to_string(index) + ".down", true, z.seed, 0.05}),
+                weft::nn::Reduce<weft::TP>{})) {}
 
-  // Empty until the first forward: the layers return new tensors, which the slot then keeps.
   Saved make_saved(std::size_t) const { return {}; }
-  std::size_t saved_bytes(const Saved& s) const { return (s.h.local().span() + s.a.local().span()) * sizeof(T); }
+  std::size_t saved_bytes(const Saved& s) const { return f_.body().saved_bytes(s); }
 
-  void forward(const Matrix& x, const Matrix& y, Saved& s) {
-    const Rep X(*mesh_, {x.extent(0), width_}, x);
-    s.h = up_.forward(X);   // Shard<1>: this rank's hidden units
-    s.a = weft::gelu(s.h);  // element-wise on a Shard: allowed (on the Partial output of down_ it would not compile)
-    auto r = weft::redistribute<weft::Replicate>(down_.forward(s.a), weft::TP{});  // Partial<Sum> -> all-reduce
-    weft::add(X, r, Rep(*mesh_, {y.extent(0), width_}, y));  // the residual, Replicate + Replicate, into y
-  }
-
-  void backward(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s) { run_backward(x, dy, dx, s, nullptr); }
+  void forward(const Matrix& x, const Matrix& y, Saved& s) { f_.forward(rep(x), rep(y), s); }
+  void backward(const Matrix&, const Matrix& dy, const Matrix& dx, Saved& s) { f_.backward(rep(dy), rep(dx), s); }
   // The split backward: dx now, the weight gradients' gemms queued on `work`.
-  void backward_input(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s, weft::nn::DeferredWork& work) {
-    run_backward(x, dy, dx, s, &work);
+  void backward_input(const Matrix&, const Matrix& dy, const Matrix& dx, Saved& s, weft::nn::DeferredWork& work) {
+    f_.defer_weight_gradients(&work);
+    f_.backward(rep(dy), rep(dx), s);
+    f_.defer_weight_gradients(nullptr);
   }
 
-  void collect(std::vector<Param*>& ps) {
-    up_.local().collect(ps);
-    down_.local().collect(ps);
-  }
+  void collect(std::vector<Param*>& ps) { f_.collect(ps); }
 
  private:
-  void run_backward(const Matrix& x, const Matrix& dy, const Matrix& dx, Saved& s, weft::nn::DeferredWork* work) {
-    up_.defer_weight_gradients(work);
-    down_.defer_weight_gradients(work);
-    const Rep X(*mesh_, {x.extent(0), width_}, x), DY(*mesh_, {dy.extent(0), width_}, dy);
-    auto da = down_.backward(s.a, DY);                           // Shard<1>
-    weft::ops::gelu_backward(da.local(), s.h.local(), da.local());
-    auto dr = weft::redistribute<weft::Replicate>(up_.backward(X, da), weft::TP{});  // Partial<Sum> -> all-reduce
-    weft::add(DY, dr, Rep(*mesh_, {dx.extent(0), width_}, dx));
-    up_.defer_weight_gradients(nullptr);
-    down_.defer_weight_gradients(nullptr);
-  }
+  // A rank's [rows, width] block as the Replicate tensor it is over TP.
+  Rep rep(const Matrix& m) const { return Rep(*mesh_, {m.extent(0), width_}, m); }
   MeshT* mesh_;
   std::size_t width_;
-  Up up_;
-  Down down_;
+  weft::nn::Residual<Body> f_;
 };
 
 // The regression head: pred = x W + b; loss term per sample mean_k (pred_k - y_k)^2.

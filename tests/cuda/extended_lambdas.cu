@@ -11,6 +11,7 @@
 #undef KOKKOS_LAMBDA
 #define KOKKOS_LAMBDA [=] __host__ __device__
 #include <weft/weft.hpp>
+#include <weft/nn/chain.hpp>
 #if __has_include(<nccl.h>)
 #include <weft/comm/nccl.hpp>  // the NCCL transport's header, read by nvcc too
 #endif
@@ -33,5 +34,23 @@ void average(weft::Comm& c) {
   c.all_reduce(a, weft::ReduceOp::avg);
   c.all_reduce(z, weft::ReduceOp::avg);
 }
+
+// A chain of placed steps (nn/chain.hpp): its forward and generated backward, every activation.
+template <class Act>
+void chain(weft::Mesh<weft::TP>& mesh) {
+  using Rep = weft::DistView<float, 2, weft::On<weft::TP, weft::Replicate>>;
+  using Up = weft::nn::Linear<float, weft::On<weft::TP, weft::Shard<0>>>;
+  using Down = weft::nn::Linear<float, weft::On<weft::TP, weft::Shard<1>>>;
+  using Body = weft::nn::Chain<Rep, Up, Act, Down, weft::nn::Reduce<weft::TP>>;
+  weft::nn::Residual<Body> f(Body(Up(mesh, 4, 8, {"up", true, 1, 0.1}), Act{}, Down(mesh, 8, 4, {"down", true, 1, 0.1}),
+                                  weft::nn::Reduce<weft::TP>{}));
+  typename Body::Saved s;
+  Rep x(mesh, 2, 4), y(mesh, 2, 4);
+  f.forward(x, y, s);
+  f.backward(y, x, s);
+}
+template void chain<weft::nn::Gelu>(weft::Mesh<weft::TP>&);
+template void chain<weft::nn::Relu>(weft::Mesh<weft::TP>&);
+template void chain<weft::nn::Silu>(weft::Mesh<weft::TP>&);
 
 int main() { return 0; }
