@@ -1,5 +1,6 @@
 // custom_model: a model that is not a GPT, trained with weft's strategies.
-// A stack of residual MLP blocks (x + W2 gelu(W1 x + b1) + b2) between a
+// A stack of residual MLP blocks (x + W2 f(W1 x + b1) + b2, f = gelu in even
+// blocks and silu in odd ones: two block kinds in one model) between a
 // linear input projection and a linear regression head with a mean squared
 // error, learning a fixed random function of synthetic inputs drawn from a
 // seed. The blocks are the user's own layers: they meet nn::Layer (and
@@ -26,6 +27,7 @@
 #include <weft/weft.hpp>
 #include <weft/core/flags.hpp>
 #include <weft/nn/chain.hpp>
+#include <weft/nn/one_of.hpp>
 
 namespace {
 
@@ -64,29 +66,32 @@ class InputProjection {
 };
 
 // A residual MLP block, its two matrices split over TP (column- then
-// row-parallel): y = x + all_reduce(gelu(x W1 + b1) W2) + b2. It is declared
-// as a sequence of placed steps (weft::nn::Chain): the column-parallel up
-// projection, gelu on its Shard<1> output, the row-parallel down projection
-// and the all-reduce of its Partial<Sum> output; nn::Residual adds the skip.
-// Backward, and the split backward of zero-bubble schedules, are generated
-// from the sequence: nothing of it is written here.
+// row-parallel): y = x + all_reduce(f(x W1 + b1) W2) + b2, with the
+// activation f a chain step (weft::nn::Gelu or weft::nn::Silu). It is
+// declared as a sequence of placed steps (weft::nn::Chain): the
+// column-parallel up projection, f on its Shard<1> output, the row-parallel
+// down projection and the all-reduce of its Partial<Sum> output;
+// nn::Residual adds the skip. Backward, and the split backward of
+// zero-bubble schedules, are generated from the sequence: nothing of it is
+// written here.
+template <class Act>
 class ResidualMLP {
   using Up = weft::nn::Linear<T, weft::On<weft::TP, weft::Shard<0>>>;
   using Down = weft::nn::Linear<T, weft::On<weft::TP, weft::Shard<1>>>;
   using Rep = weft::DistView<T, 2, weft::On<weft::TP, weft::Replicate>>;
-  using Body = weft::nn::Chain<Rep, Up, weft::nn::Gelu, Down, weft::nn::Reduce<weft::TP>>;
+  using Body = weft::nn::Chain<Rep, Up, Act, Down, weft::nn::Reduce<weft::TP>>;
 
  public:
   using value_type = T;
   using execution_space = Space;
   // What forward keeps for backward: the steps' inputs (the tensors the
   // placed Linear and gelu return; empty until the first forward).
-  using Saved = Body::Saved;
+  using Saved = typename Body::Saved;
 
   ResidualMLP(MeshT& mesh, std::size_t index, const Sizes& z)
       : mesh_(&mesh), width_(z.width),
         f_(Body(Up(mesh, z.width, z.hidden, {"block." + std::to_string(index) + ".up", true, z.seed, 0.15}),
-                weft::nn::Gelu{},
+                Act{},
                 Down(mesh, z.hidden, z.width, {"block." + std::to_string(index) + ".down", true, z.seed, 0.05}),
                 weft::nn::Reduce<weft::TP>{})) {}
 
@@ -156,7 +161,8 @@ class ResidualMLPModel {
   using value_type = T;
   using execution_space = Space;
   using Input = InputProjection;
-  using Block = ResidualMLP;
+  // Two block kinds in one model: even blocks GELU, odd blocks SiLU.
+  using Block = weft::nn::OneOf<ResidualMLP<weft::nn::Gelu>, ResidualMLP<weft::nn::Silu>>;
   using Head = RegressionHead;
   using Batch = ::Batch;
 
@@ -168,7 +174,10 @@ class ResidualMLPModel {
   std::size_t microbatch_samples() const { return z_.samples; }
   std::size_t loss_terms_per_sample() const { return 1; }
   std::unique_ptr<Input> make_input() { return std::make_unique<Input>(z_); }
-  std::unique_ptr<Block> make_block(std::size_t i) { return std::make_unique<Block>(*mesh_, i, z_); }
+  std::unique_ptr<Block> make_block(std::size_t i) {
+    if (i % 2 == 0) return std::make_unique<Block>(Block::make<ResidualMLP<weft::nn::Gelu>>(*mesh_, i, z_));
+    return std::make_unique<Block>(Block::make<ResidualMLP<weft::nn::Silu>>(*mesh_, i, z_));
+  }
   std::unique_ptr<Head> make_head() { return std::make_unique<Head>(z_); }
   Batch make_batch() { return {Matrix("batch.x", z_.samples, z_.in), Matrix("batch.y", z_.samples, z_.out)}; }
   weft::Comm* tp_comm() const { return tp_; }
@@ -179,7 +188,7 @@ class ResidualMLPModel {
   weft::Comm* tp_;
 };
 static_assert(weft::nn::LayeredModel<ResidualMLPModel>);
-static_assert(weft::nn::SplitBackwardLayer<ResidualMLP>);
+static_assert(weft::nn::SplitBackwardLayer<ResidualMLPModel::Block>);
 
 // The data: sample g of the run (step * batch + index in the global batch)
 // has inputs x ~ N(0, 1) and targets y_k = sin(sum_c A_kc x_c) + x_k / 2,
