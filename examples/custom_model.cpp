@@ -14,11 +14,8 @@
 // --batch is the global batch, parameters depend only on the seed and their
 // global indices. --baseline FILE compares the loss curve with another run's
 // --record and fails when they differ by more than --tolerance.
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -28,6 +25,7 @@
 #include <weft/core/flags.hpp>
 #include <weft/nn/chain.hpp>
 #include <weft/nn/one_of.hpp>
+#include <weft/parity.hpp>
 
 namespace {
 
@@ -268,20 +266,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// The "loss" array of a --record file.
-std::vector<double> read_losses(const std::string& path) {
-  std::ifstream f(path);
-  WEFT_REQUIRE(f.good(), ConfigError, "--baseline ", path, ": cannot open the file (", std::strerror(errno), ")");
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const weft::plan::JsonValue doc = weft::plan::parse_json(text, "--baseline " + path);
-  const weft::plan::JsonValue* loss = doc.kind == weft::plan::JsonValue::Kind::object ? doc.find("loss") : nullptr;
-  WEFT_REQUIRE(loss && loss->kind == weft::plan::JsonValue::Kind::array && !loss->array.empty(), ConfigError,
-               "--baseline ", path, ": no \"loss\" array found; expected a record written by custom_model --record");
-  std::vector<double> out;
-  for (const auto& v : loss->array) out.push_back(v.number);
-  return out;
-}
-
 // Trains with the data-parallel policy DPPolicy and the schedule Sched (the
 // types the command line selects), on the mesh.
 template <class DPPolicy, class Sched>
@@ -294,10 +278,9 @@ int train(const Options& o, MeshT& mesh) {
   z.samples = weft::parallel::local_microbatch(o.batch, ndp, o.microbatches);
   WEFT_REQUIRE(z.hidden % std::size_t(mesh.extent<weft::TP>()) == 0, ConfigError, "--hidden ", z.hidden,
                " does not divide by tp ", mesh.extent<weft::TP>(), "; choose a multiple of tp");
-  std::vector<double> baseline;
-  if (!o.baseline.empty()) baseline = read_losses(o.baseline);  // before any step: a bad file fails at once
-  WEFT_REQUIRE(baseline.empty() || baseline.size() >= o.steps, ConfigError, "--baseline ", o.baseline, " has ",
-               baseline.size(), " steps, fewer than --steps ", o.steps);
+  // Before any step: a bad baseline or an unwritable record path fails at once.
+  const weft::LossCurve baseline = o.baseline.empty() ? weft::LossCurve{} : weft::LossCurve::read(o.baseline, o.steps);
+  const weft::RecordFile record = root ? weft::RecordFile(o.record) : weft::RecordFile();
 
   ResidualMLPModel model(mesh, z);
   const auto part = weft::pipeline::equal_partition(z.blocks, npp * std::size_t(Sched::chunks));
@@ -327,17 +310,13 @@ int train(const Options& o, MeshT& mesh) {
   ledger.merge(dp.memory());
   ledger.merge(opt.memory());
   int status = 0;
-  double worst = 0;
-  if (!baseline.empty()) {
-    for (std::size_t i = 0; i < o.steps; ++i)
-      worst = std::max(worst, std::abs(losses[i] - baseline[i]) / std::max(std::abs(baseline[i]), 1e-30));
-    if (worst > o.tolerance) status = 1;
-    if (root)
-      std::printf(status ? "custom_model: error: the loss curve departs from %s: worst relative difference %.3g > %.3g\n"
-                         : "custom_model: the loss curve follows %s (worst relative difference %.3g <= %.3g over the steps)\n",
-                  o.baseline.c_str(), worst, o.tolerance);
+  weft::Parity parity;
+  if (baseline.active()) {
+    parity = baseline.compare(losses, o.tolerance);
+    status = parity.follows() ? 0 : 1;
+    if (root) std::printf("%s\n", parity.line("custom_model", baseline.file).c_str());
   }
-  if (root && !o.record.empty()) {
+  if (record.active()) {
     using weft::metrics::Json;
     Json mem = Json::object();
     for (C c : {C::parameters, C::gradients, C::optimizer_state, C::activations, C::buffers})
@@ -354,10 +333,9 @@ int train(const Options& o, MeshT& mesh) {
         .set("loss", losses)
         .set("grad_norm", norms)
         .set("memory_rank0", mem);
-    if (!baseline.empty()) rec.set("baseline", Json::object().set("file", o.baseline).set("worst_relative_difference", worst));
-    std::ofstream f(o.record);
-    f << rec.dump(2) << "\n";
-    WEFT_REQUIRE(f.good(), ConfigError, "--record ", o.record, ": cannot write the file");
+    if (baseline.active())
+      rec.set("baseline", Json::object().set("file", baseline.file).set("worst_relative_difference", parity.worst));
+    record.write(rec);
   }
   return status;
 }
