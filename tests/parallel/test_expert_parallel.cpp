@@ -300,104 +300,23 @@ TEST_CASE("EP beside tensor parallelism (ep 2 x tp 2): the single-process loss a
 }
 
 namespace {
-// One MoE pass under TensorParallel<SequenceParallel> on a mesh of DP, EP and
-// TP (sizes dp, ep, tp; ranks = their product), against the single process
-// on the whole microbatch: the loss, every whole (TP-replicated) parameter's
-// gradient and the dropped slots.
-template <class S, class MeshT>
-void check_moe_sequence_parallel(MeshT& mesh, int dp, int ep, double capacity, bool swiglu) {
-  const nn::GPTConfig whole = moe_config(2, capacity, swiglu);
-  nn::GPT<double> single(whole);
-  const Pass ref = run(single, whole, 0, whole.tokens());
-  nn::GPTConfig local = whole;
-  local.batch = whole.batch / std::size_t(dp * ep);
-  const auto split_of = nn::expert_split_of<S>(mesh, local);
-  CHECK(split_of.token_shards == std::size_t(mesh.template extent<TP>()));
-  nn::GPT<double, S> split(mesh, local, split_of);
-  // This rank's samples: its DP x EP index (TP ranks share them and split their tokens).
-  int sample_rank = 0;
-  if constexpr (MeshT::template has_axis<DP>) sample_rank = mesh.template coord<DP>();
-  if constexpr (MeshT::template has_axis<EP>) sample_rank = sample_rank * ep + mesh.template coord<EP>();
-  Pass p = run(split, local, std::size_t(sample_rank) * local.batch, whole.tokens());
-  Comm& data = *split_of.data;
-  double loss = p.loss;
-  data.all_reduce(HostD(&loss, 1), ReduceOp::avg);  // every TP rank holds its samples' mean loss
-  CHECK(test::rel(loss, ref.loss) < 1e-12);
-  CHECK(gather_dropped(p, data) == ref.dropped);
-  check_route_loss(p.stats, ref, whole);
-  // Whole parameters: the norms, routers and experts (summed over TP by the
-  // blocks), then over the ranks holding other samples (experts: over DP only).
-  Comm* samples = nullptr;  // the ranks with this TP coordinate holding other samples (DP x EP)
-  std::unique_ptr<Comm> samples_own;
-  samples_own = std::make_unique<Comm>(data.split(mesh.template coord<TP>(), data.rank(), "samples"));
-  samples = samples_own.get();
-  Comm* dp_only = nullptr;
-  if constexpr (MeshT::template has_axis<DP>) dp_only = &mesh.template axis<DP>();
-  double worst = 0;
-  std::size_t compared = 0, experts = 0;
-  for (auto& [name, g] : p.grads) {
-    const auto& r = ref.grads.at(name);
-    if (r.size() != g.size()) continue;  // a TP shard
-    const bool expert = name.find(".mlp.experts.") != std::string::npos;
-    if (expert) {
-      if (dp_only) dp_only->all_reduce(HostD(g.data(), g.size()));
-      ++experts;
-    } else {
-      samples->all_reduce(HostD(g.data(), g.size()));
-    }
-    worst = std::max(worst, max_rel(g, r));
-    ++compared;
-  }
-  CAPTURE(compared);
-  CAPTURE(experts);
-  // Every expert parameter of the single process is compared on the EP rank that holds it.
-  std::size_t ref_experts = 0;
-  for (const auto& [name, g] : ref.grads) ref_experts += name.find(".mlp.experts.") != std::string::npos ? 1 : 0;
-  double seen = double(experts);
-  if constexpr (MeshT::template has_axis<EP>) mesh.template axis<EP>().all_reduce(HostD(&seen, 1));
-  CHECK(std::size_t(seen) == ref_experts);
-  CHECK(compared > experts);  // the whole dense parameters too
-  CHECK(worst < 1e-10);
-}
-}  // namespace
-
-TEST_CASE("MoE under sequence parallelism (tp 2; dp 2 x tp 2; ep 2 x tp 2): the single-process loss, gradients and drops") {
-  auto& w = test::world();
-  for (double capacity : {1.0, 0.0})
-    for (bool swiglu : {false, true}) {
-      CAPTURE(capacity);
-      CAPTURE(swiglu);
-      if (w.size() == 2) {
-        using S = Strategy<On<TP, TensorParallel<SequenceParallel>>>;
-        Mesh<TP> mesh(w, 2);
-        check_moe_sequence_parallel<S>(mesh, 1, 1, capacity, swiglu);
-      }
-      if (w.size() == 4) {
-        using S = Strategy<On<DP, Replicated>, On<TP, TensorParallel<SequenceParallel>>>;
-        Mesh<DP, TP> mesh(w, 2, 2);
-        check_moe_sequence_parallel<S>(mesh, 2, 1, capacity, swiglu);
-        using SE = Strategy<On<EP, Experts<4>>, On<TP, TensorParallel<SequenceParallel>>>;
-        Mesh<EP, TP> emesh(w, 2, 2);
-        check_moe_sequence_parallel<SE>(emesh, 1, 2, capacity, swiglu);
-      }
-    }
-}
-
-namespace {
-// One MoE pass under context parallelism (Context<Ring> over the mesh's CP
-// axis) beside DP, EP or TP under SequenceParallel, against the single
+// One MoE pass whose tokens are split over the mesh's CP axis (Context<Ring>)
+// and/or its TP axis (TensorParallel<SequenceParallel>), beside DP and EP
+// (`samples` = dp x ep ranks hold different samples), against the single
 // process on the whole microbatch: the loss, every whole parameter's
-// gradient and the dropped slots. S names the strategy's policies but CP's
-// (the model takes its CP handle from attention_of), as train_gpt does.
+// gradient, the dropped slots and the route quality. S names the strategy's
+// policies but CP's (the model takes its CP handle from attention_of), as
+// train_gpt does.
 template <class S, class MeshT>
-void check_moe_context(MeshT& mesh, int samples, double capacity, bool swiglu) {
+void check_moe_token_shards(MeshT& mesh, int samples, double capacity, bool swiglu) {
   const nn::GPTConfig whole = moe_config(2, capacity, swiglu);
   nn::GPT<double> single(whole);
   const Pass ref = run(single, whole, 0, whole.tokens());
   nn::GPTConfig local = whole;
   local.batch = whole.batch / std::size_t(samples);
   const auto split_of = nn::expert_split_of<S>(mesh, local);
-  std::size_t shards = std::size_t(mesh.template extent<CP>());
+  std::size_t shards = 1;
+  if constexpr (MeshT::template has_axis<CP>) shards = std::size_t(mesh.template extent<CP>());
   int tp_coord = 0;
   if constexpr (MeshT::template has_axis<TP>) {
     shards *= std::size_t(mesh.template extent<TP>());  // every TP strategy here is sequence-parallel
@@ -406,13 +325,19 @@ void check_moe_context(MeshT& mesh, int samples, double capacity, bool swiglu) {
   CHECK(split_of.token_shards == shards);
   REQUIRE(split_of.data != nullptr);
   CHECK(std::size_t(split_of.data->size()) == shards * std::size_t(samples));
-  nn::GPT<double, S> split(mesh, local, context::attention_of<Context<Ring>, double>(mesh.template axis<CP>()), split_of);
+  auto split = [&] {
+    if constexpr (MeshT::template has_axis<CP>)
+      return nn::GPT<double, S>(mesh, local, context::attention_of<Context<Ring>, double>(mesh.template axis<CP>()), split_of);
+    else
+      return nn::GPT<double, S>(mesh, local, split_of);
+  };
+  auto model = split();
   // This rank's samples: its DP x EP index (CP and TP ranks share them and split their tokens).
   int sample_rank = 0;
   if constexpr (MeshT::template has_axis<DP>) sample_rank = mesh.template coord<DP>();
   if constexpr (MeshT::template has_axis<EP>) sample_rank = sample_rank * mesh.template extent<EP>() + mesh.template coord<EP>();
   CHECK(split_of.sample_index() == std::size_t(sample_rank));
-  Pass p = run(split, local, std::size_t(sample_rank) * local.batch, whole.tokens());
+  Pass p = run(model, local, std::size_t(sample_rank) * local.batch, whole.tokens());
   Comm& data = *split_of.data;
   double loss = p.loss;
   data.all_reduce(HostD(&loss, 1), ReduceOp::avg);  // every CP and TP rank holds its samples' mean loss
@@ -448,6 +373,29 @@ void check_moe_context(MeshT& mesh, int samples, double capacity, bool swiglu) {
 }
 }  // namespace
 
+TEST_CASE("MoE under sequence parallelism (tp 2; dp 2 x tp 2; ep 2 x tp 2): the single-process loss, gradients and drops") {
+  auto& w = test::world();
+  for (double capacity : {1.0, 0.0})
+    for (bool swiglu : {false, true}) {
+      CAPTURE(capacity);
+      CAPTURE(swiglu);
+      if (w.size() == 2) {
+        using S = Strategy<On<TP, TensorParallel<SequenceParallel>>>;
+        Mesh<TP> mesh(w, 2);
+        check_moe_token_shards<S>(mesh, 1, capacity, swiglu);
+      }
+      if (w.size() == 4) {
+        using S = Strategy<On<DP, Replicated>, On<TP, TensorParallel<SequenceParallel>>>;
+        Mesh<DP, TP> mesh(w, 2, 2);
+        check_moe_token_shards<S>(mesh, 2, capacity, swiglu);
+        using SE = Strategy<On<EP, Experts<4>>, On<TP, TensorParallel<SequenceParallel>>>;
+        Mesh<EP, TP> emesh(w, 2, 2);
+        check_moe_token_shards<SE>(emesh, 2, capacity, swiglu);
+      }
+    }
+}
+
+
 TEST_CASE("MoE under context parallelism (cp 2; dp 2 x cp 2; cp 2 x ep 2; cp 2 x tp 2 with SP): the single-process loss, gradients and drops") {
   auto& w = test::world();
   for (double capacity : {1.0, 0.0})
@@ -456,15 +404,15 @@ TEST_CASE("MoE under context parallelism (cp 2; dp 2 x cp 2; cp 2 x ep 2; cp 2 x
       CAPTURE(swiglu);
       if (w.size() == 2) {
         Mesh<CP> mesh(w, 2);
-        check_moe_context<Strategy<>>(mesh, 1, capacity, swiglu);
+        check_moe_token_shards<Strategy<>>(mesh, 1, capacity, swiglu);
       }
       if (w.size() == 4) {
         Mesh<DP, CP> dmesh(w, 2, 2);
-        check_moe_context<Strategy<On<DP, Replicated>>>(dmesh, 2, capacity, swiglu);
+        check_moe_token_shards<Strategy<On<DP, Replicated>>>(dmesh, 2, capacity, swiglu);
         Mesh<CP, EP> emesh(w, 2, 2);
-        check_moe_context<Strategy<On<EP, Experts<4>>>>(emesh, 2, capacity, swiglu);
+        check_moe_token_shards<Strategy<On<EP, Experts<4>>>>(emesh, 2, capacity, swiglu);
         Mesh<CP, TP> tmesh(w, 2, 2);
-        check_moe_context<Strategy<On<TP, TensorParallel<SequenceParallel>>>>(tmesh, 1, capacity, swiglu);
+        check_moe_token_shards<Strategy<On<TP, TensorParallel<SequenceParallel>>>>(tmesh, 1, capacity, swiglu);
       }
     }
 }

@@ -49,19 +49,35 @@ struct ActivationGrad {
   KOKKOS_INLINE_FUNCTION void operator()(std::size_t i) const { o.data()[i] = op(g.data()[i], x.data()[i]); }
 };
 struct ReluGrad {
+  static constexpr const char* grad_label = "weft::nn::Relu.dx";
+  template <class X>
+  static auto forward(const X& x) {
+    return weft::relu(x);
+  }
   template <class T>
   KOKKOS_INLINE_FUNCTION T operator()(T g, T x) const {
     return x > T(0) ? g : T(0);
   }
 };
 struct SiluGrad {  // d/dx x s(x) = s (1 + x (1 - s))
+  static constexpr const char* grad_label = "weft::nn::Silu.dx";
+  template <class X>
+  static auto forward(const X& x) {
+    return weft::silu(x);
+  }
   template <class T>
   KOKKOS_INLINE_FUNCTION T operator()(T g, T x) const {
     const T s = ops::detail::sigmoid(x);
     return g * s * (T(1) + x * (T(1) - s));
   }
 };
-struct GeluGrad {};  // weft::ops::gelu_backward
+struct GeluGrad {  // the gradient is weft::ops::gelu_backward
+  static constexpr const char* grad_label = "weft::nn::Gelu.dx";
+  template <class X>
+  static auto forward(const X& x) {
+    return weft::gelu(x);
+  }
+};
 
 // The element-wise steps' backward: dx = f'(x) * dy, laid out as dy (which
 // must have x's placements: the activation keeps them).
@@ -127,42 +143,30 @@ struct chain_inputs<X, First, Rest...> {
 };
 }  // namespace detail
 
+namespace detail {
+// An element-wise activation as a chain step: Act::forward(x) (the placed
+// weft::gelu, relu or silu, which keep x's placements) and
+// activation_backward<Act> (dx = f'(x) dy on the local blocks).
+template <class Act>
+struct ActivationStep {
+  template <DistributedView X>
+  auto forward(const X& x) const {
+    return Act::forward(x);
+  }
+  template <DistributedView X, DistributedView DY>
+  auto backward(const X& x, const DY& dy) const {
+    return activation_backward<Act>(Act::grad_label, x, dy);
+  }
+};
+}  // namespace detail
+
 /// Element-wise GELU (tanh form, weft::gelu) as a chain step; its backward
 /// is weft::ops::gelu_backward on the local blocks (placements unchanged).
-struct Gelu {
-  template <DistributedView X>
-  auto forward(const X& x) const {
-    return weft::gelu(x);
-  }
-  template <DistributedView X, DistributedView DY>
-  auto backward(const X& x, const DY& dy) const {
-    return detail::activation_backward<detail::GeluGrad>("weft::nn::Gelu.dx", x, dy);
-  }
-};
-
+using Gelu = detail::ActivationStep<detail::GeluGrad>;
 /// Element-wise ReLU (weft::relu) as a chain step.
-struct Relu {
-  template <DistributedView X>
-  auto forward(const X& x) const {
-    return weft::relu(x);
-  }
-  template <DistributedView X, DistributedView DY>
-  auto backward(const X& x, const DY& dy) const {
-    return detail::activation_backward<detail::ReluGrad>("weft::nn::Relu.dx", x, dy);
-  }
-};
-
+using Relu = detail::ActivationStep<detail::ReluGrad>;
 /// Element-wise SiLU (weft::silu, x sigmoid(x)) as a chain step.
-struct Silu {
-  template <DistributedView X>
-  auto forward(const X& x) const {
-    return weft::silu(x);
-  }
-  template <DistributedView X, DistributedView DY>
-  auto backward(const X& x, const DY& dy) const {
-    return detail::activation_backward<detail::SiluGrad>("weft::nn::Silu.dx", x, dy);
-  }
-};
+using Silu = detail::ActivationStep<detail::SiluGrad>;
 
 /// A Partial<Sum> tensor over Axis all-reduced to Replicate (a row-parallel
 /// matmul's output joined), as a chain step. Backward hands the Replicate

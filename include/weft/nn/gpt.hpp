@@ -470,10 +470,15 @@ class GPTModel {
     const std::size_t rows = cfg_.tokens();
     route_loss_host_.resize(rows);
     if (ctx_->tp.active()) {
-      auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ce_max_);
-      auto st = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ce_sums_);
+      if (ce_max_host_.extent(0) != rows) {  // once: the step loop allocates nothing
+        ce_max_host_ = Kokkos::create_mirror_view(ce_max_);
+        ce_sums_host_ = Kokkos::create_mirror_view(ce_sums_);
+      }
+      Kokkos::deep_copy(ce_max_host_, ce_max_);
+      Kokkos::deep_copy(ce_sums_host_, ce_sums_);
       for (std::size_t i = 0; i < rows; ++i)
-        route_loss_host_[i] = double(m(i)) + std::log(double(st(i, 0))) - double(st(i, 1));
+        route_loss_host_[i] =
+            double(ce_max_host_(i)) + std::log(double(ce_sums_host_(i, 0))) - double(ce_sums_host_(i, 1));
     } else {
       Kokkos::deep_copy(Kokkos::View<double*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(
                             route_loss_host_.data(), rows),
@@ -555,6 +560,8 @@ class GPTModel {
   ops::Matrix<T, Space> ce_sums_;             // tensor parallelism: per-token sum of exp and target logit
   Kokkos::View<double*, Space> token_loss_;   // a MoE model without TP: each token's loss (route quality)
   std::vector<double> route_loss_host_, route_loss_sums_;  // record_route_losses' host buffers
+  typename ops::Vector<T, Space>::HostMirror ce_max_host_;  // record_route_losses under TP
+  typename ops::Matrix<T, Space>::HostMirror ce_sums_host_;
   std::shared_ptr<typename Block<T, Space>::Workspace> ws_;
   std::unique_ptr<detail::PartialGrads<T, Space>> root_partial_;  // sequence parallelism: ln_f, positions
   GroupHooks* hooks_ = nullptr;
