@@ -9,6 +9,7 @@
 //   curve, within a tolerance measured below, that the fp32/bf16 difference
 //   (a rank in the wrong precision) exceeds many times over.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -233,6 +234,99 @@ TEST_CASE("the bf16 GPT follows the one-process bf16 curve on every DP mode and 
     for (std::size_t s = 0; s < kSteps; ++s) curve.push_back(weft::optim::train_step(gpt, opt, data, s, 1, ids, tg, 3e-3, 1.0).loss);
     check_curve(curve, ref, "tp " + std::to_string(w.size()));
   }
+}
+
+namespace {
+
+// The all-gather bytes of kSteps of Model under FullyShard over `comm`, and the curve.
+template <class Model>
+std::pair<std::uint64_t, std::vector<double>> fsdp_gather_bytes(weft::Comm& comm, std::size_t global_batch) {
+  const std::size_t mb = weft::parallel::local_microbatch(global_batch, std::size_t(comm.size()), 1);
+  Model gpt(weft::test::tiny_gpt(2, mb));
+  weft::parallel::DataParallel<float, weft::FullyShard> dp(comm, gpt.parameter_groups());
+  gpt.set_hooks(&dp);
+  weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
+  auto data = weft::test::successor_stream();
+  Kokkos::View<int*> ids("ids", mb * 8), tg("tg", mb * 8);
+  std::vector<double> curve;
+  comm.reset_stats();
+  for (std::size_t s = 0; s < kSteps; ++s)
+    curve.push_back(weft::parallel::train_step(gpt, dp, opt, data, s, global_batch, 1, ids, tg, 3e-3, 1.0).loss);
+  return {comm.stats()[weft::CommKind::all_gather].bytes, curve};
+}
+
+}  // namespace
+
+TEST_CASE("FullyShard gathers the weights that bf16 products read in bf16: the same values at half their bytes") {
+  auto& w = weft::test::world();
+  const std::size_t p = std::size_t(w.size());
+  BF16Single probe(weft::test::tiny_gpt(2, 1));
+  // Every nn::Linear weight declares that it is read only through the
+  // products, in bf16; nothing else does (norms, biases, embeddings).
+  std::size_t narrow_params = 0;
+  for (auto* q : probe.parameters()) {
+    const bool linear_weight = q->name().ends_with(".weight") && q->rows() > 1 && q->name().find("emb") == std::string::npos &&
+                               q->name().find("ln") == std::string::npos && q->name().find("norm") == std::string::npos;
+    CHECK_MESSAGE((q->read_as() == ProductPrecision::bf16) == linear_weight, q->name());
+    narrow_params += q->read_as() == ProductPrecision::bf16;
+  }
+  CHECK(narrow_params >= 5);  // qkv, proj, fc1, fc2 per block and the head
+  for (auto* q : weft::nn::GPT<float>(weft::test::tiny_gpt(2, 1)).parameters()) CHECK(q->read_as() == ProductPrecision::f32);
+
+  // The gathered values: every narrow weight is its master rounded to bf16
+  // (and rounding changed it), every other parameter is its master exactly.
+  {
+    weft::Comm alone = w.split(w.rank(), 0, "alone");
+    BF16Single gpt(weft::test::tiny_gpt(2, 1));
+    std::vector<std::vector<float>> masters;
+    const auto groups = gpt.parameter_groups();
+    for (auto* q : groups[0]) {
+      const auto h = host(q->value);
+      masters.emplace_back(h.data(), h.data() + h.extent(0));
+    }
+    weft::parallel::DataParallel<float, weft::FullyShard> dp(alone, groups);
+    dp.before_forward(0);
+    std::size_t rounded = 0;
+    for (std::size_t i = 0; i < groups[0].size(); ++i) {
+      auto* q = groups[0][i];
+      const auto h = host(q->value);
+      REQUIRE(h.extent(0) == masters[i].size());
+      std::size_t wrong = 0;
+      for (std::size_t k = 0; k < h.extent(0); ++k) {
+        const float want = q->read_as() == ProductPrecision::bf16 ? float(weft::bf16(masters[i][k])) : masters[i][k];
+        wrong += std::bit_cast<std::uint32_t>(h(k)) != std::bit_cast<std::uint32_t>(want);
+        rounded += h(k) != masters[i][k];
+      }
+      CHECK_MESSAGE(wrong == 0, q->name(), ": ", wrong, " gathered values are not the expected bits");
+    }
+    CHECK(rounded > 0);
+    dp.release_all();
+  }
+
+  // The bytes: per group, the narrow bucket travels in 2 bytes and the rest
+  // in 4, each padded to a multiple of p, against one 4-byte bucket padded to
+  // p. Blocks and the root group may be gathered different numbers of times,
+  // so the whole run's ratio lies between theirs.
+  const auto groups = probe.parameter_groups();
+  auto pad = [&](std::size_t n) { return (n + p - 1) / p * p; };
+  std::vector<double> ratios;
+  for (const auto& g : groups) {
+    std::size_t narrow = 0, wide = 0;
+    for (auto* q : g) (q->read_as() == ProductPrecision::bf16 ? narrow : wide) += q->size();
+    ratios.push_back(double(2 * pad(narrow) + 4 * pad(wide)) / double(4 * pad(narrow + wide)));
+  }
+  const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+  const auto [bf16_bytes, bf16_curve] = fsdp_gather_bytes<BF16Single>(w, kGlobalBatch);
+  const auto [fp32_bytes, fp32_curve] = fsdp_gather_bytes<weft::nn::GPT<float>>(w, kGlobalBatch);
+  const double ratio = double(bf16_bytes) / double(fp32_bytes);
+  MESSAGE("fsdp all-gather bytes at ", p, " ranks: bf16 ", bf16_bytes, ", fp32 ", fp32_bytes, " (ratio ", ratio,
+          "; per group ", *lo, " .. ", *hi, ")");
+  CHECK(fp32_bytes > 0);
+  CHECK(ratio >= *lo - 1e-12);
+  CHECK(ratio <= *hi + 1e-12);
+  CHECK(ratios[0] < 0.6);  // a block: its linear weights are most of it (fully narrow would be 0.5)
+  // And the run is the bf16 model's: the same curve as the one-process bf16 run.
+  check_curve(bf16_curve, single_curve<BF16Single>(weft::test::tiny_gpt(2, kGlobalBatch)), "fsdp bf16 gather");
 }
 
 namespace {

@@ -76,6 +76,9 @@ class Linear {
       }
     }
     weight_.set_tp_sharded(split_.kind != K::none);
+    // The weight is read only by the three products, which round it to the
+    // context's product type first.
+    weight_.set_read_as(ctx_->products);
     // Where this rank's part lies in the whole layer (checkpoints address tensors by global indices).
     std::vector<GlobalBand> bands;
     if (split_.kind == K::row) {

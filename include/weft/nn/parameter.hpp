@@ -32,6 +32,25 @@ struct GlobalBand {
 template <class T, class Space>
 using MatrixRef = Kokkos::View<T**, Kokkos::LayoutRight, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
+/// The element type of the operands of a model's weight products (every
+/// nn::Linear's forward, input-gradient and weight-gradient product): f32
+/// (the products in fp32), bf16 or fp16. A model sets it from its strategy's
+/// weft::Precision (product_precision_v) when it is built; it is never read
+/// from a run-time flag.
+enum class ProductPrecision { f32, bf16, fp16 };
+
+/// The ProductPrecision of a weft::Precision<Param, ...>: its Param tag's.
+template <class Prec>
+inline constexpr ProductPrecision product_precision_v =
+    std::is_same_v<typename Prec::param, BF16>   ? ProductPrecision::bf16
+    : std::is_same_v<typename Prec::param, FP16> ? ProductPrecision::fp16
+                                                 : ProductPrecision::f32;
+
+/// "f32", "bf16" or "fp16".
+inline const char* to_string(ProductPrecision p) {
+  return p == ProductPrecision::bf16 ? "bf16" : p == ProductPrecision::fp16 ? "fp16" : "f32";
+}
+
 /// Value and gradient of one parameter, flat and contiguous (what optimizers
 /// and gradient collectives want), with rank-2 views for the kernels.
 template <class T, class Space>
@@ -81,6 +100,17 @@ class Parameter {
   bool ep_sharded() const { return ep_sharded_; }
   /// Marks the parameter as one of this EP rank's own experts (or not).
   void set_ep_sharded(bool on) { ep_sharded_ = on; }
+  /// The type every reader of the value rounds it to first: f32 (the
+  /// default) when some reader takes the value as stored; bf16 or fp16 when
+  /// the value is read only as the operand of 2-byte products (an
+  /// nn::Linear weight under a 2-byte ProductPrecision), so that a copy
+  /// rounded to that type gives every reader the same bits. Fully sharded
+  /// data parallelism then gathers the parameter in 2 bytes
+  /// (parallel::DataParallel). A layer that reads the value any other way
+  /// must leave it at f32.
+  ProductPrecision read_as() const { return read_as_; }
+  /// Declares how the value is read (see read_as()).
+  void set_read_as(ProductPrecision p) { read_as_ = p; }
   /// Rows of the whole (single-process) tensor this rank holds part of.
   std::size_t global_rows() const { return global_rows_; }
   /// Columns of the whole tensor.
@@ -140,6 +170,7 @@ class Parameter {
   bool decay_;
   bool tp_sharded_ = false;
   bool ep_sharded_ = false;
+  ProductPrecision read_as_ = ProductPrecision::f32;
   bool stored_in_pieces_ = false;
   std::vector<StoredPiece> stored_pieces_;
 
@@ -292,25 +323,6 @@ class DeferredWork {
   std::size_t bytes_ = 0;
   bool copy_inputs_ = false;
 };
-
-/// The element type of the operands of a model's weight products (every
-/// nn::Linear's forward, input-gradient and weight-gradient product): f32
-/// (the products in fp32), bf16 or fp16. A model sets it from its strategy's
-/// weft::Precision (product_precision_v) when it is built; it is never read
-/// from a run-time flag.
-enum class ProductPrecision { f32, bf16, fp16 };
-
-/// The ProductPrecision of a weft::Precision<Param, ...>: its Param tag's.
-template <class Prec>
-inline constexpr ProductPrecision product_precision_v =
-    std::is_same_v<typename Prec::param, BF16>   ? ProductPrecision::bf16
-    : std::is_same_v<typename Prec::param, FP16> ? ProductPrecision::fp16
-                                                 : ProductPrecision::f32;
-
-/// "f32", "bf16" or "fp16".
-inline const char* to_string(ProductPrecision p) {
-  return p == ProductPrecision::bf16 ? "bf16" : p == ProductPrecision::fp16 ? "fp16" : "f32";
-}
 
 /// Scratch memory the 2-byte products of one model share (ProductStaging<Space>):
 /// the compute copy of a weight and the two operands, rounded to 2 bytes just

@@ -18,8 +18,10 @@
 
 #include <weft/comm/comm.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/half.hpp>
 #include <weft/metrics/memory.hpp>
 #include <weft/nn/parameter.hpp>
+#include <weft/precision/convert.hpp>
 #include <weft/vocabulary/dp_mode.hpp>
 #include <weft/vocabulary/strategy.hpp>
 
@@ -79,6 +81,16 @@ struct DPOptions {
 /// group); each bucket is padded to a multiple of the DP size so rank r owns
 /// chunk r of every bucket. The padding is internal storage only: it is zero,
 /// never part of any tensor, and excluded from the optimizer.
+///
+/// FullyShard gathers a parameter that every reader rounds to a 2-byte type
+/// first (nn::Parameter::read_as(): an nn::Linear weight under bf16 or fp16
+/// products) in that type: each group's bucket is split in two, the
+/// parameters read as 2 bytes (the narrow bucket) and the others; the owned
+/// chunk of the narrow one is rounded to 2 bytes, all-gathered, and widened
+/// (exactly) into the gathered float copy. The layer rounds it again before
+/// each product, which changes nothing, so the results are bit for bit those
+/// of a float gather at half its bytes. Gradients are reduce-scattered in T,
+/// bucket by bucket.
 ///
 /// Policy is the placement of parameters, gradients and optimizer state over
 /// DP: weft::Replicated (DDP), weft::ZeRO<1>, weft::ZeRO<2> or
@@ -254,7 +266,8 @@ class DataParallel : public nn::GroupHooks {
     // peaks did not coincide); zero for the GPT's equal-sized blocks.
     m.add(C::buffers, "dp.group_buffer_pool_excess", retained_ > peak_transient_ ? retained_ - peak_transient_ : 0);
     std::size_t tmp = 0;
-    for (const auto& b : buckets_) tmp += bytes(b.send_tmp) + bytes(b.rs_tmp);
+    for (const auto& b : buckets_)
+      tmp += bytes(b.send_tmp) + bytes(b.rs_tmp) + b.send_bf16.span() * sizeof(bf16) + b.send_fp16.span() * sizeof(fp16);
     m.add(C::buffers, "dp.communication_buffers", tmp);
     return m;
   }
@@ -317,24 +330,35 @@ class DataParallel : public nn::GroupHooks {
   }
 
  private:
+  template <class H>
+  using HalfFlat = Kokkos::View<H*, Space>;
   struct Bucket {
     std::vector<Param*> params;
     std::vector<std::size_t> param_off;  // offset of each parameter inside the bucket
     std::vector<std::size_t> groups;     // groups whose parameters it holds
     std::size_t size = 0, padded = 0, chunk = 0, flat_off = 0, shard_off = 0;
+    // zero2/fsdp: offset of the bucket inside its group's gathered value and gradient buffers.
+    std::size_t group_off = 0;
     std::size_t done_groups = 0;
+    // fsdp: the 2-byte type its parameters are gathered in (f32: gathered in T).
+    nn::ProductPrecision narrow = nn::ProductPrecision::f32;
     Flat send_tmp, rs_tmp;  // zero1/zero2 all-gather source; zero2/fsdp reduce-scatter target
+    HalfFlat<bf16> send_bf16;  // fsdp narrow buckets: the owned chunk rounded to 2 bytes
+    HalfFlat<fp16> send_fp16;
   };
   struct GroupState {
     bool gathered = false;
-    Request gather_req;
+    std::vector<Request> gather_reqs;  // one per bucket of the group
     Flat full_value, full_grad;
+    HalfFlat<bf16> recv_bf16;  // the narrow bucket as gathered, until widened into full_value
+    HalfFlat<fp16> recv_fp16;
   };
   struct Pending {
     Request req;
     std::size_t bucket;
-    bool accumulate;  // add rs_tmp into the shard gradients, then free the group gradient
+    bool accumulate;  // add rs_tmp into the shard gradients
     std::size_t group;
+    bool last = true;  // the group's last bucket: free the group gradient after it
   };
 
   static constexpr bool sums_once_per_step() { return !kGroupGrads; }
@@ -359,19 +383,36 @@ class DataParallel : public nn::GroupHooks {
       buckets_.push_back(std::move(cur));
       cur = Bucket{};
     };
+    auto add = [&](Param* p, std::size_t g) {
+      if (!per_group && cur.size > 0 && cur.size + p->size() > limit) close();
+      cur.param_off.push_back(cur.size);
+      cur.params.push_back(p);
+      cur.size += p->size();
+      if (cur.groups.empty() || cur.groups.back() != g) cur.groups.push_back(g);
+    };
     for (std::size_t g : order) {
-      for (auto it = groups_[g].rbegin(); it != groups_[g].rend(); ++it) {
-        Param* p = *it;
-        if (!per_group && cur.size > 0 && cur.size + p->size() > limit) close();
-        cur.param_off.push_back(cur.size);
-        cur.params.push_back(p);
-        cur.size += p->size();
-        if (cur.groups.empty() || cur.groups.back() != g) cur.groups.push_back(g);
+      if constexpr (kFsdp) {
+        // The narrow bucket first (the parameters read as the group's first
+        // 2-byte type), then the others, each in backward order.
+        nn::ProductPrecision narrow = nn::ProductPrecision::f32;
+        for (auto* p : groups_[g])
+          if (narrow == nn::ProductPrecision::f32) narrow = p->read_as();
+        if (narrow != nn::ProductPrecision::f32) {
+          for (auto it = groups_[g].rbegin(); it != groups_[g].rend(); ++it)
+            if ((*it)->read_as() == narrow) add(*it, g);
+          cur.narrow = narrow;
+          close();
+        }
+        for (auto it = groups_[g].rbegin(); it != groups_[g].rend(); ++it)
+          if ((*it)->read_as() != narrow || narrow == nn::ProductPrecision::f32) add(*it, g);
+      } else {
+        for (auto it = groups_[g].rbegin(); it != groups_[g].rend(); ++it) add(*it, g);
       }
       if (per_group) close();
     }
     close();
     std::size_t flat = 0, shard = 0;
+    group_padded_.assign(groups_.size(), 0);
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       auto& k = buckets_[b];
       k.chunk = (k.size + p_ - 1) / p_;
@@ -381,6 +422,10 @@ class DataParallel : public nn::GroupHooks {
       flat += k.padded;
       shard += k.chunk;
       for (auto g : k.groups) group_buckets_[g].push_back(b);
+      if (per_group) {
+        k.group_off = group_padded_[k.groups.front()];
+        group_padded_[k.groups.front()] += k.padded;
+      }
     }
     flat_size_ = flat;
     shard_size_ = shard;
@@ -403,6 +448,8 @@ class DataParallel : public nn::GroupHooks {
     for (auto& b : buckets_) {
       if constexpr (kGatherAfterStep) b.send_tmp = Flat("weft::dp.gather_send", b.chunk);
       if constexpr (kGroupGrads) b.rs_tmp = Flat("weft::dp.reduce_scatter_out", b.chunk);
+      if (b.narrow == nn::ProductPrecision::bf16) b.send_bf16 = HalfFlat<bf16>("weft::dp.gather_send_bf16", b.chunk);
+      if (b.narrow == nn::ProductPrecision::fp16) b.send_fp16 = HalfFlat<fp16>("weft::dp.gather_send_fp16", b.chunk);
       for (std::size_t i = 0; i < b.params.size(); ++i) {
         Param* p = b.params[i];
         const std::size_t off = b.param_off[i];
@@ -476,6 +523,41 @@ class DataParallel : public nn::GroupHooks {
   void give_back(const Flat& v) {
     if (v.extent(0)) pool_.push_back(v);
   }
+  // The same for the 2-byte receive buffers of narrow gathers.
+  template <class H>
+  std::vector<HalfFlat<H>>& half_pool() {
+    if constexpr (std::is_same_v<H, bf16>) return pool_bf16_;
+    else return pool_fp16_;
+  }
+  template <class H>
+  HalfFlat<H> take_half(std::size_t n) {
+    auto& pool = half_pool<H>();
+    for (auto it = pool.begin(); it != pool.end(); ++it) {
+      if (it->extent(0) != n) continue;
+      HalfFlat<H> v = *it;
+      pool.erase(it);
+      return v;
+    }
+    retained_ += n * sizeof(H);
+    return HalfFlat<H>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::dp.group_buffer_2byte"), n);
+  }
+  template <class H>
+  void give_back_half(HalfFlat<H>& v) {
+    if (!v.extent(0)) return;
+    track(-std::ptrdiff_t(v.span() * sizeof(H)));
+    half_pool<H>().push_back(v);
+    v = HalfFlat<H>();
+  }
+  template <class H>
+  static HalfFlat<H>& recv_of(GroupState& s) {
+    if constexpr (std::is_same_v<H, bf16>) return s.recv_bf16;
+    else return s.recv_fp16;
+  }
+  template <class H>
+  static HalfFlat<H>& send_of(Bucket& b) {
+    if constexpr (std::is_same_v<H, bf16>) return b.send_bf16;
+    else return b.send_fp16;
+  }
 
   void track(std::ptrdiff_t delta) {
     transient_ = std::size_t(std::ptrdiff_t(transient_) + delta);
@@ -488,25 +570,55 @@ class DataParallel : public nn::GroupHooks {
   bool no_bucket(std::size_t g) const { return group_buckets_[g].empty(); }
   void start_gather(std::size_t g) {
     auto& s = group_state_[g];
-    if (no_bucket(g) || s.gathered || s.gather_req.active()) return;
-    const auto& b = buckets_[group_buckets_[g].front()];
-    s.full_value = take(b.padded, false);
+    if (no_bucket(g) || s.gathered || !s.gather_reqs.empty()) return;
+    s.full_value = take(group_padded_[g], false);
     track(std::ptrdiff_t(bytes(s.full_value)));
-    s.gather_req = dp_.iall_gather(slice(shard_value_, b.shard_off, b.chunk), s.full_value);
+    for (auto bi : group_buckets_[g]) {
+      auto& b = buckets_[bi];
+      auto mine = slice(shard_value_, b.shard_off, b.chunk);
+      if (b.narrow == nn::ProductPrecision::bf16) start_narrow_gather<bf16>(s, b, mine);
+      else if (b.narrow == nn::ProductPrecision::fp16) start_narrow_gather<fp16>(s, b, mine);
+      else s.gather_reqs.push_back(dp_.iall_gather(mine, slice(s.full_value, b.group_off, b.padded)));
+    }
+  }
+  template <class H, class V>
+  void start_narrow_gather(GroupState& s, Bucket& b, const V& mine) {
+    auto& send = send_of<H>(b);
+    weft::convert(send, mine);  // the layer's own rounding, applied once to the owned chunk
+    typename Space::execution_space().fence();
+    auto& recv = recv_of<H>(s);
+    recv = take_half<H>(b.padded);
+    track(std::ptrdiff_t(recv.span() * sizeof(H)));
+    s.gather_reqs.push_back(dp_.iall_gather(send, recv));
+  }
+  template <class H>
+  void widen(GroupState& s, const Bucket& b) {
+    auto& recv = recv_of<H>(s);
+    weft::convert(slice(s.full_value, b.group_off, b.padded), recv);  // exact
+    typename Space::execution_space().fence();
+    give_back_half<H>(recv);
   }
   void gather(std::size_t g) {
     auto& s = group_state_[g];
     if (no_bucket(g) || s.gathered) return;
     start_gather(g);
-    s.gather_req.wait();
+    for (auto& q : s.gather_reqs) q.wait();
+    s.gather_reqs.clear();
     s.gathered = true;
-    const auto& b = buckets_[group_buckets_[g].front()];
-    for (std::size_t i = 0; i < b.params.size(); ++i)
-      b.params[i]->value = Flat(slice(s.full_value, b.param_off[i], b.params[i]->size()));
+    for (auto bi : group_buckets_[g]) {
+      const auto& b = buckets_[bi];
+      if (b.narrow == nn::ProductPrecision::bf16) widen<bf16>(s, b);
+      if (b.narrow == nn::ProductPrecision::fp16) widen<fp16>(s, b);
+      for (std::size_t i = 0; i < b.params.size(); ++i)
+        b.params[i]->value = Flat(slice(s.full_value, b.group_off + b.param_off[i], b.params[i]->size()));
+    }
   }
   void release(std::size_t g) {
     auto& s = group_state_[g];
-    if (s.gather_req.active()) s.gather_req.wait();
+    for (auto& q : s.gather_reqs) q.wait();
+    s.gather_reqs.clear();
+    give_back_half<bf16>(s.recv_bf16);  // a prefetched gather that was never used
+    give_back_half<fp16>(s.recv_fp16);
     if (!s.full_value.extent(0)) return;
     track(-std::ptrdiff_t(bytes(s.full_value)));
     give_back(s.full_value);
@@ -525,17 +637,21 @@ class DataParallel : public nn::GroupHooks {
       complete(pending_.front());
       pending_.pop_front();
     }
-    const auto& b = buckets_[group_buckets_[g].front()];
-    s.full_grad = take(b.padded, true);
+    s.full_grad = take(group_padded_[g], true);
     track(std::ptrdiff_t(bytes(s.full_grad)));
-    for (std::size_t i = 0; i < b.params.size(); ++i)
-      b.params[i]->grad = Flat(slice(s.full_grad, b.param_off[i], b.params[i]->size()));
+    for (auto bi : group_buckets_[g]) {
+      const auto& b = buckets_[bi];
+      for (std::size_t i = 0; i < b.params.size(); ++i)
+        b.params[i]->grad = Flat(slice(s.full_grad, b.group_off + b.param_off[i], b.params[i]->size()));
+    }
   }
   void post_group_reduce_scatter(std::size_t g) {
     if (no_bucket(g)) return;
-    const std::size_t bi = group_buckets_[g].front();
-    auto& b = buckets_[bi];
-    pending_.push_back(Pending{dp_.ireduce_scatter(group_state_[g].full_grad, b.rs_tmp), bi, true, g});
+    for (auto bi : group_buckets_[g]) {
+      auto& b = buckets_[bi];
+      pending_.push_back(Pending{dp_.ireduce_scatter(slice(group_state_[g].full_grad, b.group_off, b.padded), b.rs_tmp),
+                                 bi, true, g, bi == group_buckets_[g].back()});
+    }
   }
 
   // replicate: all-reduce the bucket in place; zero1: reduce-scatter it into the shard.
@@ -554,6 +670,7 @@ class DataParallel : public nn::GroupHooks {
     if (!q.accumulate) return;
     auto& b = buckets_[q.bucket];
     weft::detail::dp_accumulate<Space>(slice(shard_grad_, b.shard_off, b.chunk), b.rs_tmp, b.chunk);
+    if (!q.last) return;
     auto& s = group_state_[q.group];
     track(-std::ptrdiff_t(bytes(s.full_grad)));
     give_back(s.full_grad);
@@ -580,12 +697,15 @@ class DataParallel : public nn::GroupHooks {
   std::size_t p_, r_, root_ = 0;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<std::size_t>> group_buckets_;
+  std::vector<std::size_t> group_padded_;  // zero2/fsdp: padded elements of each group's buckets together
   std::size_t flat_size_ = 0, shard_size_ = 0;
   Flat flat_value_, flat_grad_, shard_value_, shard_grad_;
   std::vector<std::unique_ptr<Param>> pieces_;
   std::vector<PieceOrigin> origins_;
   std::vector<GroupState> group_state_;
   std::vector<Flat> pool_;
+  std::vector<HalfFlat<bf16>> pool_bf16_;
+  std::vector<HalfFlat<fp16>> pool_fp16_;
   std::size_t retained_ = 0;  // bytes of group buffers allocated (live or pooled)
   std::deque<Pending> pending_;
   std::size_t next_post_ = 0;
