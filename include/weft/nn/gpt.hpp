@@ -70,9 +70,6 @@ class GPTModel {
   static_assert(!Prec::mixed || std::is_same_v<T, float>,
                 "weft::nn::GPTModel: a mixed weft::Precision (BF16 or FP16 products) needs T = float -- the "
                 "weights, activations and gradients stay fp32 and only the products' operands are 2-byte");
-  static_assert(std::is_same_v<typename Prec::reduce, F32>,
-                "weft::nn::GPTModel: a 2-byte gradient reduction (weft::Precision<BF16, BF16>) is not implemented yet "
-                "-- gradients are reduced in fp32; use weft::Precision<weft::BF16> (= Precision<BF16, F32>)");
   static_assert(detail::is_layer_policy_v<LayerPolicy>,
                 "weft::nn::GPTModel<T, Space, LayerPolicy>: LayerPolicy must be weft::NoPolicy, "
                 "weft::TensorParallel<> or weft::TensorParallel<weft::SequenceParallel> (weft::layer_policy_t of a "

@@ -46,6 +46,20 @@ void dp_accumulate(const D& dst, const S& src, std::size_t n) {
   Kokkos::parallel_for("weft::dp_accumulate", Kokkos::RangePolicy<typename Space::execution_space>(0, n),
                        KOKKOS_LAMBDA(std::size_t i) { dst(i) += src(i); });
 }
+// The 2-byte reduction's sum: out(i) (+)= sum over q = 0 .. p-1, in that
+// order, of blocks(q * chunk + i) widened, accumulated in float and stored
+// once (rounded when out is 2-byte).
+template <class Space, class O, class B>
+void dp_sum_blocks(const O& out, const B& blocks, std::size_t chunk, std::size_t p, bool accumulate) {
+  using V = typename O::non_const_value_type;
+  Kokkos::parallel_for("weft::dp_sum_blocks", Kokkos::RangePolicy<typename Space::execution_space>(0, chunk),
+                       KOKKOS_LAMBDA(std::size_t i) {
+                         float acc = 0.0f;
+                         for (std::size_t q = 0; q < p; ++q) acc += float(blocks(q * chunk + i));
+                         if (accumulate) out(i) = V(float(out(i)) + acc);
+                         else out(i) = V(acc);
+                       });
+}
 }  // namespace weft::detail
 
 namespace weft::parallel {
@@ -95,8 +109,31 @@ struct DPOptions {
 /// Policy is the placement of parameters, gradients and optimizer state over
 /// DP: weft::Replicated (DDP), weft::ZeRO<1>, weft::ZeRO<2> or
 /// weft::FullyShard. Each instantiation compiles only its own mode's paths.
-template <class T, class Policy = Replicated, class Space = Kokkos::DefaultExecutionSpace>
+///
+/// Prec is the strategy's weft::Precision; DataParallel reads its Reduce.
+/// With Reduce = F32 (the default) gradients are reduced in T by MPI's
+/// reductions. With BF16 or FP16 each bucket's gradient (padded, as above)
+/// is rounded to that type (to nearest even) and exchanged with an
+/// all-to-all, so that rank r receives every rank's chunk r in 2 bytes; it
+/// adds them in float in rank order (0, 1, .., p-1), so the result does not
+/// depend on MPI's reduction order: the 2-byte reduction's result is
+/// sum_q float(round(g_q)). zero1 keeps that sum as its shard gradient,
+/// zero2 and fsdp add it to theirs (microbatches accumulate in float); 
+/// replicate rounds it to 2 bytes once more and all-gathers the chunks, so
+/// every rank holds the same gradient, sum_q float(round(g_q)) rounded. The
+/// bytes on the wire are half the fp32 reduction's (an all-to-all of the
+/// padded bucket in 2 bytes, where a reduce-scatter moves it in 4; replicate
+/// adds the all-gather of the chunks). Replicate's all-gathers run when the
+/// step's gradients are finished (finish_gradients), in bucket order on
+/// every rank.
+template <class T, class Policy = Replicated, class Space = Kokkos::DefaultExecutionSpace, class Prec = Precision<>>
 class DataParallel : public nn::GroupHooks {
+  static_assert(is_precision_v<Prec>,
+                "weft::parallel::DataParallel<T, Policy, Space, Prec>: Prec must be a weft::Precision<...> (the "
+                "strategy's: typename S::precision)");
+  // The 2-byte reduce type, or T.
+  using R = std::conditional_t<is_reduced_precision_v<typename Prec::reduce_type>, typename Prec::reduce_type, T>;
+  static constexpr bool kNarrowReduce = is_reduced_precision_v<R>;
   static_assert(is_dp_policy_v<Policy>,
                 "weft::parallel::DataParallel<T, Policy, Space>: Policy must be a data-parallel policy: "
                 "weft::Replicated, weft::ZeRO<1>, weft::ZeRO<2> or weft::FullyShard (a weft::DPStates<...>). The "
@@ -118,6 +155,10 @@ class DataParallel : public nn::GroupHooks {
  public:
   /// The DP policy (a weft::DPStates).
   using policy = Policy;
+  /// The precision policy whose Reduce type the gradient reduction uses.
+  using precision = Prec;
+  /// The element type gradients travel in: T, or bf16 / fp16 (see above).
+  using reduce_type = R;
   using Param = nn::Parameter<T, Space>;
   using Flat = Kokkos::View<T*, Space>;
 
@@ -359,6 +400,7 @@ class DataParallel : public nn::GroupHooks {
     bool accumulate;  // add rs_tmp into the shard gradients
     std::size_t group;
     bool last = true;  // the group's last bucket: free the group gradient after it
+    Kokkos::View<R*, Space> nsend{}, nrecv{};  // 2-byte reduction: the all-to-all's buffers (pooled)
   };
 
   static constexpr bool sums_once_per_step() { return !kGroupGrads; }
@@ -526,6 +568,7 @@ class DataParallel : public nn::GroupHooks {
   // The same for the 2-byte receive buffers of narrow gathers.
   template <class H>
   std::vector<HalfFlat<H>>& half_pool() {
+    static_assert(is_reduced_precision_v<H>);
     if constexpr (std::is_same_v<H, bf16>) return pool_bf16_;
     else return pool_fp16_;
   }
@@ -649,15 +692,33 @@ class DataParallel : public nn::GroupHooks {
     if (no_bucket(g)) return;
     for (auto bi : group_buckets_[g]) {
       auto& b = buckets_[bi];
-      pending_.push_back(Pending{dp_.ireduce_scatter(slice(group_state_[g].full_grad, b.group_off, b.padded), b.rs_tmp),
-                                 bi, true, g, bi == group_buckets_[g].back()});
+      const bool last = bi == group_buckets_[g].back();
+      auto full = slice(group_state_[g].full_grad, b.group_off, b.padded);
+      if constexpr (kNarrowReduce) post_narrow(bi, full, true, g, last);
+      else pending_.push_back(Pending{dp_.ireduce_scatter(full, b.rs_tmp), bi, true, g, last});
     }
+  }
+  // The 2-byte reduction of one bucket's padded gradient `full`: rounded,
+  // then exchanged (complete() sums what arrives).
+  template <class V>
+  void post_narrow(std::size_t bi, const V& full, bool accumulate, std::size_t g, bool last) {
+    auto& b = buckets_[bi];
+    auto send = take_half<R>(b.padded), recv = take_half<R>(b.padded);
+    track(std::ptrdiff_t(2 * b.padded * sizeof(R)));
+    weft::convert(send, full);
+    typename Space::execution_space().fence();
+    Pending q{dp_.iall_to_all(send, recv), bi, accumulate, g, last};
+    q.nsend = send;
+    q.nrecv = recv;
+    pending_.push_back(std::move(q));
   }
 
   // replicate: all-reduce the bucket in place; zero1: reduce-scatter it into the shard.
   void post_bucket(std::size_t bi) {
     auto& b = buckets_[bi];
-    if constexpr (kReplicate) {
+    if constexpr (kNarrowReduce) {
+      post_narrow(bi, slice(flat_grad_, b.flat_off, b.padded), false, 0, true);
+    } else if constexpr (kReplicate) {
       pending_.push_back(Pending{dp_.iall_reduce(slice(flat_grad_, b.flat_off, b.size)), bi, false, 0});
     } else {
       auto full = slice(flat_grad_, b.flat_off, b.padded);
@@ -667,9 +728,26 @@ class DataParallel : public nn::GroupHooks {
 
   void complete(Pending& q) {
     q.req.wait();
-    if (!q.accumulate) return;
     auto& b = buckets_[q.bucket];
-    weft::detail::dp_accumulate<Space>(slice(shard_grad_, b.shard_off, b.chunk), b.rs_tmp, b.chunk);
+    if constexpr (kNarrowReduce) {
+      if constexpr (kReplicate) {
+        // Sum into the first chunk of the (no longer needed) send buffer,
+        // rounded, and all-gather the chunks into the receive buffer.
+        auto sum = slice(q.nsend, 0, b.chunk);
+        weft::detail::dp_sum_blocks<Space>(sum, q.nrecv, b.chunk, p_, false);
+        typename Space::execution_space().fence();
+        dp_.all_gather(sum, q.nrecv);
+        weft::convert(slice(flat_grad_, b.flat_off, b.padded), q.nrecv);
+      } else {
+        weft::detail::dp_sum_blocks<Space>(slice(shard_grad_, b.shard_off, b.chunk), q.nrecv, b.chunk, p_, q.accumulate);
+      }
+      typename Space::execution_space().fence();
+      give_back_half<R>(q.nsend);
+      give_back_half<R>(q.nrecv);
+    }
+    if (!q.accumulate) return;
+    if constexpr (!kNarrowReduce)
+      weft::detail::dp_accumulate<Space>(slice(shard_grad_, b.shard_off, b.chunk), b.rs_tmp, b.chunk);
     if (!q.last) return;
     auto& s = group_state_[q.group];
     track(-std::ptrdiff_t(bytes(s.full_grad)));
@@ -678,7 +756,13 @@ class DataParallel : public nn::GroupHooks {
     for (auto* p : groups_[q.group]) p->grad = Flat();
   }
   // Lets MPI advance posted operations; completes those at the front that are done.
+  // (Replicate's 2-byte reduction completes only in drain(): its completion
+  // starts an all-gather, which every rank must start in the same order.)
   void progress() {
+    if constexpr (kNarrowReduce && kReplicate) {
+      for (auto& q : pending_) (void)q.req.test();
+      return;
+    }
     while (!pending_.empty() && pending_.front().req.test()) {
       complete(pending_.front());
       pending_.pop_front();
@@ -717,8 +801,8 @@ class DataParallel : public nn::GroupHooks {
 /// True for the DataParallel instantiations.
 template <class X>
 inline constexpr bool is_data_parallel_v = false;
-template <class T, class Policy, class Space>
-inline constexpr bool is_data_parallel_v<DataParallel<T, Policy, Space>> = true;
+template <class T, class Policy, class Space, class Prec>
+inline constexpr bool is_data_parallel_v<DataParallel<T, Policy, Space, Prec>> = true;
 /// A DataParallel<T, Policy, Space> (what train_step takes).
 template <class X>
 concept DataParallelType = is_data_parallel_v<X>;
@@ -747,8 +831,8 @@ concept DataParallelType = is_data_parallel_v<X>;
 /// none of sequence, context or expert parallelism; with one of them it does
 /// not compile (the model could not be checked).
 template <class T, StrategyType S, class Space = Kokkos::DefaultExecutionSpace>
-class DataParallelOf : public DataParallel<T, typename S::data_parallel, Space> {
-  using Base = DataParallel<T, typename S::data_parallel, Space>;
+class DataParallelOf : public DataParallel<T, typename S::data_parallel, Space, precision_of_t<S>> {
+  using Base = DataParallel<T, typename S::data_parallel, Space, precision_of_t<S>>;
 
  public:
   /// The strategy it was built for.

@@ -31,6 +31,9 @@ class ExpertDataParallel final : public nn::GroupHooks {
   using policy = Policy;
   using Param = nn::Parameter<T, Space>;
   using Engine = DataParallel<T, Policy, Space>;
+  /// Gradients are reduced in T (a 2-byte Reduce is not implemented here:
+  /// parallel::train_step refuses a model that asks for one).
+  using reduce_type = T;
 
   /// Takes over the parameters of `groups` (forward order, root last, as
   /// DataParallel). Collective over data, replicas and ep.

@@ -79,6 +79,15 @@ optim::StepResult train_step(Model& model, DP& dp, Optimizer& opt, const data::T
                              std::uint64_t step, std::size_t global_batch, std::size_t microbatches, const IV& ids,
                              const TV& targets, double lr, double clip, DynamicLossScaler* scaler,
                              metrics::Profiler* profiler) {
+  if constexpr (requires { typename Model::precision::reduce_type; }) {
+    using Want = typename Model::precision::reduce_type;
+    using Have = typename DP::reduce_type;
+    static_assert(std::is_same_v<Want, Have> || (!is_reduced_precision_v<Want> && !is_reduced_precision_v<Have>),
+                  "weft::parallel::train_step: the model's weft::Precision reduces gradients in one type and the "
+                  "data-parallel engine in another; build the engine from the model's strategy "
+                  "(DataParallelOf<T, S>(mesh, model), or DataParallel<T, Policy, Space, typename S::precision>). "
+                  "A 2-byte reduction runs in DataParallel only, not in ExpertDataParallel");
+  }
   // The CP ranks of a DP rank take the same sequences, and the model picks
   // each rank's tokens of them.
   const SampleGroups g = sample_groups(model, &dp.comm(), "parallel::train_step");
