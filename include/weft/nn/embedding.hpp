@@ -28,10 +28,16 @@ class Embedding {
         tok_("tok_emb.weight", c.vocab / ctx_->tp.size(), c.d_model, true) {
     ops::init_normal(tok_.matrix(), c.seed, tok_.name(), c.init_std, {.row0 = first_, .col0 = 0, .global_cols = 0});
     tok_.set_tp_sharded(ctx_->tp.active());
+    // Both tables are read as their compute copies: the looked-up token rows
+    // are rounded (round_tokens: each row is one table row, also after the
+    // TP reduction, whose other terms are zero), the position table is
+    // rounded before it is added (ComputeCopies).
+    tok_.set_read_as(ctx_->products);
     tok_.set_global(c.vocab, c.d_model, {GlobalBand{first_, 0, tok_.rows(), c.d_model, 0}});
     if (c.position == PositionKind::learned) {
       pos_.emplace_back("pos_emb.weight", c.global_seq(), c.d_model, true);
       ops::init_normal(pos_[0].matrix(), c.seed, pos_[0].name(), c.init_std);
+      pos_[0].set_read_as(ctx_->products);
     }
     if (ctx_->tp.sp()) full_ = ops::Matrix<T, Space>("tok_emb.full", c.tokens(), c.d_model);
   }
@@ -52,18 +58,24 @@ class Embedding {
         ops::vocab_embedding_forward(tok_.matrix(), ids, first_, vocab_, full_);
         detail::tp_reduce_scatter(*ctx_, full_, x);
       }
-      if (!pos_.empty()) ops::position_forward_balanced(pos_[0].matrix(), positions(x.extent(0)), x);
+      round_tokens(x);
+      if (!pos_.empty())
+        read_positions([&](const auto& P) { ops::position_forward_balanced(P, positions(x.extent(0)), x); });
     } else if (!tp.active()) {
       ops::embedding_forward(tok_.matrix(), ids, x);
-      if (!pos_.empty()) ops::position_forward(pos_[0].matrix(), seq_, 0, x, true);
+      round_tokens(x);
+      if (!pos_.empty()) read_positions([&](const auto& P) { ops::position_forward(P, seq_, 0, x, true); });
     } else if (!tp.sp()) {
       ops::vocab_embedding_forward(tok_.matrix(), ids, first_, vocab_, x);
       detail::tp_all_reduce(*ctx_, x);
-      if (!pos_.empty()) ops::position_forward(pos_[0].matrix(), seq_, 0, x, true);
+      round_tokens(x);
+      if (!pos_.empty()) read_positions([&](const auto& P) { ops::position_forward(P, seq_, 0, x, true); });
     } else {
       ops::vocab_embedding_forward(tok_.matrix(), ids, first_, vocab_, full_);
       detail::tp_reduce_scatter(*ctx_, full_, x);
-      if (!pos_.empty()) ops::position_forward_rows(pos_[0].matrix(), seq_, tp.rank() * x.extent(0), x);
+      round_tokens(x);
+      if (!pos_.empty())
+        read_positions([&](const auto& P) { ops::position_forward_rows(P, seq_, tp.rank() * x.extent(0), x); });
     }
   }
 
@@ -118,7 +130,19 @@ class Embedding {
     return {row0, seq_, global_seq_, ctx_->cp.size(), ctx_->cp.rank()};
   }
 
+  // Under a 2-byte product precision, the looked-up token rows rounded to it.
+  template <class XV>
+  void round_tokens(const XV& x) const {
+    if (ctx_->products == ProductPrecision::bf16) weft::round_through<bf16>(x);
+    else if (ctx_->products == ProductPrecision::fp16) weft::round_through<fp16>(x);
+  }
+  template <class F>
+  void read_positions(F&& f) const {
+    copies_.read_matrix(pos_[0], ctx_->products, 0, std::forward<F>(f));
+  }
+
   ContextPtr ctx_;
+  ComputeCopies<Space> copies_;  // the position table as computed with
   std::size_t seq_, global_seq_, vocab_, first_;
   Parameter<T, Space> tok_;
   std::vector<Parameter<T, Space>> pos_;

@@ -96,6 +96,7 @@ class Linear {
     if (bias) {
       bias_.emplace_back(name + ".bias", 1, split_.kind == K::column ? out / split_.parts : out, false);
       Kokkos::deep_copy(bias_[0].value, T(0));
+      bias_[0].set_read_as(ctx_->products);  // read as its compute copy (add_bias, read_bias)
       bias_[0].set_tp_sharded(split_.kind == K::column);
       if (split_.kind == K::column) {
         for (auto& b : bands) b.rows = 1;
@@ -129,7 +130,15 @@ class Linear {
   void add_bias(const YV& y) const {
     if (bias_.empty()) return;
     metrics::Profiler::Scope s(ctx_->profiler, "bias");
-    ops::bias_add(y, bias_[0].value);
+    read_bias([&](const auto& b) { ops::bias_add(y, b); });
+  }
+
+  /// Calls f(b) with the bias as the layer computes with it: bias().value,
+  /// or its 2-byte compute copy under a 2-byte product precision
+  /// (ComputeCopies). For a caller that fuses the bias into its own kernel.
+  template <class F>
+  void read_bias(F&& f) const {
+    copies_.read(bias_.at(0), ctx_->products, 0, std::forward<F>(f));
   }
 
   /// dW += x^T dy, db += colsum(dy), and dx = dy W^T (+= with accumulate_dx).
@@ -298,6 +307,7 @@ class Linear {
   ContextPtr ctx_;
   LinearSplit split_;
   Parameter<T, Space> weight_;
+  ComputeCopies<Space> copies_;  // the bias as computed with
   std::vector<Parameter<T, Space>> bias_;  // zero or one: Parameter has no empty state
 };
 

@@ -79,7 +79,7 @@ class MLP {
     {
       metrics::Profiler::Scope sc(ctx_->profiler, gelu ? "gelu" : "swiglu");
       if (gelu)
-        ops::bias_gelu_forward(s.up, up_.bias().value, s.act);
+        up_.read_bias([&](const auto& b) { ops::bias_gelu_forward(s.up, b, s.act); });
       else
         ops::swiglu_forward(s.up, s.act);
     }

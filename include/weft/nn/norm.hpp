@@ -28,9 +28,11 @@ class Norm {
   Norm(ContextPtr ctx, const std::string& name, NormKind kind, std::size_t d, double eps)
       : ctx_(std::move(ctx)), kind_(kind), eps_(eps), weight_(name + ".weight", 1, d, false) {
     Kokkos::deep_copy(weight_.value, T(1));
+    weight_.set_read_as(ctx_->products);  // read as its compute copy (ComputeCopies)
     if (kind == NormKind::layernorm) {
       bias_.emplace_back(name + ".bias", 1, d, false);
       Kokkos::deep_copy(bias_[0].value, T(0));
+      bias_[0].set_read_as(ctx_->products);
     }
   }
 
@@ -39,19 +41,23 @@ class Norm {
   void forward(const XV& x, const YV& y, const Saved& s) const {
     metrics::Profiler::Scope sc(ctx_->profiler, "norm");
     if (kind_ == NormKind::layernorm)
-      ops::layernorm_forward(x, weight_.value, bias_[0].value, T(eps_), y, s.mean, s.rstd);
+      copies_.read(weight_, bias_[0], ctx_->products, 0, [&](const auto& g, const auto& b) {
+        ops::layernorm_forward(x, g, b, T(eps_), y, s.mean, s.rstd);
+      });
     else
-      ops::rmsnorm_forward(x, weight_.value, T(eps_), y, s.rstd);
+      copies_.read(weight_, ctx_->products, 0, [&](const auto& g) { ops::rmsnorm_forward(x, g, T(eps_), y, s.rstd); });
   }
 
   /// dx = (accumulate ? dx : 0) + d/dx; parameter gradients accumulate.
   template <class DYV, class XV, class DXV>
   void backward(const DYV& dy, const XV& x, const Saved& s, const DXV& dx, bool accumulate) {
     metrics::Profiler::Scope sc(ctx_->profiler, "norm");
-    if (kind_ == NormKind::layernorm)
-      ops::layernorm_backward(dy, x, weight_.value, s.mean, s.rstd, dx, accumulate, weight_.grad, bias_[0].grad);
-    else
-      ops::rmsnorm_backward(dy, x, weight_.value, s.rstd, dx, accumulate, weight_.grad);
+    copies_.read(weight_, ctx_->products, 0, [&](const auto& g) {
+      if (kind_ == NormKind::layernorm)
+        ops::layernorm_backward(dy, x, g, s.mean, s.rstd, dx, accumulate, weight_.grad, bias_[0].grad);
+      else
+        ops::rmsnorm_backward(dy, x, g, s.rstd, dx, accumulate, weight_.grad);
+    });
   }
 
   /// Which normalisation this is.
@@ -68,6 +74,7 @@ class Norm {
   double eps_;
   Parameter<T, Space> weight_;
   std::vector<Parameter<T, Space>> bias_;
+  ComputeCopies<Space> copies_;  // the scale and shift as computed with (slots 0 and 1)
 };
 
 }  // namespace weft::nn

@@ -15,6 +15,8 @@
 #include <weft/metrics/memory.hpp>
 #include <weft/metrics/profiler.hpp>
 #include <weft/ops/common.hpp>
+#include <weft/core/half.hpp>
+#include <weft/precision/convert.hpp>
 #include <weft/precision/policy.hpp>
 
 namespace weft::nn {
@@ -324,6 +326,63 @@ class DeferredWork {
   bool copy_inputs_ = false;
 };
 
+/// The copies of parameters that a layer reads outside its products (norm
+/// scales and shifts, biases, position tables), as it computes with them
+/// under its context's ProductPrecision: under f32 the parameter's value
+/// itself; under bf16 or fp16 the value rounded to that type (to nearest
+/// even), made again at every read, so it cannot be stale whatever changed
+/// the value (an optimizer step, an FSDP gather, a checkpoint load). The
+/// layer declares such a parameter read_as() its product precision, so
+/// every parameter of a 2-byte model is read as its 2-byte compute copy, as
+/// serving does. One set per layer; slot s holds one parameter at a time.
+template <class Space>
+class ComputeCopies {
+ public:
+  /// Calls f(v) with p's value as the layer computes with it under `prec`:
+  /// p.value (f32) or a 2-byte copy in slot `slot` (a View<H*> of bf16 or fp16).
+  template <class T, class F>
+  void read(const Parameter<T, Space>& p, ProductPrecision prec, std::size_t slot, F&& f) const {
+    if (prec == ProductPrecision::bf16) f(rounded<bf16>(p, slot));
+    else if (prec == ProductPrecision::fp16) f(rounded<fp16>(p, slot));
+    else f(p.value);
+  }
+  /// The same for two parameters at once (slots `slot` and slot + 1), f(a, b) with views of one type.
+  template <class T, class F>
+  void read(const Parameter<T, Space>& p, const Parameter<T, Space>& q, ProductPrecision prec, std::size_t slot,
+            F&& f) const {
+    if (prec == ProductPrecision::bf16) f(rounded<bf16>(p, slot), rounded<bf16>(q, slot + 1));
+    else if (prec == ProductPrecision::fp16) f(rounded<fp16>(p, slot), rounded<fp16>(q, slot + 1));
+    else f(p.value, q.value);
+  }
+  /// The same as a [rows, cols] matrix (p.matrix(), or a MatrixRef of the copy).
+  template <class T, class F>
+  void read_matrix(const Parameter<T, Space>& p, ProductPrecision prec, std::size_t slot, F&& f) const {
+    if (prec == ProductPrecision::bf16) f(MatrixRef<bf16, Space>(rounded<bf16>(p, slot).data(), p.rows(), p.cols()));
+    else if (prec == ProductPrecision::fp16) f(MatrixRef<fp16, Space>(rounded<fp16>(p, slot).data(), p.rows(), p.cols()));
+    else f(p.matrix());
+  }
+  /// Bytes held.
+  std::size_t bytes() const {
+    std::size_t b = 0;
+    for (const auto& v : slots_) b += v.extent(0) * sizeof(std::uint16_t);
+    return b;
+  }
+
+ private:
+  template <class H, class T>
+  Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> rounded(const Parameter<T, Space>& p,
+                                                                           std::size_t slot) const {
+    if (slots_.size() <= slot) slots_.resize(slot + 1);
+    auto& v = slots_[slot];
+    if (v.extent(0) < p.size())
+      v = allocate_view<Kokkos::View<std::uint16_t*, Space>>(p.name() + ".compute_copy", p.size());
+    Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(reinterpret_cast<H*>(v.data()), p.size());
+    weft::convert(h, p.value);
+    return h;
+  }
+  mutable std::vector<Kokkos::View<std::uint16_t*, Space>> slots_;
+};
+
 /// Scratch memory the 2-byte products of one model share (ProductStaging<Space>):
 /// the compute copy of a weight and the two operands, rounded to 2 bytes just
 /// before a product. One per model, grown to the largest product; its bytes
@@ -372,7 +431,9 @@ struct LayerContext {
   /// The operand type of every nn::Linear product (f32: fp32 products, the
   /// default). With bf16 or fp16 the float weights and activations are
   /// rounded to 2 bytes just before each product, which accumulates in fp32
-  /// and writes fp32; the weights, activations and gradients stay fp32.
+  /// and writes fp32; the layers read their other parameters as 2-byte
+  /// compute copies (ComputeCopies); the masters, activations and gradients
+  /// stay fp32.
   ProductPrecision products = ProductPrecision::f32;
   /// The 2-byte products' scratch (made by the first product that needs it).
   std::shared_ptr<ProductStagingBase> staging;

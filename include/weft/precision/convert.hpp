@@ -129,6 +129,27 @@ void convert(const Dst& dst, const Src& src) {
   }
 }
 
+/// v(i, j) = v(i, j) rounded to H (weft::bf16 or weft::fp16, to nearest
+/// even) and widened back, in place, for a rank-2 view of float or double:
+/// what a 2-byte store followed by a load gives, without the 2-byte copy.
+/// Runs on v's execution space without a fence, like convert().
+template <class H, KokkosView V>
+void round_through(const V& v) {
+  using E = typename V::value_type;
+  using Exec = typename V::execution_space;
+  static_assert(is_reduced_precision_v<H>, "weft::round_through<H>(v): H must be weft::bf16 or weft::fp16");
+  static_assert(std::size_t(V::rank) == 2 && (std::is_same_v<E, float> || std::is_same_v<E, double>),
+                "weft::round_through<H>(v): v must be a rank-2 view of (non-const) float or double");
+  if (v.size() == 0) return;
+  Kokkos::parallel_for(
+      "weft::round_through",
+      Kokkos::MDRangePolicy<Exec, Kokkos::Rank<2>, Kokkos::IndexType<std::int64_t>>(
+          {0, 0}, {std::int64_t(v.extent(0)), std::int64_t(v.extent(1))}),
+      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
+        v(i, j) = E(float(detail::convert_element<H>(v(i, j))));
+      });
+}
+
 /// A new view of element type T with src's extents, layout and memory space
 /// (LayoutRight for a LayoutStride src), allocated through allocate_view
 /// under `label` and filled by convert(result, src):
