@@ -271,7 +271,8 @@ TEST_CASE("FullyShard gathers the bf16 compute copy of every parameter: the same
     narrow_params += q->read_as() == ProductPrecision::bf16;
   }
   CHECK(narrow_params == probe.parameters().size());
-  for (auto* q : weft::nn::GPT<float>(weft::test::tiny_gpt(2, 1)).parameters()) CHECK(q->read_as() == ProductPrecision::f32);
+  weft::nn::GPT<float> fp32_probe(weft::test::tiny_gpt(2, 1));
+  for (auto* q : fp32_probe.parameters()) CHECK(q->read_as() == ProductPrecision::f32);
 
   // The gathered values: every narrow weight is its master rounded to bf16
   // (and rounding changed it), every other parameter is its master exactly.
