@@ -176,21 +176,29 @@ void check_curve(const std::vector<double>& got, const std::vector<double>& ref,
   CHECK(worst <= kMeshTolerance);
 }
 
-// kSteps of the bf16 GPT under DataParallel<float, P> over `comm` (the
-// global batch split over comm's ranks).
-template <class P>
-std::vector<double> dp_curve(weft::Comm& comm, std::size_t global_batch) {
+// kSteps of Model under DataParallel<float, P, Space, Prec> over `comm`
+// (the global batch split over comm's ranks), and the DP communicator's
+// byte counts over them.
+template <class P, class Prec, class Model>
+std::pair<std::vector<double>, weft::CommStats> dp_run(weft::Comm& comm, std::size_t global_batch) {
   const std::size_t mb = weft::parallel::local_microbatch(global_batch, std::size_t(comm.size()), 1);
-  BF16Single gpt(weft::test::tiny_gpt(2, mb));
-  weft::parallel::DataParallel<float, P> dp(comm, gpt.parameter_groups());
+  Model gpt(weft::test::tiny_gpt(2, mb));
+  weft::parallel::DataParallel<float, P, Space, Prec> dp(comm, gpt.parameter_groups());
   gpt.set_hooks(&dp);
   weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
   auto data = weft::test::successor_stream();
   Kokkos::View<int*> ids("ids", mb * 8), tg("tg", mb * 8);
   std::vector<double> curve;
+  comm.reset_stats();
   for (std::size_t s = 0; s < kSteps; ++s)
     curve.push_back(weft::parallel::train_step(gpt, dp, opt, data, s, global_batch, 1, ids, tg, 3e-3, 1.0).loss);
-  return curve;
+  return {curve, comm.stats()};
+}
+
+// The curve of the bf16 GPT (fp32 reduction) under DataParallel<float, P>.
+template <class P>
+std::vector<double> dp_curve(weft::Comm& comm, std::size_t global_batch) {
+  return dp_run<P, weft::Precision<weft::BF16>, BF16Single>(comm, global_batch).first;
 }
 
 }  // namespace
@@ -236,27 +244,6 @@ TEST_CASE("the bf16 GPT follows the one-process bf16 curve on every DP mode and 
     check_curve(curve, ref, "tp " + std::to_string(w.size()));
   }
 }
-
-namespace {
-
-// The all-gather bytes of kSteps of Model under FullyShard over `comm`, and the curve.
-template <class Model>
-std::pair<std::uint64_t, std::vector<double>> fsdp_gather_bytes(weft::Comm& comm, std::size_t global_batch) {
-  const std::size_t mb = weft::parallel::local_microbatch(global_batch, std::size_t(comm.size()), 1);
-  Model gpt(weft::test::tiny_gpt(2, mb));
-  weft::parallel::DataParallel<float, weft::FullyShard> dp(comm, gpt.parameter_groups());
-  gpt.set_hooks(&dp);
-  weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
-  auto data = weft::test::successor_stream();
-  Kokkos::View<int*> ids("ids", mb * 8), tg("tg", mb * 8);
-  std::vector<double> curve;
-  comm.reset_stats();
-  for (std::size_t s = 0; s < kSteps; ++s)
-    curve.push_back(weft::parallel::train_step(gpt, dp, opt, data, s, global_batch, 1, ids, tg, 3e-3, 1.0).loss);
-  return {comm.stats()[weft::CommKind::all_gather].bytes, curve};
-}
-
-}  // namespace
 
 TEST_CASE("FullyShard gathers the bf16 compute copy of every parameter: the same values at half their bytes") {
   auto& w = weft::test::world();
@@ -317,8 +304,10 @@ TEST_CASE("FullyShard gathers the bf16 compute copy of every parameter: the same
     ratios.push_back(double(2 * pad(narrow) + 4 * pad(wide)) / double(4 * pad(narrow + wide)));
   }
   const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
-  const auto [bf16_bytes, bf16_curve] = fsdp_gather_bytes<BF16Single>(w, kGlobalBatch);
-  const auto [fp32_bytes, fp32_curve] = fsdp_gather_bytes<weft::nn::GPT<float>>(w, kGlobalBatch);
+  const auto [bf16_curve, bf16_stats] = dp_run<weft::FullyShard, weft::Precision<weft::BF16>, BF16Single>(w, kGlobalBatch);
+  const auto fp32_stats = dp_run<weft::FullyShard, weft::Precision<>, weft::nn::GPT<float>>(w, kGlobalBatch).second;
+  const std::uint64_t bf16_bytes = bf16_stats[weft::CommKind::all_gather].bytes;
+  const std::uint64_t fp32_bytes = fp32_stats[weft::CommKind::all_gather].bytes;
   const double ratio = double(bf16_bytes) / double(fp32_bytes);
   MESSAGE("fsdp all-gather bytes at ", p, " ranks: bf16 ", bf16_bytes, ", fp32 ", fp32_bytes, " (ratio ", ratio,
           "; per group ", *lo, " .. ", *hi, ")");
@@ -415,24 +404,6 @@ TEST_CASE("a bf16 gradient reduction adds every rank's rounded gradient in float
 
 namespace {
 
-// kSteps of the bf16-reduce GPT under DataParallel<float, P, Space,
-// BF16Reduce> over `comm`, with the DP communicator's byte counts.
-template <class P, class Prec, class Model>
-std::pair<std::vector<double>, weft::CommStats> reduce_curve(weft::Comm& comm, std::size_t global_batch) {
-  const std::size_t mb = weft::parallel::local_microbatch(global_batch, std::size_t(comm.size()), 1);
-  Model gpt(weft::test::tiny_gpt(2, mb));
-  weft::parallel::DataParallel<float, P, Space, Prec> dp(comm, gpt.parameter_groups());
-  gpt.set_hooks(&dp);
-  weft::optim::AdamW<float, Space> opt(dp.optimizer_parameters());
-  auto data = weft::test::successor_stream();
-  Kokkos::View<int*> ids("ids", mb * 8), tg("tg", mb * 8);
-  std::vector<double> curve;
-  comm.reset_stats();
-  for (std::size_t s = 0; s < kSteps; ++s)
-    curve.push_back(weft::parallel::train_step(gpt, dp, opt, data, s, global_batch, 1, ids, tg, 3e-3, 1.0).loss);
-  return {curve, comm.stats()};
-}
-
 // Measured (12 steps of the tiny GPT, g++ -O2, every DP mode): a bf16
 // reduction moves the curve from the one-process bf16 run (which reduces
 // nothing) by at most 2.4e-5 relative at 1 rank, 8.8e-5 at 2 and 3.5e-5 at
@@ -453,10 +424,10 @@ TEST_CASE("the GPT with a bf16 gradient reduction follows the one-process bf16 c
   const auto ref = single_curve<BF16ReduceModel>(weft::test::tiny_gpt(2, kGlobalBatch));
   CHECK(ref == single_curve<BF16Single>(weft::test::tiny_gpt(2, kGlobalBatch)));  // one process: nothing to reduce
   weft::test::for_each_dp_policy([&]<class P>() {
-    const auto [curve, stats] = reduce_curve<P, BF16Reduce, BF16ReduceModel>(w, kGlobalBatch);
+    const auto [curve, stats] = dp_run<P, BF16Reduce, BF16ReduceModel>(w, kGlobalBatch);
     const double worst = worst_difference(curve, ref);
     CHECK_MESSAGE(worst <= kBf16ReduceTolerance, P::policy_name(), ": worst relative loss difference ", worst);
-    const auto [curve32, stats32] = reduce_curve<P, weft::Precision<weft::BF16>, BF16Single>(w, kGlobalBatch);
+    const auto [curve32, stats32] = dp_run<P, weft::Precision<weft::BF16>, BF16Single>(w, kGlobalBatch);
     using K = weft::CommKind;
     if constexpr (!std::is_same_v<P, weft::Replicated>) {
       // The reduce-scatter of the padded buckets in float becomes an
