@@ -235,6 +235,7 @@ std::vector<std::string> train_gpt_model_flags(const ModelSpec& m) {
   need(m.param_bytes == 4 && m.grad_bytes == 4 && m.optim_bytes == 4 && m.act_bytes == 4, "param_bytes",
        "(or grad/optim/act bytes) is not 4");
   need(m.master_bytes == 0, "master_bytes", "is not 0");
+  need(m.saved_bytes == 0 || m.saved_bytes == 4, "saved_bytes", "is not 4 (train_gpt's fp32 run keeps its activations in 4 bytes)");
   need(m.vocab >= 256, "vocab", "is below the 256 byte values of train_gpt's data");
   need(m.optimizer == Optimizer::adamw || m.sgd_momentum, "sgd_momentum", "is false");
   ModelSpec plain = m;

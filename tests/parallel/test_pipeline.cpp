@@ -200,7 +200,11 @@ using NoDP = weft::parallel::DataParallel<float, weft::Replicated>;
 // batch per step (a loss-scaled Prec with a scaler built from o).
 template <class Prec>
 PrecisionRun one_process(std::size_t m, const weft::DynamicLossScalerOptions& o = {}) {
-  const auto cfg = tiny(kGlobalBatch / m);
+  // Under recompute the one-process GPT keeps its activations in float, as
+  // the pipeline stages do (without it a 2-byte GPT keeps 2-byte copies,
+  // which the stages do not yet; recompute changes nothing else, bit for bit).
+  auto cfg = tiny(kGlobalBatch / m);
+  cfg.recompute = true;
   weft::nn::GPT<float, weft::Strategy<Prec>> gpt(cfg);
   weft::optim::AdamW<float, Space> opt(gpt.parameters());
   weft::DynamicLossScaler scaler(o);

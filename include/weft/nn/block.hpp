@@ -59,8 +59,40 @@ class Block {
           mlp(needs_dense(c, index) ? typename MLP<T, Space>::Saved(n + ".mlp", c, tp) : typename MLP<T, Space>::Saved()) {
       if (needs_moe(c, index)) moe.emplace(n + ".mlp", moe_rows(c, tp));
     }
-    /// Bytes held.
+    /// Block `index`'s own activations over a float set all dense blocks
+    /// share (GPTModel under a 2-byte Precision without recompute): its
+    /// tensors alias `shared`'s, and a stash keeps this block's copies of
+    /// them between its forward and its backward -- 2-byte (`prec`'s type)
+    /// for the activations, float for the norms' statistics and the
+    /// attention's log-sum-exps. A dense block only.
+    Saved(const std::string& n, const Saved& shared, ProductPrecision prec)
+        : n1(shared.n1), n2(shared.n2), h1(shared.h1), mid(shared.mid), h2(shared.h2), attn(shared.attn),
+          mlp(shared.mlp), stash(std::in_place, prec) {
+      WEFT_REQUIRE(!shared.moe && !shared.stash, Error, "nn::Block::Saved '", n,
+                   "': a stash covers a dense block over a plain shared set");
+      stash->keep(n1.mean, false, n + ".ln1.mean");
+      stash->keep(n1.rstd, false, n + ".ln1.rstd");
+      stash->keep(n2.mean, false, n + ".ln2.mean");
+      stash->keep(n2.rstd, false, n + ".ln2.rstd");
+      stash->keep(h1, true, n + ".ln1.out");
+      stash->keep(mid, true, n + ".mid");
+      stash->keep(h2, true, n + ".ln2.out");
+      stash->keep(attn.qkv, true, n + ".attn.qkv");
+      stash->keep(attn.probs, true, n + ".attn.probs");
+      stash->keep(attn.lse, false, n + ".attn.lse");
+      stash->keep(attn.heads, true, n + ".attn.heads");
+      stash->keep(attn.input, true, n + ".attn.input");
+      stash->keep(mlp.up, true, n + ".mlp.up");
+      stash->keep(mlp.act, true, n + ".mlp.act");
+      stash->keep(mlp.input, true, n + ".mlp.input");
+    }
+    /// This block's copies when its tensors alias a shared set (the
+    /// constructor above); empty otherwise.
+    std::optional<ActivationStash<T, Space>> stash;
+    /// Bytes held: the stash's copies when there is one (the float tensors
+    /// are then the shared set's, counted once by its owner), else the tensors.
     std::size_t bytes() const {
+      if (stash) return stash->bytes();
       return n1.bytes() + n2.bytes() + detail::bytes_of(h1) + detail::bytes_of(mid) + detail::bytes_of(h2) +
              attn.bytes() + mlp.bytes() + (moe ? moe->bytes() : 0);
     }
@@ -144,6 +176,7 @@ class Block {
       ops::add(y, y, s_->mid);
     }
     s_->holder = index_;
+    if (s_->stash) s_->stash->store();
   }
 
   /// dx = d/dx from dy (dx overwritten, must not alias dy); parameter
@@ -151,7 +184,16 @@ class Block {
   /// unless the shared activations are still this block's.
   template <class XV, class DYV, class DXV>
   void backward(const XV& x, const DYV& dy, const DXV& dx) {
-    if (s_->holder != index_) {
+    if (s_->stash) {
+      // The shared float set holds the last forward's tensors (whichever
+      // block ran it): load this block's copies, also for the block that ran
+      // last, so every block's backward reads the same 2-byte activations.
+      WEFT_REQUIRE(s_->holder == index_, Error, "nn::Block ", index_, ": backward without a preceding forward");
+      WEFT_REQUIRE(!ctx_->deferred_weight_grads, ConfigError, "nn::Block ", index_,
+                   ": a block that keeps 2-byte copies over a shared float set cannot defer its weight gradients "
+                   "(the set is refilled by the next block's backward before the deferred products run)");
+      s_->stash->load();
+    } else if (s_->holder != index_) {
       WEFT_REQUIRE(recompute_, Error, "nn::Block ", index_, ": backward without a preceding forward");
       metrics::Profiler::Scope sc(ctx_->profiler, "recompute");
       if (moe_) moe_->set_recording(false);  // the routing was counted by the first forward

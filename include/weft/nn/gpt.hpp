@@ -176,7 +176,26 @@ class GPTModel {
         logits_("lm_head.logits", cfg_.tokens(), cfg_.vocab / tp.size()),
         dhf_("ln_f.dout", rows_, cfg_.d_model),
         ws_(std::make_shared<typename Block<T, Space>::Workspace>(cfg_, tp)) {
-    for (std::size_t l = 0; l <= cfg_.layers; ++l) xs_.emplace_back("residual." + std::to_string(l), rows_, cfg_.d_model);
+    // The residual stream: every block's input and the final norm's, kept for
+    // backward. Under 2-byte products without recompute two float buffers
+    // take turns (block l reads buffer l % 2 and writes the other) and each
+    // block's input is kept as a 2-byte copy, written back before its
+    // backward; the final norm's input stays in its buffer.
+    narrow_ = !cfg_.recompute && ctx_->products != ProductPrecision::f32;
+    for (std::size_t l = 0; l <= cfg_.layers; ++l) {
+      if (narrow_ && l >= 2) xs_.push_back(xs_[l % 2]);
+      else xs_.emplace_back("residual." + std::to_string(l), rows_, cfg_.d_model);
+    }
+    if (narrow_) {
+      for (std::size_t l = 0; l < cfg_.layers; ++l) {
+        x_stash_.emplace_back(ctx_->products);
+        x_stash_.back().keep(xs_[l], true, "residual." + std::to_string(l));
+      }
+      // The last block's input buffer is free once the forward has passed it:
+      // the final norm writes its output there, which the head's backward
+      // reads before block L - 1's backward writes its input back.
+      hf_ = xs_[(cfg_.layers + 1) % 2];
+    }
     for (int i = 0; i < 2; ++i) dxs_.emplace_back("residual.grad." + std::to_string(i), rows_, cfg_.d_model);
     if (tp.sp()) {
       hf_full_ = ops::Matrix<T, Space>("ln_f.out.gathered", cfg_.tokens(), cfg_.d_model);
@@ -190,12 +209,24 @@ class GPTModel {
     }
     std::shared_ptr<typename Block<T, Space>::Saved> shared;
     if (cfg_.recompute) shared = std::make_shared<typename Block<T, Space>::Saved>("blocks.shared", cfg_, tp);
+    // Under 2-byte products without recompute, the dense blocks compute
+    // their saved tensors in one float working set and each keeps a 2-byte
+    // copy of them from its forward to its backward (Block::Saved's stash).
+    if (narrow_ && cfg_.moe_blocks() < cfg_.layers) {
+      std::size_t dense = 0;
+      while (cfg_.moe_block(dense)) ++dense;
+      working_ = std::make_shared<typename Block<T, Space>::Saved>("blocks.working", cfg_, tp, dense);
+    }
+    auto saved_of = [&](std::size_t l) -> std::shared_ptr<typename Block<T, Space>::Saved> {
+      const std::string n = "blocks." + std::to_string(l);
+      if (shared) return shared;
+      if (working_ && !cfg_.moe_block(l))
+        return std::make_shared<typename Block<T, Space>::Saved>(n, *working_, ctx_->products);
+      return std::make_shared<typename Block<T, Space>::Saved>(n, cfg_, tp, l);
+    };
     blocks_.reserve(cfg_.layers);
     for (std::size_t l = 0; l < cfg_.layers; ++l)
-      blocks_.emplace_back(ctx_, l, cfg_,
-                           shared ? shared
-                                  : std::make_shared<typename Block<T, Space>::Saved>("blocks." + std::to_string(l), cfg_, tp, l),
-                           ws_, ctx_->cp.active() ? &cp_ : nullptr);
+      blocks_.emplace_back(ctx_, l, cfg_, saved_of(l), ws_, ctx_->cp.active() ? &cp_ : nullptr);
     if (ctx_->cp.active()) {
       ids_ = ops::Tokens<Space>("context.ids", cfg_.tokens());
       targets_ = ops::Tokens<Space>("context.targets", cfg_.tokens());
@@ -256,6 +287,7 @@ class GPTModel {
     ln_f_.backward(dhf_, xs_[L], sf_, dxs_[L % 2], false);
     for (std::size_t l = L; l-- > 0;) {
       if (hooks_) hooks_->before_backward(l);
+      if (narrow_) x_stash_[l].load();
       blocks_[l].backward(xs_[l], dxs_[(l + 1) % 2], dxs_[l % 2]);
       if (hooks_) hooks_->after_backward(l);
     }
@@ -365,7 +397,15 @@ class GPTModel {
     metrics::MemoryLedger m;
     for (auto* p : parameters()) detail::account(m, *p);
     using C = metrics::MemoryCategory;
-    for (const auto& x : xs_) m.add(C::activations, x.label(), detail::bytes_of(x));
+    if (narrow_) {
+      // Each block's input as its 2-byte copy, the final norm's input in
+      // float; the other float buffer holds the final norm's output (ln_f below).
+      for (std::size_t l = 0; l < x_stash_.size(); ++l)
+        m.add(C::activations, "residual." + std::to_string(l), x_stash_[l].bytes());
+      m.add(C::activations, "residual." + std::to_string(cfg_.layers), detail::bytes_of(xs_[cfg_.layers]));
+    } else {
+      for (const auto& x : xs_) m.add(C::activations, x.label(), detail::bytes_of(x));
+    }
     const void* last = nullptr;
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       const auto* s = blocks_[l].saved().get();
@@ -382,6 +422,8 @@ class GPTModel {
     m.add(C::activations, "ln_f", detail::bytes_of(hf_) + sf_.bytes() + detail::bytes_of(hf_full_));
     m.add(C::activations, "lm_head.logits", detail::bytes_of(logits_));
     m.add(C::buffers, "block backward workspace", ws_->bytes());
+    // 2-byte stashes: the float set the dense blocks compute in, one block at a time.
+    if (working_) m.add(C::buffers, "block activations working set", working_->bytes());
     // 2-byte products (a mixed Precision): their operands' staging, once a product has grown it.
     if (ctx_->staging) m.add(C::buffers, "product staging", ctx_->staging->bytes());
     m.add(C::buffers, "residual gradients",
@@ -395,6 +437,18 @@ class GPTModel {
 
   /// Attaches a profiler (null detaches): kernel scopes then fence and time.
   void set_profiler(metrics::Profiler* p) { ctx_->profiler = p; }
+  /// Block l (its layers and, through saved(), the tensors its last forward
+  /// kept: under a 2-byte Precision without recompute, views of the float
+  /// working set every dense block shares, which hold block l's tensors only
+  /// between its forward and the next block's, or after its backward loaded
+  /// its stash).
+  const Block<T, Space>& block(std::size_t l) const { return blocks_.at(l); }
+  /// Residual-stream tensor l (block l's input; l = layers: the final
+  /// norm's input) as the model holds it now. Under a 2-byte Precision
+  /// without recompute the block inputs take turns in two float buffers, so
+  /// residual(l) holds block l's input only until block l + 1 runs, and
+  /// again after block l's backward has written its 2-byte copy back.
+  const ops::Matrix<T, Space>& residual(std::size_t l) const { return xs_.at(l); }
   /// The configuration (whole sequences, as the model was built from).
   const GPTConfig& config() const { return global_; }
   /// The tensor-parallel split (inactive: the single-process model).
@@ -440,6 +494,7 @@ class GPTModel {
     emb_.forward(ids, xs_[0]);
     for (std::size_t l = 0; l < L; ++l) {
       if (hooks_) hooks_->before_forward(l);
+      if (narrow_) x_stash_[l].store();
       blocks_[l].forward(xs_[l], xs_[l + 1]);
       if (hooks_) hooks_->after_forward(l);
     }
@@ -549,6 +604,10 @@ class GPTModel {
   Linear<T, Space> head_;
   std::size_t rows_;  // token rows of the residual stream on this rank
   std::vector<ops::Matrix<T, Space>> xs_, dxs_;
+  // 2-byte products without recompute: the block inputs are kept as 2-byte
+  // copies (x_stash_[l] of xs_[l]) and the dense blocks' saved tensors too.
+  bool narrow_ = false;
+  std::vector<ActivationStash<T, Space>> x_stash_;
   ops::Matrix<T, Space> hf_;
   typename Norm<T, Space>::Saved sf_;
   ops::Matrix<T, Space> logits_, dhf_;
@@ -560,6 +619,9 @@ class GPTModel {
   typename ops::Vector<T, Space>::HostMirror ce_max_host_;  // record_route_losses under TP
   typename ops::Matrix<T, Space>::HostMirror ce_sums_host_;
   std::shared_ptr<typename Block<T, Space>::Workspace> ws_;
+  // 2-byte products without recompute: the float tensors every dense block's
+  // stash aliases (null otherwise).
+  std::shared_ptr<typename Block<T, Space>::Saved> working_;
   std::unique_ptr<detail::PartialGrads<T, Space>> root_partial_;  // sequence parallelism: ln_f, positions
   GroupHooks* hooks_ = nullptr;
   ops::Tokens<Space> ids_, targets_;  // context parallelism: this rank's tokens of the microbatch

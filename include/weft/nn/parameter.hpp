@@ -383,6 +383,84 @@ class ComputeCopies {
   mutable std::vector<Kokkos::View<std::uint16_t*, Space>> slots_;
 };
 
+/// One layer's (or block's) copies of the activations its backward reads,
+/// kept between its forward and its backward while the float tensors they
+/// come from are a working set that every layer of the model shares.
+///
+/// keep(v, narrow) registers a contiguous view of T (float or double): a
+/// narrow one is kept in the stash's 2-byte type (bf16 or fp16, rounded to
+/// nearest even), the others (statistics that must stay fp32: norm means and
+/// reciprocal deviations, log-sum-exps) in T. store() copies every registered
+/// view into its copy; load() writes the copies back (widening exactly), so
+/// after load() a narrow view holds its forward value rounded to 2 bytes and
+/// every other one its forward value. Both run on Space without a fence, in
+/// registration order, like weft::convert. bytes() is what the copies hold:
+/// the only per-layer activation memory, since the views they come from are
+/// shared.
+template <class T, class Space>
+class ActivationStash {
+ public:
+  ActivationStash() = default;
+  /// A stash whose narrow copies are `prec`'s 2-byte type (bf16 or fp16; f32 is refused).
+  explicit ActivationStash(ProductPrecision prec) : prec_(prec) {
+    WEFT_REQUIRE(prec != ProductPrecision::f32, ConfigError,
+                 "nn::ActivationStash: a stash keeps 2-byte copies; under fp32 products keep the float tensors");
+  }
+  /// Registers v (empty views are skipped); `label` names the copy.
+  template <class V>
+  void keep(const V& v, bool narrow, const std::string& label) {
+    if (v.size() == 0) return;
+    WEFT_REQUIRE(v.span_is_contiguous() && v.span() == v.size(), Error, "nn::ActivationStash: '", v.label(),
+                 "' is not contiguous; a stash copies whole contiguous tensors");
+    Entry e;
+    e.source = Flat(v.data(), v.size());
+    if (narrow)
+      e.narrow = allocate_view<Kokkos::View<std::uint16_t*, Space>>(label + ".stash", v.size());
+    else
+      e.exact = allocate_view<Kokkos::View<T*, Space>>(label + ".stash", v.size());
+    entries_.push_back(std::move(e));
+  }
+  /// Copies every registered view into its copy.
+  void store() const {
+    for (const auto& e : entries_) {
+      if (e.exact.extent(0)) Kokkos::deep_copy(Exec(), e.exact, e.source);
+      else if (prec_ == ProductPrecision::bf16) weft::convert(as<bf16>(e.narrow), e.source);
+      else weft::convert(as<fp16>(e.narrow), e.source);
+    }
+  }
+  /// Writes every copy back into its view.
+  void load() const {
+    for (const auto& e : entries_) {
+      if (e.exact.extent(0)) Kokkos::deep_copy(Exec(), e.source, e.exact);
+      else if (prec_ == ProductPrecision::bf16) weft::convert(e.source, as<bf16>(e.narrow));
+      else weft::convert(e.source, as<fp16>(e.narrow));
+    }
+  }
+  /// Bytes the copies hold.
+  std::size_t bytes() const {
+    std::size_t b = 0;
+    for (const auto& e : entries_) b += e.narrow.extent(0) * sizeof(std::uint16_t) + e.exact.extent(0) * sizeof(T);
+    return b;
+  }
+  /// The 2-byte type of the narrow copies.
+  ProductPrecision precision() const { return prec_; }
+
+ private:
+  using Flat = Kokkos::View<T*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using Exec = typename Flat::execution_space;
+  struct Entry {
+    Flat source;
+    Kokkos::View<std::uint16_t*, Space> narrow;
+    Kokkos::View<T*, Space> exact;
+  };
+  template <class H>
+  static Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> as(const Kokkos::View<std::uint16_t*, Space>& v) {
+    return Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(reinterpret_cast<H*>(v.data()), v.extent(0));
+  }
+  ProductPrecision prec_ = ProductPrecision::bf16;
+  std::vector<Entry> entries_;
+};
+
 /// Scratch memory the 2-byte products of one model share (ProductStaging<Space>):
 /// the compute copy of a weight and the two operands, rounded to 2 bytes just
 /// before a product. One per model, grown to the largest product; its bytes

@@ -207,6 +207,13 @@ inline double block_saved_elements(const ModelSpec& m, const MeshSpec& s) {
   return e;
 }
 
+/// Of block_saved_elements, the statistics (two norms' means and 1 / std,
+/// the attention's log-sum-exps) that a 2-byte stash keeps in full width.
+inline double block_statistic_elements(const ModelSpec& m, const MeshSpec& s) {
+  const double n = rank_tokens(m, s), heads = double(m.heads) / double(s.tp), Tq = double(m.seq) / double(s.cp);
+  return 2 * 2 * n / s.sequence_split() + double(m.micro_batch) * heads * Tq;
+}
+
 /// Backward scratch elements shared by all blocks for one microbatch
 /// (nn::Block::Workspace plus the GPT's residual-stream gradients).
 inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
@@ -342,6 +349,11 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   const double deferred_inputs_block =
       copies ? n * (D + D / tp + routed * (D + double(m.hidden()) / mlp_tp_split(m, s)) + (m.experts ? D : 0.0)) : 0.0;
   const double deferred_inputs_head = copies ? n * D : 0.0;
+  // weft's GPT keeps 2-byte copies in one process's layout only (no pipeline
+  // stages): every block input, and the saved tensors of dense blocks.
+  const bool narrow_inputs = m.saved_bytes != 0 && m.saved_bytes != m.act_bytes && !m.recompute && s.pp == 1;
+  const bool stash = narrow_inputs && !m.experts;
+  const double narrow = block_saved_elements(m, s) - block_statistic_elements(m, s);
   bool any_blocks = false;
   for (const ChunkLayout& k : rank_layout(m, s, rank)) {
     any_blocks = any_blocks || k.blocks > 0;
@@ -354,9 +366,14 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
                         (k.head ? deferred_head + deferred_inputs_head : 0.0);
     const double messages = (k.head ? 0.0 : n * D / seq_split) + (k.embedding ? 0.0 : n * D / seq_split);
     b.activations += double(k.slots) * slot * a;
+    // Dense blocks that keep saved_bytes copies (ModelSpec::saved_bytes) hold
+    // their saved tensors, statistics apart, at that width instead.
+    if (stash) b.activations += double(k.slots) * sets * narrow * (double(m.saved_bytes) - a);
+    if (narrow_inputs) b.activations += double(k.slots) * blocks * n * D / seq_split * (double(m.saved_bytes) - a);
     b.communication += double(k.slots) * messages * a;
   }
   if (m.recompute && any_blocks) b.activations += block_saved_elements(m, s) * a;  // the shared set
+  if (stash && any_blocks) b.temporary += block_saved_elements(m, s) * a;  // the stashes' float working set
   b.communication += pipeline_send_buffer_bytes(m, s, rank);
   b.temporary += backward_scratch_elements(m, s) * a;
   // Tensor parallelism: the vocabulary-parallel cross-entropy's per-token

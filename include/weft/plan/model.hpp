@@ -62,6 +62,14 @@ struct ModelSpec {
   std::size_t optim_bytes = 4;     ///< bytes per optimizer-state element
   std::size_t master_bytes = 0;    ///< bytes of a master copy of the weights (mixed precision: 4; none: 0)
   std::size_t act_bytes = 4;       ///< bytes per activation element
+  /// Bytes per element of the activations kept for backward (0: act_bytes):
+  /// every block's input, and a dense block's saved tensors. weft's GPT under
+  /// a 2-byte Precision without recompute computes in fp32 (act_bytes 4) and
+  /// keeps 2-byte copies (saved_bytes 2) in one process's layout (pp = 1):
+  /// its norms' statistics and log-sum-exps stay act_bytes, one block's
+  /// tensors at act_bytes are a working set all blocks share (a temporary
+  /// buffer), and mixture-of-experts blocks keep act_bytes (docs/plan.md).
+  std::size_t saved_bytes = 0;
   Optimizer optimizer = Optimizer::adamw;
   bool sgd_momentum = true;        ///< SGD keeps a momentum buffer
   bool recompute = false;          ///< keep only block inputs; recompute the rest in backward

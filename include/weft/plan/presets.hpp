@@ -105,6 +105,7 @@ inline ModelSpec model_from_json(const JsonValue& v, const std::string& what) {
   m.optim_bytes = f.size("optim_bytes", m.optim_bytes, model_field_max("bytes"));
   m.master_bytes = f.size("master_bytes", m.master_bytes, model_field_max("bytes"));
   m.act_bytes = f.size("act_bytes", m.act_bytes, model_field_max("bytes"));
+  m.saved_bytes = f.size("saved_bytes", m.saved_bytes, model_field_max("bytes"));
   m.optimizer = f.choice("optimizer", m.optimizer == Optimizer::adamw ? "adamw" : "sgd", {"adamw", "sgd"}) == "adamw"
                     ? Optimizer::adamw
                     : Optimizer::sgd;
