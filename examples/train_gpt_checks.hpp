@@ -360,9 +360,11 @@ struct RunShape {
   std::string schedule = "1f1b";   ///< with pp > 1
   std::string optimizer = "adamw";
   double momentum = 0.9;           ///< sgd: a momentum buffer when > 0
+  std::string precision = "fp32";  ///< --precision: bf16 and fp16 keep 2-byte saved activations and stage 2-byte operands
 };
 
-/// The planner's description of train_gpt's fp32 GPT and mesh.
+/// The planner's description of train_gpt's GPT (fp32 tensors; under
+/// --precision bf16|fp16 2-byte saved activations and product staging) and mesh.
 inline std::pair<weft::plan::ModelSpec, weft::plan::MeshSpec> plan_of(const RunShape& r) {
   using namespace weft::plan;
   const auto& c = r.model;
@@ -374,6 +376,7 @@ inline std::pair<weft::plan::ModelSpec, weft::plan::MeshSpec> plan_of(const RunS
   m.layernorm = c.norm == weft::nn::NormKind::layernorm;
   m.learned_positions = c.position == weft::nn::PositionKind::learned;
   m.recompute = c.recompute;
+  if (r.precision != "fp32") m.saved_bytes = m.product_bytes = 2;
   // The planner's MoE terms treat every block as MoE with experts of the MLP's width: exact for
   // --moe-every 1 without --expert-hidden, an estimate otherwise.
   m.experts = c.experts, m.top_k = c.top_k, m.shared_experts = c.shared_experts;

@@ -1571,6 +1571,7 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
   shape.schedule = o.schedule;
   shape.optimizer = o.optimizer;
   shape.momentum = o.momentum;
+  shape.precision = o.precision;
   std::tie(c.limit, c.limit_source) =
       train_gpt_checks::memory_limit(o.memory_limit, o.check_only ? c.ndp * model_ranks : ranks_per_node);
   // --attention auto: the BLAS path (the faster one) unless its [T, T]

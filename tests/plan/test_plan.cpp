@@ -141,12 +141,21 @@ TEST_CASE("the model matches the bf16 GPT's ledger within 15 % per category: 2-b
       CAPTURE(swiglu);
       CAPTURE(recompute);
       BF16 gpt(cfg);
+      {  // one forward and backward: the products grow their staging
+        Kokkos::View<int*> ids("ids", cfg.tokens());
+        auto hi = Kokkos::create_mirror_view(ids);
+        for (std::size_t i = 0; i < cfg.tokens(); ++i) hi(i) = int((i * 7 + 3) % cfg.vocab);
+        Kokkos::deep_copy(ids, hi);
+        gpt.forward_backward(ids, ids);
+      }
       const auto led = gpt.memory();
       auto spec = spec_of(cfg);
       spec.saved_bytes = 2;
+      spec.product_bytes = 2;
       const auto b = weft::plan::training_memory(spec, MeshSpec{}, 0.0);
       within(b.activations, double(led.bytes(C::activations)), "activations");
       within(b.temporary, double(led.bytes(C::buffers)), "temporary buffers");
+      CHECK(label_bytes(led, "product staging") > 0);
       // The fp32 model's plan differs from this one by the stash: a real
       // difference the 15 % would see (about a quarter of the activations).
       const auto f = weft::plan::training_memory(spec_of(cfg), MeshSpec{}, 0.0);
@@ -229,25 +238,32 @@ TEST_CASE("the model matches the tensor-parallel GPT's ledger at tp = world size
       const auto m = ddp.memory();
       const auto g = gpt.memory();
       MeshSpec s{.tp = tp, .sequence_parallel = sp};
-      const auto b = weft::plan::training_memory(spec_of(cfg), s, 0.0);
-      const std::string tag = "tp=" + std::to_string(tp) + (sp ? " sp " : " ");
+      auto spec = spec_of(cfg);
+      constexpr bool bf16 = S::precision::mixed;
+      if (bf16) spec.saved_bytes = spec.product_bytes = 2;  // 2-byte saved activations and product staging
+      const auto b = weft::plan::training_memory(spec, s, 0.0);
+      const std::string tag = "tp=" + std::to_string(tp) + (sp ? " sp " : " ") + (bf16 ? "bf16 " : "");
       within(b.parameters, double(m.bytes(C::parameters)), tag + "parameters");
       within(b.gradients, double(m.bytes(C::gradients)), tag + "gradients");
       within(b.optimizer_state, double(opt.memory().bytes(C::optimizer_state)), tag + "optimizer state");
       within(b.activations, double(g.bytes(C::activations)), tag + "activations");
       // The backward scratch and the tensor-parallel buffers (cross-entropy
-      // statistics; the embedding's gathered buffer under sp): exact.
+      // statistics; the embedding's gathered buffer under sp), in bf16 also
+      // the stashes' working set and the products' staging: exact.
       CHECK(double(g.bytes(C::buffers)) == b.temporary);
       if (world.rank() == 0)
-        std::printf("validation tp=%zu sp=%d swiglu=%d parameters %zu/%.0f gradients %zu/%.0f optimizer %zu/%.0f "
+        std::printf("validation tp=%zu sp=%d swiglu=%d bf16=%d parameters %zu/%.0f gradients %zu/%.0f optimizer %zu/%.0f "
                     "activations %zu/%.0f temporary %zu/%.0f\n",
-                    tp, int(sp), int(swiglu), m.bytes(C::parameters), b.parameters, m.bytes(C::gradients), b.gradients,
+                    tp, int(sp), int(swiglu), int(bf16), m.bytes(C::parameters), b.parameters, m.bytes(C::gradients), b.gradients,
                     opt.memory().bytes(C::optimizer_state), b.optimizer_state, g.bytes(C::activations), b.activations,
                     g.bytes(C::buffers), b.temporary);
       gpt.set_hooks(nullptr);
     };
     one.template operator()<TPOnly>();
     one.template operator()<SeqPar>();
+    one.template operator()<weft::Strategy<weft::On<weft::TP, weft::TensorParallel<>>, weft::Precision<weft::BF16>>>();
+    one.template operator()<
+        weft::Strategy<weft::On<weft::TP, weft::TensorParallel<weft::SequenceParallel>>, weft::Precision<weft::BF16>>>();
   }
 }
 

@@ -214,6 +214,22 @@ inline double block_statistic_elements(const ModelSpec& m, const MeshSpec& s) {
   return 2 * 2 * n / s.sequence_split() + double(m.micro_batch) * heads * Tq;
 }
 
+/// Elements of the staging that weft's 2-byte products grow (ModelSpec::
+/// product_bytes; nn::ProductStaging): slot 0 the largest weight a rank
+/// holds, slot 1 the largest input of a product ([tokens, D] gathered under
+/// sequence parallelism, the heads' and the MLP's hidden outputs), slot 2
+/// the largest output gradient (QKV, D, the MLP's up output, the logits).
+/// Dense blocks; a MoE block's experts take rows by capacity, not counted.
+inline double product_staging_elements(const ModelSpec& m, const MeshSpec& s) {
+  const double n = rank_tokens(m, s), D = double(m.d_model), tp = double(s.tp);
+  const double qkv = double(m.qkv_cols()) / tp, up = double(m.up_cols()) / mlp_tp_split(m, s);
+  const double F = double(m.hidden()) / mlp_tp_split(m, s), V = double(m.vocab) / tp;
+  const double weight = std::max({D * qkv, D / tp * D, D * up, F * D, D * V});
+  const double input = n * std::max({D, F});
+  const double output_grad = n * std::max({qkv, D, up, V});
+  return weight + input + output_grad;
+}
+
 /// Backward scratch elements shared by all blocks for one microbatch
 /// (nn::Block::Workspace plus the GPT's residual-stream gradients).
 inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
@@ -374,6 +390,7 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   }
   if (m.recompute && any_blocks) b.activations += block_saved_elements(m, s) * a;  // the shared set
   if (stash && any_blocks) b.temporary += block_saved_elements(m, s) * a;  // the stashes' float working set
+  if (m.product_bytes) b.temporary += product_staging_elements(m, s) * double(m.product_bytes);
   b.communication += pipeline_send_buffer_bytes(m, s, rank);
   b.temporary += backward_scratch_elements(m, s) * a;
   // Tensor parallelism: the vocabulary-parallel cross-entropy's per-token

@@ -70,6 +70,12 @@ struct ModelSpec {
   /// tensors at act_bytes are a working set all blocks share (a temporary
   /// buffer), and mixture-of-experts blocks keep act_bytes (docs/plan.md).
   std::size_t saved_bytes = 0;
+  /// Bytes of the operands weft's 2-byte products stage (0: none). weft's
+  /// GPT under a 2-byte Precision keeps float weights and activations and
+  /// rounds each product's operands into three grown slots of that width
+  /// (nn::ProductStaging: the weight, the input, the output gradient), a
+  /// temporary buffer (docs/plan.md).
+  std::size_t product_bytes = 0;
   Optimizer optimizer = Optimizer::adamw;
   bool sgd_momentum = true;        ///< SGD keeps a momentum buffer
   bool recompute = false;          ///< keep only block inputs; recompute the rest in backward

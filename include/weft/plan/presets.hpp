@@ -106,6 +106,7 @@ inline ModelSpec model_from_json(const JsonValue& v, const std::string& what) {
   m.master_bytes = f.size("master_bytes", m.master_bytes, model_field_max("bytes"));
   m.act_bytes = f.size("act_bytes", m.act_bytes, model_field_max("bytes"));
   m.saved_bytes = f.size("saved_bytes", m.saved_bytes, model_field_max("bytes"));
+  m.product_bytes = f.size("product_bytes", m.product_bytes, model_field_max("bytes"));
   m.optimizer = f.choice("optimizer", m.optimizer == Optimizer::adamw ? "adamw" : "sgd", {"adamw", "sgd"}) == "adamw"
                     ? Optimizer::adamw
                     : Optimizer::sgd;
