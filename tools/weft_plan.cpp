@@ -236,6 +236,7 @@ std::vector<std::string> train_gpt_model_flags(const ModelSpec& m) {
        "(or grad/optim/act bytes) is not 4");
   need(m.master_bytes == 0, "master_bytes", "is not 0");
   need(m.saved_bytes == 0 || m.saved_bytes == 4, "saved_bytes", "is not 4 (train_gpt's fp32 run keeps its activations in 4 bytes)");
+  need(m.product_bytes == 0, "product_bytes", "is not 0 (train_gpt's fp32 run stages no 2-byte operands)");
   need(m.vocab >= 256, "vocab", "is below the 256 byte values of train_gpt's data");
   need(m.optimizer == Optimizer::adamw || m.sgd_momentum, "sgd_momentum", "is false");
   ModelSpec plain = m;

@@ -325,20 +325,14 @@ TEST_CASE("the bf16 GPT keeps each block's saved activations as bf16 copies, and
   const std::size_t act = 3 * n * D + n * c.qkv_cols() + B * H * T * T + n * D + 2 * n * c.hidden();
   const std::size_t stats = 4 * n + B * H * T;
   const auto ma = a.memory(), mf = weft::nn::GPT<float>(c).memory();
-  const auto bytes_of_label = [](const weft::metrics::MemoryLedger& m, const std::string& label) {
-    std::size_t b = 0;
-    for (const auto& it : m.items())
-      if (it.label == label) b += it.bytes;
-    return b;
-  };
-  CHECK(bytes_of_label(ma, "blocks.0") == 2 * act + 4 * stats);
-  CHECK(bytes_of_label(mf, "blocks.0") == 4 * act + 4 * stats);
-  CHECK(bytes_of_label(ma, "block activations working set") == 4 * act + 4 * stats);
-  CHECK(bytes_of_label(mf, "block activations working set") == 0);
+  CHECK(ma.bytes("blocks.0") == 2 * act + 4 * stats);
+  CHECK(mf.bytes("blocks.0") == 4 * act + 4 * stats);
+  CHECK(ma.bytes("block activations working set") == 4 * act + 4 * stats);
+  CHECK(mf.bytes("block activations working set") == 0);
   // Block inputs: 2-byte copies; the final norm's input in float.
-  CHECK(bytes_of_label(ma, "residual.1") == 2 * n * D);
-  CHECK(bytes_of_label(mf, "residual.1") == 4 * n * D);
-  CHECK(bytes_of_label(ma, "residual.2") == 4 * n * D);
+  CHECK(ma.bytes("residual.1") == 2 * n * D);
+  CHECK(mf.bytes("residual.1") == 4 * n * D);
+  CHECK(ma.bytes("residual.2") == 4 * n * D);
 }
 
 TEST_CASE("FullyShard gathers the bf16 compute copy of every parameter: the same values at half their bytes") {

@@ -48,22 +48,20 @@ void within(double predicted, double measured, const std::string& what) {
   CHECK(err <= 0.15);
 }
 
-std::size_t label_bytes(const weft::metrics::MemoryLedger& l, const std::string& label) {
-  std::size_t s = 0;
-  for (const auto& i : l.items())
-    if (i.label == label) s += i.bytes;
-  return s;
-}
-
 // One training step of gpt under ddp and opt on a fixed batch, so that the
 // transient peaks (gathered groups, group gradients) are reached.
-template <class Model, class DP, class Opt>
-void one_step(Model& gpt, DP& ddp, Opt& opt, const weft::nn::GPTConfig& cfg, double grad_scale) {
-  Kokkos::View<int*> ids("ids", cfg.tokens()), tg("tg", cfg.tokens());
+// A fixed batch of token ids (targets alike).
+Kokkos::View<int*> fixed_ids(const weft::nn::GPTConfig& cfg) {
+  Kokkos::View<int*> ids("ids", cfg.tokens());
   auto hi = Kokkos::create_mirror_view(ids);
   for (std::size_t i = 0; i < cfg.tokens(); ++i) hi(i) = int((i * 7 + 3) % cfg.vocab);
   Kokkos::deep_copy(ids, hi);
-  Kokkos::deep_copy(tg, hi);
+  return ids;
+}
+
+template <class Model, class DP, class Opt>
+void one_step(Model& gpt, DP& ddp, Opt& opt, const weft::nn::GPTConfig& cfg, double grad_scale) {
+  const auto ids = fixed_ids(cfg), tg = ids;
   ddp.zero_grad();
   ddp.begin_microbatch(true);
   gpt.forward_backward(ids, tg, grad_scale);
@@ -141,13 +139,8 @@ TEST_CASE("the model matches the bf16 GPT's ledger within 15 % per category: 2-b
       CAPTURE(swiglu);
       CAPTURE(recompute);
       BF16 gpt(cfg);
-      {  // one forward and backward: the products grow their staging
-        Kokkos::View<int*> ids("ids", cfg.tokens());
-        auto hi = Kokkos::create_mirror_view(ids);
-        for (std::size_t i = 0; i < cfg.tokens(); ++i) hi(i) = int((i * 7 + 3) % cfg.vocab);
-        Kokkos::deep_copy(ids, hi);
-        gpt.forward_backward(ids, ids);
-      }
+      const auto ids = fixed_ids(cfg);
+      gpt.forward_backward(ids, ids);  // one forward and backward: the products grow their staging
       const auto led = gpt.memory();
       auto spec = spec_of(cfg);
       spec.saved_bytes = 2;
@@ -155,7 +148,7 @@ TEST_CASE("the model matches the bf16 GPT's ledger within 15 % per category: 2-b
       const auto b = weft::plan::training_memory(spec, MeshSpec{}, 0.0);
       within(b.activations, double(led.bytes(C::activations)), "activations");
       within(b.temporary, double(led.bytes(C::buffers)), "temporary buffers");
-      CHECK(label_bytes(led, "product staging") > 0);
+      CHECK(led.bytes("product staging") > 0);
       // The fp32 model's plan differs from this one by the stash: a real
       // difference the 15 % would see (about a quarter of the activations).
       const auto f = weft::plan::training_memory(spec_of(cfg), MeshSpec{}, 0.0);
@@ -191,7 +184,7 @@ TEST_CASE("the model matches DataParallel's ledger in every mode at this world s
     within(b.gradients, double(m.bytes(C::gradients)), tag + "gradients");
     within(b.optimizer_state, double(opt.memory().bytes(C::optimizer_state)), tag + "optimizer state");
     within(b.activations, double(g.bytes(C::activations)), tag + "activations");
-    const double temp = double(g.bytes(C::buffers) + label_bytes(m, "dp.gathered_groups_peak"));
+    const double temp = double(g.bytes(C::buffers) + m.bytes("dp.gathered_groups_peak"));
     if (mode == DPMode::zero2 && dp > 1) {
       // zero2 frees a group's full gradient when its reduce-scatter completes,
       // which depends on when MPI progresses it: the model predicts the upper
@@ -203,15 +196,15 @@ TEST_CASE("the model matches DataParallel's ledger in every mode at this world s
     } else {
       within(b.temporary, temp, tag + "temporary");
     }
-    within(b.communication, double(label_bytes(m, "dp.communication_buffers")), tag + "communication");
+    within(b.communication, double(m.bytes("dp.communication_buffers")), tag + "communication");
     // The figures docs/plan.md quotes: measured / predicted bytes per category.
     if (world.rank() == 0)
       std::printf("validation dp=%zu %-9s parameters %zu/%.0f gradients %zu/%.0f optimizer %zu/%.0f activations %zu/%.0f "
                   "temporary %zu/%.0f communication %zu/%.0f\n",
                   dp, weft::plan::to_string(mode), m.bytes(C::parameters), b.parameters, m.bytes(C::gradients), b.gradients,
                   opt.memory().bytes(C::optimizer_state), b.optimizer_state, g.bytes(C::activations), b.activations,
-                  g.bytes(C::buffers) + label_bytes(m, "dp.gathered_groups_peak"), b.temporary,
-                  label_bytes(m, "dp.communication_buffers"), b.communication);
+                  g.bytes(C::buffers) + m.bytes("dp.gathered_groups_peak"), b.temporary,
+                  m.bytes("dp.communication_buffers"), b.communication);
     gpt.set_hooks(nullptr);
   });
 }
@@ -298,7 +291,7 @@ TEST_CASE("context parallelism: the planner's memory and CP traffic equal the GP
     // head shards; nothing for Ring) is in the activations, its largest set of
     // exchange buffers is the communication term, the rest of the buffers the
     // backward scratch; and the CP axis carries exactly the predicted bytes.
-    const double buffers = double(label_bytes(g, "context attention buffers"));
+    const double buffers = double(g.bytes("context attention buffers"));
     CHECK(double(g.bytes(C::activations)) == b.activations);
     CHECK(double(g.bytes(C::buffers)) - buffers == b.temporary);
     CHECK(buffers == b.communication);

@@ -59,13 +59,6 @@ weft::data::TokenStream stream(int vocab) {
   return weft::data::TokenStream(std::move(toks), 8, 3);
 }
 
-std::size_t label_bytes(const weft::metrics::MemoryLedger& l, const std::string& label) {
-  std::size_t s = 0;
-  for (const auto& i : l.items())
-    if (i.label == label) s += i.bytes;
-  return s;
-}
-
 // The activation slots a chunk allocated in the step and their message
 // buffers (received output gradient, input gradient to send): taken back out
 // of the chunk's pool one by one until taking one allocates a new slot.
@@ -75,10 +68,10 @@ struct PooledSlots {
 template <class St>
 PooledSlots pooled_slots(St& st, int chunk) {
   PooledSlots r;
-  const std::size_t base = label_bytes(st.memory(), "pipeline.slots");
+  const std::size_t base = st.memory().bytes("pipeline.slots");
   for (int mb = 1000;; ++mb) {
     auto& s = st.slot(mb, chunk);
-    if (label_bytes(st.memory(), "pipeline.slots") != base) break;  // the pool was empty: a fresh slot
+    if (st.memory().bytes("pipeline.slots") != base) break;  // the pool was empty: a fresh slot
     ++r.count;
     r.message_bytes += weft::nn::detail::bytes_of(s.dy) + weft::nn::detail::bytes_of(s.dx);
   }
@@ -119,16 +112,16 @@ StageMeasured measure_stage(const weft::metrics::MemoryLedger& led, const weft::
   // zb's pooled copies of output gradients are activations; the slots'
   // message buffers are communication.
   // Under recompute: the one saved set the blocks share.
-  r.activations = double(label_bytes(led, "pipeline.slots") - slots.message_bytes +
-                         label_bytes(led, "pipeline.deferred_output_gradients") +
-                         label_bytes(led, "pipeline.blocks.shared"));
-  r.workspace = double(label_bytes(led, "pipeline.backward_workspace"));
-  r.temporary = r.workspace + double(label_bytes(led, "tensor-parallel buffers"));
-  r.send_buffers = double(label_bytes(led, "pipeline.send_buffers"));
+  r.activations = double(led.bytes("pipeline.slots") - slots.message_bytes +
+                         led.bytes("pipeline.deferred_output_gradients") +
+                         led.bytes("pipeline.blocks.shared"));
+  r.workspace = double(led.bytes("pipeline.backward_workspace"));
+  r.temporary = r.workspace + double(led.bytes("tensor-parallel buffers"));
+  r.send_buffers = double(led.bytes("pipeline.send_buffers"));
   r.communication = double(slots.message_bytes) + r.send_buffers;
   if (dp) {
-    r.temporary += double(label_bytes(*dp, "dp.gathered_groups_peak"));
-    r.communication += double(label_bytes(*dp, "dp.communication_buffers"));
+    r.temporary += double(dp->bytes("dp.gathered_groups_peak"));
+    r.communication += double(dp->bytes("dp.communication_buffers"));
   }
   return r;
 }
@@ -247,7 +240,7 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
                       return n;
                     }(), led.bytes(C::parameters), b.parameters, led.bytes(C::gradients), b.gradients,
                     opt.memory().bytes(C::optimizer_state), b.optimizer_state, got.activations, b.activations,
-                    label_bytes(led, "pipeline.backward_workspace"), b.temporary, got.communication, b.communication,
+                    led.bytes("pipeline.backward_workspace"), b.temporary, got.communication, b.communication,
                     static_cast<unsigned long long>(stats[K::send].bytes), v.pp_send);
       std::fflush(stdout);
       w.barrier();
@@ -476,7 +469,7 @@ TEST_CASE("pp x tp = 2 x 2: each rank's budget against its TP-split stage, per c
                       "communication %.0f/%.0f (send buffers %.0f) p2p-sent %llu/%.0f\n",
                       int(sp), recompute ? " recompute" : "", name.c_str(), w.rank(), ppc.rank(), led.bytes(C::parameters), b.parameters,
                       led.bytes(C::gradients), b.gradients, opt.memory().bytes(C::optimizer_state), b.optimizer_state,
-                      got.activations, b.activations, label_bytes(led, "pipeline.deferred_output_gradients"),
+                      got.activations, b.activations, led.bytes("pipeline.deferred_output_gradients"),
                       got.temporary, b.temporary, got.communication, b.communication, got.send_buffers,
                       static_cast<unsigned long long>(pstats[weft::CommKind::send].bytes), v.pp_send);
         std::fflush(stdout);

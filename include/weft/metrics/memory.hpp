@@ -47,6 +47,13 @@ class MemoryLedger {
       if (i.category == c) s += i.bytes;
     return s;
   }
+  /// Total bytes recorded under `label` (0 when none is).
+  std::size_t bytes(const std::string& label) const {
+    std::size_t s = 0;
+    for (const auto& i : items_)
+      if (i.label == label) s += i.bytes;
+    return s;
+  }
   /// Total bytes of all categories.
   std::size_t total() const {
     std::size_t s = 0;

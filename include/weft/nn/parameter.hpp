@@ -400,7 +400,6 @@ class ComputeCopies {
 template <class T, class Space>
 class ActivationStash {
  public:
-  ActivationStash() = default;
   /// A stash whose narrow copies are `prec`'s 2-byte type (bf16 or fp16; f32 is refused).
   explicit ActivationStash(ProductPrecision prec) : prec_(prec) {
     WEFT_REQUIRE(prec != ProductPrecision::f32, ConfigError,
@@ -442,8 +441,6 @@ class ActivationStash {
     for (const auto& e : entries_) b += e.narrow.extent(0) * sizeof(std::uint16_t) + e.exact.extent(0) * sizeof(T);
     return b;
   }
-  /// The 2-byte type of the narrow copies.
-  ProductPrecision precision() const { return prec_; }
 
  private:
   using Flat = Kokkos::View<T*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -457,7 +454,7 @@ class ActivationStash {
   static Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> as(const Kokkos::View<std::uint16_t*, Space>& v) {
     return Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>(reinterpret_cast<H*>(v.data()), v.extent(0));
   }
-  ProductPrecision prec_ = ProductPrecision::bf16;
+  ProductPrecision prec_;
   std::vector<Entry> entries_;
 };
 
