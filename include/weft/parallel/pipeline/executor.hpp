@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -26,6 +27,7 @@
 #include <weft/parallel/train_step.hpp>
 #include <weft/parallel/pipeline/send_cap.hpp>
 #include <weft/parallel/pipeline/stage.hpp>
+#include <weft/precision/convert.hpp>
 #include <weft/vocabulary/schedule.hpp>
 #include <weft/vocabulary/strategy.hpp>
 
@@ -55,7 +57,27 @@ decltype(auto) visit_interleaved(int v, F&& f) {
     return visit_interleaved<V + 1>(v, std::forward<F>(f));
   }
 }
+template <class St>
+struct wire_element {
+  using type = typename St::Matrix::non_const_value_type;
+};
+template <class St>
+  requires requires { St::precision::mixed; } && (St::precision::mixed)
+struct wire_element<St> {
+  using type = typename St::precision::param_type;
+};
 }  // namespace detail
+
+/// The element type of the messages between pipeline ranks (activations
+/// and their gradients) of a stage type St: under a mixed weft::Precision
+/// (St::precision::mixed: bf16 or fp16 products) its 2-byte storage type,
+/// weft::bf16 or weft::fp16, so each message carries half the bytes of an
+/// fp32 one; otherwise St's own element type. The executor rounds what it
+/// sends to it (nearest even, as weft::convert) and widens what it receives
+/// back into the stage's float slot, so the stages compute as before. A
+/// stage without a `precision` member (a user's LayerStage) sends its own type.
+template <class St>
+using wire_element_t = typename detail::wire_element<St>::type;
 
 /// The command-line name of a schedule type: "gpipe", "1f1b", "interleaved:V" or "zb".
 template <PipelineSchedule S>
@@ -179,6 +201,13 @@ class Executor : private detail::OwnedPipelineComm {
   using stage_type = StageT;        ///< the model part it runs
   using schedule_type = Schedule;   ///< the schedule it runs
   using Matrix = typename StageT::Matrix;
+  /// The element type of the messages (wire_element_t<StageT>).
+  using wire_type = wire_element_t<StageT>;
+  /// Whether messages travel in a narrower type than the stage computes in
+  /// (a mixed Precision): each is converted on send and on receive.
+  static constexpr bool narrow_wire = !std::is_same_v<wire_type, typename Matrix::non_const_value_type>;
+  /// A message buffer in the wire type.
+  using WireMatrix = Kokkos::View<wire_type**, typename Matrix::array_layout, typename Matrix::memory_space>;
 
   /// `pp`: the PP-axis communicator (its rank is the pipeline rank and must
   /// equal stage.rank()); the plan is `pipeline`'s for this rank, and its
@@ -229,7 +258,9 @@ class Executor : private detail::OwnedPipelineComm {
             pp.size(), " ranks with ", m_, " microbatches; the smallest safe value is ", smallest_send_cap(plans),
             " (or -1 for the default)");
     }
-    stage.reserve_send_buffers(cap_);
+    // A narrow wire detaches its own 2-byte message buffers (the slot's dx is
+    // free once converted), so the stage's fp32 spares are not needed.
+    if constexpr (!narrow_wire) stage.reserve_send_buffers(cap_);
     for (std::size_t k = 0; k < plan_.size(); ++k) {
       const PipeOp op = plan_[k].op;
       if (op == PipeOp::recv_activation || op == PipeOp::recv_gradient) recvs_.push_back(k);
@@ -265,6 +296,17 @@ class Executor : private detail::OwnedPipelineComm {
   const std::vector<StepEvent>& timeline() const { return timeline_; }
   /// Steady-clock seconds at the start and end of the last run().
   std::pair<double, double> last_run_span() const { return {t_begin_, t_end_}; }
+  /// Bytes of the wire buffers allocated so far (narrow_wire only; 0
+  /// otherwise): a 2-byte buffer per message posted or in flight, reused
+  /// from step to step, so the count stops growing after the first step.
+  std::size_t wire_buffer_bytes() const { return wire_bytes_; }
+  /// The stage's memory() plus the wire buffers, as "pipeline.wire_buffers"
+  /// (category buffers) when there are any.
+  metrics::MemoryLedger memory() {
+    metrics::MemoryLedger m = stage_.memory();
+    if (wire_bytes_) m.add(metrics::MemoryCategory::buffers, "pipeline.wire_buffers", wire_bytes_);
+    return m;
+  }
 
   /// Runs the plan once: forwards and backwards of every microbatch, with
   /// gradients accumulating grad_scale * d(sum of token losses). Returns the
@@ -274,6 +316,7 @@ class Executor : private detail::OwnedPipelineComm {
     timeline_.clear();
     retiring_.clear();
     grad_sent_.clear();
+    wires_.clear();
     next_post_ = 0;
     t_begin_ = now();
     stage_.set_progress([this] { progress(); });
@@ -295,17 +338,21 @@ class Executor : private detail::OwnedPipelineComm {
           const bool grad = a.op == PipeOp::recv_gradient;
           const double t0 = now();
           wait(grad ? s.recv_gradient : s.recv_activation, a);
+          if constexpr (narrow_wire) {
+            auto& w = wires_[{a.microbatch, a.chunk}];
+            land(grad ? s.dy : s.xs[0], grad ? w.grad_in : w.act_in);
+          }
           timeline_.push_back({a.op, a.microbatch, a.chunk, t0, now()});
           break;
         }
         case PipeOp::send_activation: {
           auto& s = stage_.slot(a.microbatch, a.chunk);
-          s.send_activation = pp_.isend(s.xs.back(), a.peer, activation_tag);
+          s.send_activation = post_send(s.xs.back(), wire_of(a).act_out, a.peer, activation_tag);
           break;
         }
         case PipeOp::send_gradient: {
           auto& s = stage_.slot(a.microbatch, a.chunk);
-          s.send_gradient = pp_.isend(s.dx, a.peer, gradient_tag);
+          s.send_gradient = post_send(s.dx, wire_of(a).grad_out, a.peer, gradient_tag);
           grad_sent_.insert({a.microbatch, a.chunk});
           break;
         }
@@ -344,6 +391,7 @@ class Executor : private detail::OwnedPipelineComm {
       auto& s = stage_.slot(key.first, key.second);
       wait(s.send_activation, PipeAction{PipeOp::send_activation, key.first, key.second, -1});
       wait(s.send_gradient, PipeAction{PipeOp::send_gradient, key.first, key.second, -1});
+      release_wires(key);
       stage_.release(key.first, key.second);
     }
     retiring_.clear();
@@ -429,16 +477,84 @@ class Executor : private detail::OwnedPipelineComm {
     for (; next_post_ < recvs_.size() && recvs_[next_post_] < limit; ++next_post_) {
       const PipeAction& a = plan_[recvs_[next_post_]];
       auto& s = stage_.slot(a.microbatch, a.chunk);
-      if (a.op == PipeOp::recv_activation) s.recv_activation = pp_.irecv(s.xs[0], a.peer, activation_tag);
-      else s.recv_gradient = pp_.irecv(s.dy, a.peer, gradient_tag);
+      if (a.op == PipeOp::recv_activation) s.recv_activation = post_recv(s.xs[0], wire_of(a).act_in, a.peer, activation_tag);
+      else s.recv_gradient = post_recv(s.dy, wire_of(a).grad_in, a.peer, gradient_tag);
+    }
+  }
+
+  // The wire buffers of one slot's four messages (narrow wire only).
+  struct Wires {
+    WireMatrix act_in, grad_in, act_out, grad_out;
+  };
+  Wires& wire_of(const PipeAction& a) { return wires_[{a.microbatch, a.chunk}]; }
+
+  // A wire buffer of rows x cols: a spare of that shape, else a new one.
+  WireMatrix take_wire(std::size_t rows, std::size_t cols) {
+    for (std::size_t i = 0; i < wire_spare_.size(); ++i)
+      if (wire_spare_[i].extent(0) == rows && wire_spare_[i].extent(1) == cols) {
+        WireMatrix w = wire_spare_[i];
+        wire_spare_.erase(wire_spare_.begin() + long(i));
+        return w;
+      }
+    wire_bytes_ += rows * cols * sizeof(wire_type);
+    return WireMatrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "pipeline.wire_buffer"), rows, cols);
+  }
+  void give_wire(WireMatrix& w) {
+    if (w.data()) wire_spare_.push_back(w);
+    w = WireMatrix();
+  }
+
+  // Posts the receive of a message into `target`: directly, or into a wire
+  // buffer that land() widens into it once the message is complete.
+  Request post_recv(const Matrix& target, WireMatrix& w, int peer, int tag) {
+    if constexpr (narrow_wire) {
+      w = take_wire(target.extent(0), target.extent(1));
+      return pp_.irecv(w, peer, tag);
+    } else {
+      return pp_.irecv(target, peer, tag);
+    }
+  }
+  // Sends `src`: directly, or rounded to the wire type in a wire buffer that
+  // stays with the slot (or its detached send) until the send completes.
+  Request post_send(const Matrix& src, WireMatrix& w, int peer, int tag) {
+    if constexpr (narrow_wire) {
+      w = take_wire(src.extent(0), src.extent(1));
+      convert(w, src);
+      Kokkos::fence();  // MPI reads the buffer
+      return pp_.isend(w, peer, tag);
+    } else {
+      return pp_.isend(src, peer, tag);
+    }
+  }
+  // Widens a received wire buffer into the slot's matrix and frees the buffer.
+  void land(const Matrix& target, WireMatrix& w) {
+    convert(target, w);
+    Kokkos::fence();  // the buffer may take the next receive
+    give_wire(w);
+  }
+  // Frees the wire buffers of a slot whose messages have all completed.
+  void release_wires(const std::pair<int, int>& key) {
+    if constexpr (narrow_wire) {
+      auto it = wires_.find(key);
+      if (it == wires_.end()) return;
+      give_wire(it->second.act_in);
+      give_wire(it->second.grad_in);
+      give_wire(it->second.act_out);
+      give_wire(it->second.grad_out);
+      wires_.erase(it);
     }
   }
 
   // Moves a pending gradient send and its buffer out of a slot (which gets a
   // spare buffer). With all cap_ spares in flight it first waits until one of
   // them, or this send, completes: send_cap.hpp shows that cannot deadlock.
+  // With a narrow wire the in-flight buffer is the slot's 2-byte grad_out
+  // (the slot keeps its dx), and it returns to the wire spares.
   void detach(Request& r, Matrix& buf, const std::pair<int, int>& key) {
-    if (!r.active() || r.test()) return;
+    if (!r.active() || r.test()) {
+      if constexpr (narrow_wire) give_wire(wires_[key].grad_out);
+      return;
+    }
     complete_sends(false);
     if (sending_.size() >= cap_) {
       const double t0 = now();
@@ -455,8 +571,13 @@ class Executor : private detail::OwnedPipelineComm {
         else if (spin > 64) std::this_thread::yield();
       }
     }
-    sending_.push_back({std::move(r), buf});
-    buf = stage_.take_send_buffer();
+    if constexpr (narrow_wire) {
+      sending_.push_back({std::move(r), Matrix(), wires_[key].grad_out});
+      wires_[key].grad_out = WireMatrix();
+    } else {
+      sending_.push_back({std::move(r), buf, WireMatrix()});
+      buf = stage_.take_send_buffer();
+    }
   }
   // Returns the buffers of completed detached sends to the spares.
   void complete_sends(bool wait_all) {
@@ -466,7 +587,8 @@ class Executor : private detail::OwnedPipelineComm {
         ++i;
         continue;
       }
-      stage_.return_send_buffer(sending_[i].buf);
+      if constexpr (narrow_wire) give_wire(sending_[i].wire);
+      else stage_.return_send_buffer(sending_[i].buf);
       sending_.erase(sending_.begin() + long(i));
     }
   }
@@ -502,6 +624,7 @@ class Executor : private detail::OwnedPipelineComm {
         // slot: the activations are free as soon as the backward is complete.
         wait(s.send_activation, PipeAction{PipeOp::send_activation, key.first, key.second, -1});
         detach(s.send_gradient, s.dx, key);
+        release_wires(key);
         stage_.release(key.first, key.second);
         retiring_.erase(retiring_.begin() + long(i));
       } else {
@@ -522,8 +645,12 @@ class Executor : private detail::OwnedPipelineComm {
   std::set<std::pair<int, int>> grad_sent_;
   struct InFlightSend {
     Request req;
-    Matrix buf;
+    Matrix buf;       // the stage's send buffer (fp32 wire)
+    WireMatrix wire;  // or the 2-byte wire buffer
   };
+  std::map<std::pair<int, int>, Wires> wires_;  // narrow wire: each live slot's message buffers
+  std::vector<WireMatrix> wire_spare_;
+  std::size_t wire_bytes_ = 0;  // bytes of every wire buffer allocated so far
   std::vector<InFlightSend> sending_;
   std::size_t cap_ = 1;  // most detached gradient sends (preallocated buffers)
   std::vector<StepEvent> timeline_;

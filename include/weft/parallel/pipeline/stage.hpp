@@ -49,8 +49,9 @@ namespace weft::pipeline {
 /// TensorParallel<SequenceParallel>. Prec is the strategy's weft::Precision:
 /// Precision<> computes in fp32; Precision<BF16> runs the weight products
 /// with bf16 operands and fp32 accumulation, as nn::GPT<T, S> does (the
-/// parameters, gradients, optimizer state and the activations the stages
-/// exchange stay fp32); Precision<FP16, F32, DynamicLossScale> runs them on
+/// parameters, gradients, optimizer state and the slots' activations stay
+/// fp32; the executor sends the activations and input gradients between
+/// stages as bf16, see wire_element_t); Precision<FP16, F32, DynamicLossScale> runs them on
 /// fp16 operands and trains through pipeline::train_step's overload with a
 /// weft::DynamicLossScaler. Users name it through pipeline::Stage<T, S>.
 template <class T, class Space, class LayerPolicy, class Prec = Precision<>>
