@@ -189,9 +189,11 @@ class Block {
       // block ran it): load this block's copies, also for the block that ran
       // last, so every block's backward reads the same 2-byte activations.
       WEFT_REQUIRE(s_->holder == index_, Error, "nn::Block ", index_, ": backward without a preceding forward");
-      WEFT_REQUIRE(!ctx_->deferred_weight_grads, ConfigError, "nn::Block ", index_,
+      WEFT_REQUIRE(!ctx_->deferred_weight_grads || ctx_->deferred_weight_grads->copies_inputs(), ConfigError,
+                   "nn::Block ", index_,
                    ": a block that keeps 2-byte copies over a shared float set cannot defer its weight gradients "
-                   "(the set is refilled by the next block's backward before the deferred products run)");
+                   "unless the deferred work copies its inputs (DeferredWork::set_copy_inputs): the set is refilled "
+                   "by the next block's backward before the deferred products run");
       s_->stash->load();
     } else if (s_->holder != index_) {
       WEFT_REQUIRE(recompute_, Error, "nn::Block ", index_, ": backward without a preceding forward");

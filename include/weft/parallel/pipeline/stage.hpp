@@ -49,9 +49,11 @@ namespace weft::pipeline {
 /// TensorParallel<SequenceParallel>. Prec is the strategy's weft::Precision:
 /// Precision<> computes in fp32; Precision<BF16> runs the weight products
 /// with bf16 operands and fp32 accumulation, as nn::GPT<T, S> does (the
-/// parameters, gradients, optimizer state and the slots' activations stay
-/// fp32; the executor sends the activations and input gradients between
-/// stages as bf16, see wire_element_t); Precision<FP16, F32, DynamicLossScale> runs them on
+/// parameters, gradients and optimizer state stay fp32; without recompute
+/// the slots keep 2-byte copies of their saved activations, see
+/// saves_2_byte_activations(); the executor sends the activations and input
+/// gradients between stages as bf16, see wire_element_t);
+/// Precision<FP16, F32, DynamicLossScale> runs them on
 /// fp16 operands and trains through pipeline::train_step's overload with a
 /// weft::DynamicLossScaler. Users name it through pipeline::Stage<T, S>.
 template <class T, class Space, class LayerPolicy, class Prec = Precision<>>
@@ -102,6 +104,10 @@ class GPTStage {
   struct Slot {
     std::vector<Matrix> xs;                      ///< residual stream: xs[0] the chunk input, xs.back() its output
     std::vector<typename BlockT::Saved> saved;   ///< each block's saved tensors (none under recompute)
+    /// 2-byte saved activations (saves_2_byte_activations()): each block's
+    /// input as a 2-byte copy (xs[1] ... xs[n-1] are then views of the
+    /// stage's two shared float buffers; xs[0] and xs.back() stay the slot's).
+    std::vector<nn::ActivationStash<T, Space>> x_stash;
     Matrix hf, logits;                           ///< head chunk: final norm output; logits, then their gradient
     Matrix hf_full;                              ///< head chunk, sequence parallelism: the gathered final norm output
     typename nn::Norm<T, Space>::Saved sf;
@@ -198,6 +204,12 @@ class GPTStage {
     // its saved tensors into one shared set, which backward refills by
     // running the block's forward again from its input.
     if (cfg_.recompute) shared_ = std::make_shared<typename BlockT::Saved>("pipeline.blocks.shared", cfg_, tp);
+    // 2-byte products without recompute: as nn::GPT, each slot keeps 2-byte
+    // copies of its blocks' inputs and dense blocks' saved tensors, which
+    // the blocks compute in one float working set (the rank's, one block at
+    // a time); the residual stream between a chunk's blocks runs through two
+    // float buffers that take turns.
+    narrow_ = !cfg_.recompute && ctx_->products != nn::ProductPrecision::f32;
     const std::size_t L = cfg_.layers;
     std::size_t groups = 0;
     chunks_.resize(std::size_t(chunks));
@@ -223,6 +235,17 @@ class GPTStage {
         k.head = std::make_unique<nn::Linear<T, Space>>(ctx_, "lm_head", cfg_.d_model, cfg_.vocab, false, cfg_.seed,
                                                         cfg_.init_std, nn::LinearSplit::column(tp.size(), tp.rank()));
       }
+    }
+    if (narrow_) {
+      std::size_t most = 0;
+      for (const auto& k : chunks_) {
+        most = std::max(most, k.blocks.size());
+        for (std::size_t i = 0; i < k.blocks.size() && !working_; ++i)
+          if (!cfg_.moe_block(k.first_block + i))
+            working_ = std::make_shared<typename BlockT::Saved>("pipeline.blocks.working", cfg_, tp, k.first_block + i);
+      }
+      if (most >= 2)
+        for (int i = 0; i < 2; ++i) residual_[i] = Matrix("pipeline.residual.working." + std::to_string(i), rows_, cfg_.d_model);
     }
     std::vector<Param*> root;
     collect_root(root);
@@ -422,6 +445,10 @@ class GPTStage {
   void release_all() { slots_.release_all(); }
   /// Most slots held at once so far (all chunks).
   std::size_t peak_slots() const { return slots_.peak(); }
+  /// Whether the slots keep 2-byte copies of the blocks' inputs and of the
+  /// dense blocks' saved tensors (a mixed Precision without recompute), as
+  /// nn::GPT does; the blocks compute in float either way.
+  bool saves_2_byte_activations() const { return narrow_; }
   /// Slots held now.
   std::size_t live_slots() const { return slots_.live(); }
 
@@ -448,6 +475,7 @@ class GPTStage {
       if (auto* m = k.blocks[i].moe())
         m->set_loss_weight(grad_scale * double(global_.tokens()) *
                            double(ctx_->ep.data_size() / ctx_->ep.token_shards));
+      if (narrow_) s.x_stash[i].store();
       if (shared_) {  // recompute: the shared set; backward recomputes it
         k.blocks[i].forward(s.xs[i], s.xs[i + 1]);
       } else {
@@ -495,7 +523,8 @@ class GPTStage {
     if (shared_) shared_->holder = -1;
     // A split backward's queued weight gradients read their Linear inputs
     // after later recomputes have overwritten the shared set: they keep copies.
-    s.deferred.set_copy_inputs(shared_ != nullptr);
+    // So do a 2-byte stash's: its blocks share one float working set.
+    s.deferred.set_copy_inputs(shared_ != nullptr || working_ != nullptr);
     // Where each gradient goes: the last one to be computed lands in the
     // slot's dx unless the embedding consumes it.
     Matrix cur = s.dy;
@@ -520,6 +549,7 @@ class GPTStage {
       if (hooks_) hooks_->before_backward(k.block_group[i]);
       Matrix out = next_target(i == 0);
       if (!shared_) *k.blocks[i].saved() = s.saved[i];
+      if (narrow_) s.x_stash[i].load();
       k.blocks[i].backward(s.xs[i], cur, out);
       if (hooks_) hooks_->after_backward(k.block_group[i]);
       cur = out;
@@ -573,6 +603,11 @@ class GPTStage {
     });
     m.add(C::activations, "pipeline.slots", act);
     if (shared_) m.add(C::activations, "pipeline.blocks.shared", shared_->bytes());
+    // 2-byte stashes: the float set the dense blocks compute in, and the two
+    // residual buffers between a chunk's blocks.
+    if (working_) m.add(C::buffers, "pipeline.blocks.working", working_->bytes());
+    if (residual_[0].size())
+      m.add(C::buffers, "pipeline.residual.working", nn::detail::bytes_of(residual_[0]) + nn::detail::bytes_of(residual_[1]));
     if (deferred) m.add(C::activations, "pipeline.deferred_output_gradients", deferred);
     std::size_t context = 0;  // context parallelism: what the attention keeps of its own, per slot
     for (const auto& k : chunks_)
@@ -687,9 +722,23 @@ class GPTStage {
     auto s = std::make_unique<Slot>();
     const std::size_t n = k.blocks.size(), tok = rows_, d = cfg_.d_model;
     const nn::TensorSplit& tp = ctx_->tp;
-    for (std::size_t i = 0; i <= n; ++i) s->xs.emplace_back("pipeline.residual", tok, d);
+    for (std::size_t i = 0; i <= n; ++i) {
+      if (narrow_ && i > 0 && i < n) s->xs.push_back(residual_[i % 2]);
+      else s->xs.emplace_back("pipeline.residual", tok, d);
+    }
+    if (narrow_)
+      for (std::size_t i = 0; i < n; ++i) {
+        s->x_stash.emplace_back(ctx_->products);
+        s->x_stash.back().keep(s->xs[i], true, "pipeline.residual." + std::to_string(k.first_block + i));
+      }
     if (!shared_)
-      for (std::size_t i = 0; i < n; ++i) s->saved.emplace_back("pipeline.block", cfg_, tp);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t b = k.first_block + i;
+        if (working_ && !cfg_.moe_block(b))
+          s->saved.emplace_back("pipeline.block." + std::to_string(b), *working_, ctx_->products);
+        else
+          s->saved.emplace_back("pipeline.block", cfg_, tp);
+      }
     if (k.head) {
       s->hf = Matrix("pipeline.ln_f.out", tok, d);
       s->sf = typename nn::Norm<T, Space>::Saved("pipeline.ln_f", tok);
@@ -706,7 +755,10 @@ class GPTStage {
     using nn::detail::bytes_of;
     std::size_t b = bytes_of(s.hf) + bytes_of(s.hf_full) + bytes_of(s.logits) + s.sf.bytes() + bytes_of(s.dy) +
                     bytes_of(s.dx);
-    for (const auto& x : s.xs) b += bytes_of(x);
+    // Under a 2-byte stash xs[1] ... xs[n-1] are the stage's shared buffers.
+    for (std::size_t i = 0; i < s.xs.size(); ++i)
+      if (s.x_stash.empty() || i == 0 || i + 1 == s.xs.size()) b += bytes_of(s.xs[i]);
+    for (const auto& x : s.x_stash) b += x.bytes();
     for (const auto& v : s.saved) b += v.bytes();
     return b;
   }
@@ -721,6 +773,9 @@ class GPTStage {
   std::size_t root_group_ = no_group;
   std::shared_ptr<typename BlockT::Workspace> ws_;
   std::shared_ptr<typename BlockT::Saved> shared_;  // recompute: the saved set every block shares (null: per slot)
+  bool narrow_ = false;                             // 2-byte saved activations (saves_2_byte_activations())
+  std::shared_ptr<typename BlockT::Saved> working_;  // their dense blocks' float working set (null: none)
+  Matrix residual_[2];                              // their residual buffers between a chunk's blocks
   Matrix g_[2], dhf_;
   Matrix dhf_full_;                 // sequence parallelism: the head's partial input gradient [tokens, D]
   ops::Vector<T, Space> ce_max_;    // tensor parallelism: per-token maximum logit
