@@ -161,7 +161,7 @@ class Attention {
   void forward(const HV& h, const Saved& s, const OV& out, const Workspace* w = nullptr) const {
     const TensorSplit& tp = ctx_->tp;
     if (tp.sp()) {
-      detail::tp_all_gather(*ctx_, h, s.input);
+      detail::tp_all_gather_operand<Space>(*ctx_, h, s.input);  // read by the QKV products only
       qkv_.forward(s.input, s.qkv);
     } else {
       qkv_.forward(h, s.qkv);

@@ -48,6 +48,8 @@ struct LinearSplit {
 template <class T, class Space = Kokkos::DefaultExecutionSpace>
 class Linear {
  public:
+  /// The Space the layer was instantiated with (its views' and its product staging's).
+  using space_type = Space;
   /// Parameters "<name>.weight" [in, out] ~ N(0, init_std^2) and, with `bias`,
   /// "<name>.bias" [out] = 0, drawn from (seed, name, global index). `in` and
   /// `out` are the global sizes; with a split this rank holds its part, with

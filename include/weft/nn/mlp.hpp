@@ -71,7 +71,7 @@ class MLP {
         up_.forward(x, s.up);
     };
     if (tp.sp()) {
-      detail::tp_all_gather(*ctx_, h, s.input);
+      detail::tp_all_gather_operand<Space>(*ctx_, h, s.input);  // read by the up (and gate) products only
       up_forward(s.input);
     } else {
       up_forward(h);

@@ -37,6 +37,39 @@ void tp_reduce_scatter(const LayerContext& ctx, const F& full, const S& part) {
   ctx.tp.comm->reduce_scatter(full, part);
 }
 
+/// The sequence-parallel all-gather of an activation that only weight
+/// products read (the attention's and the MLP's inputs, the head's): the
+/// same as tp_all_gather(ctx, part, full), except under 2-byte products
+/// (ctx.products bf16 or fp16), where each rank's part travels rounded to
+/// the product type (nearest even, weft::convert) and `full` receives the
+/// rounded values widened back. Every product rounds its operands to that
+/// type anyway, so what the products compute is bit for bit what a float
+/// gather gives, for half the bytes. The 2-byte buffers are the product
+/// staging's operand slots 1 and 2 (nn::ProductStaging<Space>, which must
+/// be the layers' Space), free between products and already as large as
+/// the products need them (a gathered input is one of those operands).
+template <class Space, class S, class F>
+void tp_all_gather_operand(LayerContext& ctx, const S& part, const F& full) {
+  if constexpr (std::is_same_v<typename F::non_const_value_type, float>) {
+    if (ctx.products != ProductPrecision::f32) {
+      if (!ctx.staging) ctx.staging = std::make_shared<ProductStaging<Space>>();
+      auto& st = static_cast<ProductStaging<Space>&>(*ctx.staging);
+      auto gather = [&]<class H>() {
+        const auto p = st.template matrix<H>(1, part.extent(0), part.extent(1));
+        const auto f = st.template matrix<H>(2, full.extent(0), full.extent(1));
+        weft::convert(p, part);
+        Kokkos::fence();  // MPI reads p
+        tp_all_gather(ctx, p, f);
+        weft::convert(full, f);
+      };
+      if (ctx.products == ProductPrecision::bf16) gather.template operator()<bf16>();
+      else gather.template operator()<fp16>();
+      return;
+    }
+  }
+  tp_all_gather(ctx, part, full);
+}
+
 /// out = x W + b through `layer`, the row-parallel Linear that closes a TP
 /// region (attention's output projection, the MLP's down-projection; without
 /// TP a plain Linear). Each rank multiplies its input features x [tokens,
@@ -82,9 +115,9 @@ void row_parallel_backward(const LayerContext& ctx, L& layer, const XV& x, const
 /// final norm's output hf; under sequence parallelism hf is this rank's token
 /// shard and is first all-gathered into `hf_full` [tokens, D].
 template <class L, class HV, class FV, class LV>
-void head_forward(const LayerContext& ctx, const L& head, const HV& hf, const FV& hf_full, const LV& logits) {
+void head_forward(LayerContext& ctx, const L& head, const HV& hf, const FV& hf_full, const LV& logits) {
   if (ctx.tp.sp()) {
-    tp_all_gather(ctx, hf, hf_full);
+    tp_all_gather_operand<typename L::space_type>(ctx, hf, hf_full);
     head.forward(hf_full, logits);
   } else {
     head.forward(hf, logits);

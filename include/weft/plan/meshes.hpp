@@ -258,7 +258,12 @@ inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t
       v.tp_all_reduce = mb * ((4 * blocks + 2 * recomputed) * nd + ends * nd + ce);
     } else {
       const double per = (4 * blocks + 2 * recomputed) * nd + ends * nd;
-      v.tp_all_gather = mb * per;
+      // The forward's all-gathers (each block's attention and MLP inputs,
+      // recomputed ones too, and the head's) gather products' inputs, in
+      // product_bytes under 2-byte products (nn::detail::tp_all_gather_operand);
+      // the backward's (output gradients, the embedding's) stay act_bytes.
+      const double pa = m.product_bytes ? double(m.product_bytes) : a;
+      v.tp_all_gather = mb * ((2 * blocks + 2 * recomputed + double(head)) * n * D * pa + (2 * blocks + double(emb)) * nd);
       v.tp_reduce_scatter = mb * per;
       const double shared = blocks * double(m.norm_params(2)) + (head ? double(m.norm_params(1)) : 0.0) +
                             (emb && m.learned_positions ? double(m.seq * m.d_model) : 0.0);
