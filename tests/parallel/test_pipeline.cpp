@@ -274,6 +274,19 @@ double worst_rel(const std::vector<double>& a, const std::vector<double>& b, std
 constexpr double kWireFirstStep = 5e-5, kWireFirstSteps = 3e-4, kWireCurve = 2e-3;
 constexpr std::size_t kFirstSteps = 5;
 
+// A pipelined curve through 2-byte messages against the one-process curve:
+// within the bounds above at step 0, over the first steps and over all.
+void check_wire_curve(const std::vector<double>& got, const std::vector<double>& ref) {
+  const double first = rel(got[0], ref[0]), early = worst_rel(got, ref, kFirstSteps), worst = worst_rel(got, ref, kSteps);
+  CAPTURE(first);
+  CAPTURE(early);
+  CAPTURE(worst);
+  CHECK(first <= kWireFirstStep);
+  CHECK(early <= kWireFirstSteps);
+  CHECK(worst <= kWireCurve);
+  CHECK(got.back() < got.front());
+}
+
 // A pipeline of this rank alone (no messages, so no rounding of the wire):
 // the stages' products against the one-process model's, bit for bit.
 weft::Comm self_pp() { return weft::Comm::duplicate(MPI_COMM_SELF, "pp.self"); }
@@ -332,15 +345,7 @@ TEST_CASE("pipeline: bf16 products (Precision<BF16>) on pp = world follow the on
   // pp = world: the same curve through bf16 messages, within the wire's bounds.
   const auto bf16 = pipelined<BF16>(w, m, kSteps);
   const auto fp32 = pipelined<weft::Precision<>>(w, m, 3);
-  const double first = rel(bf16.loss[0], ref.loss[0]), early = worst_rel(bf16.loss, ref.loss, kFirstSteps),
-               worst = worst_rel(bf16.loss, ref.loss, kSteps);
-  CAPTURE(first);
-  CAPTURE(early);
-  CAPTURE(worst);
-  CHECK(first <= kWireFirstStep);
-  CHECK(early <= kWireFirstSteps);
-  CHECK(worst <= kWireCurve);
-  CHECK(bf16.loss.back() < bf16.loss.front());
+  check_wire_curve(bf16.loss, ref.loss);
   // Half the bytes per step of the fp32 stage's messages, every message.
   CHECK(bf16.sent_bytes * 3 * 2 == fp32.sent_bytes * kSteps);
   CHECK((bf16.sent_bytes > 0) == (w.size() > 1));
@@ -379,15 +384,7 @@ TEST_CASE("pipeline: fp16 products with dynamic loss scaling follow the one-proc
   const auto fp16 = pipelined<FP16>(w, m, kSteps, o);
   CHECK(fp16.skipped == ref.skipped);
   CHECK(fp16.scale == ref.scale);
-  const double first = rel(fp16.loss[0], ref.loss[0]), early = worst_rel(fp16.loss, ref.loss, kFirstSteps),
-               worst = worst_rel(fp16.loss, ref.loss, kSteps);
-  CAPTURE(first);
-  CAPTURE(early);
-  CAPTURE(worst);
-  CHECK(first <= kWireFirstStep);
-  CHECK(early <= kWireFirstSteps);
-  CHECK(worst <= kWireCurve);
-  CHECK(fp16.loss.back() < fp16.loss.front());
+  check_wire_curve(fp16.loss, ref.loss);
 }
 
 TEST_CASE("pipeline: the cap of in-flight gradient sends: waiting in place follows the curve; a cap that can deadlock is refused") {

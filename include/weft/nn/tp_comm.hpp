@@ -57,8 +57,7 @@ void tp_all_gather_operand(LayerContext& ctx, const S& part, const F& full) {
       auto gather = [&]<class H>() {
         const auto p = st.template matrix<H>(1, part.extent(0), part.extent(1));
         const auto f = st.template matrix<H>(2, full.extent(0), full.extent(1));
-        weft::convert(p, part);
-        Kokkos::fence();  // MPI reads p
+        weft::convert(p, part);  // (the Comm fences p's execution space before MPI reads it)
         tp_all_gather(ctx, p, f);
         weft::convert(full, f);
       };

@@ -316,6 +316,7 @@ class Executor : private detail::OwnedPipelineComm {
     timeline_.clear();
     retiring_.clear();
     grad_sent_.clear();
+    for (auto& [key, w] : wires_) release_wires(w);  // left by a step that ended in an error
     wires_.clear();
     next_post_ = 0;
     t_begin_ = now();
@@ -347,12 +348,12 @@ class Executor : private detail::OwnedPipelineComm {
         }
         case PipeOp::send_activation: {
           auto& s = stage_.slot(a.microbatch, a.chunk);
-          s.send_activation = post_send(s.xs.back(), wire_of(a).act_out, a.peer, activation_tag);
+          s.send_activation = post_send(s.xs.back(), a, &Wires::act_out, activation_tag);
           break;
         }
         case PipeOp::send_gradient: {
           auto& s = stage_.slot(a.microbatch, a.chunk);
-          s.send_gradient = post_send(s.dx, wire_of(a).grad_out, a.peer, gradient_tag);
+          s.send_gradient = post_send(s.dx, a, &Wires::grad_out, gradient_tag);
           grad_sent_.insert({a.microbatch, a.chunk});
           break;
         }
@@ -477,8 +478,8 @@ class Executor : private detail::OwnedPipelineComm {
     for (; next_post_ < recvs_.size() && recvs_[next_post_] < limit; ++next_post_) {
       const PipeAction& a = plan_[recvs_[next_post_]];
       auto& s = stage_.slot(a.microbatch, a.chunk);
-      if (a.op == PipeOp::recv_activation) s.recv_activation = post_recv(s.xs[0], wire_of(a).act_in, a.peer, activation_tag);
-      else s.recv_gradient = post_recv(s.dy, wire_of(a).grad_in, a.peer, gradient_tag);
+      if (a.op == PipeOp::recv_activation) s.recv_activation = post_recv(s.xs[0], a, &Wires::act_in, activation_tag);
+      else s.recv_gradient = post_recv(s.dy, a, &Wires::grad_in, gradient_tag);
     }
   }
 
@@ -486,7 +487,6 @@ class Executor : private detail::OwnedPipelineComm {
   struct Wires {
     WireMatrix act_in, grad_in, act_out, grad_out;
   };
-  Wires& wire_of(const PipeAction& a) { return wires_[{a.microbatch, a.chunk}]; }
 
   // A wire buffer of rows x cols: a spare of that shape, else a new one.
   WireMatrix take_wire(std::size_t rows, std::size_t cols) {
@@ -504,26 +504,29 @@ class Executor : private detail::OwnedPipelineComm {
     w = WireMatrix();
   }
 
-  // Posts the receive of a message into `target`: directly, or into a wire
-  // buffer that land() widens into it once the message is complete.
-  Request post_recv(const Matrix& target, WireMatrix& w, int peer, int tag) {
+  // Posts action a's receive into `target`: directly, or into the slot's
+  // wire buffer `which`, which land() widens into it once the message is complete.
+  Request post_recv(const Matrix& target, const PipeAction& a, WireMatrix Wires::*which, int tag) {
     if constexpr (narrow_wire) {
+      WireMatrix& w = wires_[{a.microbatch, a.chunk}].*which;
       w = take_wire(target.extent(0), target.extent(1));
-      return pp_.irecv(w, peer, tag);
+      return pp_.irecv(w, a.peer, tag);
     } else {
-      return pp_.irecv(target, peer, tag);
+      return pp_.irecv(target, a.peer, tag);
     }
   }
-  // Sends `src`: directly, or rounded to the wire type in a wire buffer that
-  // stays with the slot (or its detached send) until the send completes.
-  Request post_send(const Matrix& src, WireMatrix& w, int peer, int tag) {
+  // Sends `src` for action a: directly, or rounded to the wire type in the
+  // slot's wire buffer `which`, which stays with the slot (or its detached
+  // send) until the send completes. (The Comm fences the buffer's execution
+  // space, where the conversion ran, before MPI reads it.)
+  Request post_send(const Matrix& src, const PipeAction& a, WireMatrix Wires::*which, int tag) {
     if constexpr (narrow_wire) {
+      WireMatrix& w = wires_[{a.microbatch, a.chunk}].*which;
       w = take_wire(src.extent(0), src.extent(1));
       convert(w, src);
-      Kokkos::fence();  // MPI reads the buffer
-      return pp_.isend(w, peer, tag);
+      return pp_.isend(w, a.peer, tag);
     } else {
-      return pp_.isend(src, peer, tag);
+      return pp_.isend(src, a.peer, tag);
     }
   }
   // Widens a received wire buffer into the slot's matrix and frees the buffer.
@@ -537,12 +540,12 @@ class Executor : private detail::OwnedPipelineComm {
     if constexpr (narrow_wire) {
       auto it = wires_.find(key);
       if (it == wires_.end()) return;
-      give_wire(it->second.act_in);
-      give_wire(it->second.grad_in);
-      give_wire(it->second.act_out);
-      give_wire(it->second.grad_out);
+      release_wires(it->second);
       wires_.erase(it);
     }
+  }
+  void release_wires(Wires& w) {
+    for (WireMatrix* m : {&w.act_in, &w.grad_in, &w.act_out, &w.grad_out}) give_wire(*m);
   }
 
   // Moves a pending gradient send and its buffer out of a slot (which gets a
