@@ -188,6 +188,27 @@ int attention_only(const std::string& seqs, std::size_t H, std::size_t hd, int r
   return 0;
 }
 
+// Where the time goes: one more training step of `gpt` with fenced kernel
+// scopes (metrics::Profiler), printed as seconds and percentages of the step.
+template <class Model, class Opt, class Stream, class Ids>
+void print_breakdown(Model& gpt, Opt& opt, Stream& stream, std::uint64_t step, const Ids& ids, const Ids& tg,
+                     const char* what) {
+  weft::metrics::Profiler prof;
+  gpt.set_profiler(&prof);
+  Kokkos::fence();
+  const auto t0 = Clock::now();
+  weft::optim::train_step(gpt, opt, stream, step, 1, ids, tg, 1e-4, 1.0, &prof);
+  const double total = seconds_since(t0);
+  gpt.set_profiler(nullptr);
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [k, e] : prof.entries()) rows.emplace_back(e.seconds, k);
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("  breakdown of one profiled step%s (%.4f s):\n", what, total);
+  for (const auto& [s, k] : rows) std::printf("    %-16s %9.4f s %6.1f%%\n", k.c_str(), s, 100.0 * s / total);
+  std::printf("    %-16s %9.4f s %6.1f%%\n", "(untimed)", total - prof.total_seconds(),
+              100.0 * (total - prof.total_seconds()) / total);
+}
+
 // bf16 products against fp32: the same config as nn::GPT<float> and as
 // nn::GPT<float, Strategy<Precision<BF16>>>, one step of each in turn for
 // `rounds` rounds after a warm-up, medians of the wall times.
@@ -217,6 +238,9 @@ void precision_ratio(const char* name, const Config& c, const std::vector<std::u
   std::printf("config %s, bf16 products against fp32 (alternating steps, median of %d): fp32 %.0f tok/s (loss %.4f), "
               "bf16 %.0f tok/s (loss %.4f), bf16 / fp32 %.2fx\n",
               name, rounds, double(N) / m32, l32, double(N) / m16, l16, m32 / m16);
+  const auto step = std::uint64_t(warmup + rounds);
+  print_breakdown(f32, opt32, s32, step, ids, tg, ", fp32");
+  print_breakdown(b16, opt16, s16, step, ids, tg, ", bf16");
 }
 
 int run(int argc, char** argv) {
@@ -345,20 +369,7 @@ int run(int argc, char** argv) {
     }
 
     // Where the time goes: one more step with fenced kernel scopes.
-    weft::metrics::Profiler prof;
-    gpt.set_profiler(&prof);
-    Kokkos::fence();
-    const auto t0 = Clock::now();
-    weft::optim::train_step(gpt, opt, stream, step++, 1, ids, tg, 1e-4, 1.0, &prof);
-    const double total = seconds_since(t0);
-    gpt.set_profiler(nullptr);
-    std::vector<std::pair<double, std::string>> rows;
-    for (const auto& [k, e] : prof.entries()) rows.emplace_back(e.seconds, k);
-    std::sort(rows.rbegin(), rows.rend());
-    std::printf("  breakdown of one profiled step (%.4f s):\n", total);
-    for (const auto& [s, k] : rows) std::printf("    %-16s %9.4f s %6.1f%%\n", k.c_str(), s, 100.0 * s / total);
-    std::printf("    %-16s %9.4f s %6.1f%%\n", "(untimed)", total - prof.total_seconds(),
-                100.0 * (total - prof.total_seconds()) / total);
+    print_breakdown(gpt, opt, stream, step++, ids, tg, "");
   }
   return 0;
 }
