@@ -189,24 +189,7 @@ class Attention {
       detail::row_parallel_forward(*ctx_, proj_, s.heads, out, w ? &w->full : nullptr, "nn::Attention");
       return;
     }
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
-      for (std::size_t b = 0; b < cfg_.batch; ++b)
-        for (std::size_t hh = 0; hh < H; ++hh)
-          ops::gemm(ops::Trans::N, ops::Trans::T, T(1), q(s.qkv, b, hh), k(s.qkv, b, hh), T(0),
-                    Kokkos::subview(s.probs, b * H + hh, Kokkos::ALL, Kokkos::ALL));
-    }
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "softmax");
-      ops::softmax_forward(s.probs, T(1) / std::sqrt(T(hd)), true, s.probs, s.lse);
-    }
-    {
-      metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
-      for (std::size_t b = 0; b < cfg_.batch; ++b)
-        for (std::size_t hh = 0; hh < H; ++hh)
-          ops::gemm(ops::Trans::N, ops::Trans::N, T(1), Kokkos::subview(s.probs, b * H + hh, Kokkos::ALL, Kokkos::ALL),
-                    v(s.qkv, b, hh), T(0), head(s.heads, b, hh));
-    }
+    with_operand_type([&]<class O>() { forward_blas<O>(s); });
     detail::row_parallel_forward(*ctx_, proj_, s.heads, out, w ? &w->full : nullptr, "nn::Attention");
   }
 
@@ -235,7 +218,7 @@ class Attention {
             Kokkos::subview(s.lse, std::make_pair(b * H, (b + 1) * H), Kokkos::ALL), T(1) / std::sqrt(T(hd)), true,
             heads_view(w.dqkv, b, 0, H), heads_view(w.dqkv, b, D, kv), heads_view(w.dqkv, b, D + kv * hd, kv));
     } else {
-      backward_blas(s, w);
+      with_operand_type([&]<class O>() { backward_blas<O>(s, w); });
     }
     if (cfg_.position == PositionKind::rotary) rotate(w.dqkv, true);
     if (!tp.active()) {
@@ -256,18 +239,77 @@ class Attention {
   }
 
  private:
-  /// The BLAS path's backward from the output gradient in w.dheads to w.dqkv.
-  void backward_blas(const Saved& s, const Workspace& w) {
+  // The BLAS path's products take operands of type O: T itself (fp32
+  // products, and any T but float), or under 2-byte products (a mixed
+  // Precision, LayerContext::products) the 2-byte type, as nn::Linear's
+  // products do: each operand is rounded once to O into the model's product
+  // staging (slot 3: Q, K and V of every head; 4: the heads' output
+  // gradient; 5: one head's probabilities, or their gradient), and the
+  // product accumulates in float into T. The softmax, its log-sum-exp and
+  // every gradient stay T.
+  template <class F>
+  void with_operand_type(F&& f) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (ctx_->products == ProductPrecision::bf16) return f.template operator()<bf16>();
+      if (ctx_->products == ProductPrecision::fp16) return f.template operator()<fp16>();
+    }
+    f.template operator()<T>();
+  }
+  // src itself when O is its type, else src rounded to O in staging slot `slot`.
+  template <class O, class V>
+  auto operand(int slot, const V& src) const {
+    if constexpr (std::is_same_v<O, typename V::non_const_value_type>) {
+      return src;
+    } else {
+      auto m = product_staging<Space>(*ctx_).template matrix<O>(slot, src.extent(0), src.extent(1));
+      weft::convert(m, src);
+      return m;
+    }
+  }
+  // Head hh of sequence b of a [batch * heads, T, T] tensor.
+  auto block(const ops::Tensor3<T, Space>& t, std::size_t b, std::size_t hh) const {
+    return Kokkos::subview(t, b * cfg_.heads + hh, Kokkos::ALL, Kokkos::ALL);
+  }
+
+  /// The BLAS path's forward: per head S = Q K^T, the softmax of S into
+  /// s.probs (with s.lse), O = P V into s.heads.
+  template <class O>
+  void forward_blas(const Saved& s) const {
     const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
+    const auto qkv = operand<O>(3, s.qkv);
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
+      for (std::size_t b = 0; b < cfg_.batch; ++b)
+        for (std::size_t hh = 0; hh < H; ++hh)
+          ops::gemm(ops::Trans::N, ops::Trans::T, T(1), q(qkv, b, hh), k(qkv, b, hh), T(0), block(s.probs, b, hh));
+    }
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "softmax");
+      ops::softmax_forward(s.probs, T(1) / std::sqrt(T(hd)), true, s.probs, s.lse);
+    }
+    {
+      metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
+      for (std::size_t b = 0; b < cfg_.batch; ++b)
+        for (std::size_t hh = 0; hh < H; ++hh)
+          ops::gemm(ops::Trans::N, ops::Trans::N, T(1), operand<O>(5, block(s.probs, b, hh)), v(qkv, b, hh), T(0),
+                    head(s.heads, b, hh));
+    }
+  }
+
+  /// The BLAS path's backward from the output gradient in w.dheads to w.dqkv.
+  template <class O>
+  void backward_blas(const Saved& s, const Workspace& w) const {
+    const std::size_t H = cfg_.heads, hd = cfg_.head_dim();
+    const auto qkv = operand<O>(3, s.qkv);
+    const auto dheads = operand<O>(4, w.dheads);
     {
       metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
       for (std::size_t b = 0; b < cfg_.batch; ++b)
         for (std::size_t hh = 0; hh < H; ++hh) {
-          auto P = Kokkos::subview(s.probs, b * H + hh, Kokkos::ALL, Kokkos::ALL);
-          auto dP = Kokkos::subview(w.dprobs, b * H + hh, Kokkos::ALL, Kokkos::ALL);
-          auto dO = head(w.dheads, b, hh);
-          ops::gemm(ops::Trans::T, ops::Trans::N, T(1), P, dO, T(1), v(w.dqkv, b, hh));
-          ops::gemm(ops::Trans::N, ops::Trans::T, T(1), dO, v(s.qkv, b, hh), T(0), dP);
+          const auto dO = head(dheads, b, hh);
+          ops::gemm(ops::Trans::T, ops::Trans::N, T(1), operand<O>(5, block(s.probs, b, hh)), dO, T(1),
+                    v(w.dqkv, b, hh));
+          ops::gemm(ops::Trans::N, ops::Trans::T, T(1), dO, v(qkv, b, hh), T(0), block(w.dprobs, b, hh));
         }
     }
     {
@@ -278,9 +320,9 @@ class Attention {
       metrics::Profiler::Scope sc(ctx_->profiler, "gemm.attention");
       for (std::size_t b = 0; b < cfg_.batch; ++b)
         for (std::size_t hh = 0; hh < H; ++hh) {
-          auto dS = Kokkos::subview(w.dprobs, b * H + hh, Kokkos::ALL, Kokkos::ALL);
-          ops::gemm(ops::Trans::N, ops::Trans::N, T(1), dS, k(s.qkv, b, hh), T(0), q(w.dqkv, b, hh));
-          ops::gemm(ops::Trans::T, ops::Trans::N, T(1), dS, q(s.qkv, b, hh), T(1), k(w.dqkv, b, hh));
+          const auto dS = operand<O>(5, block(w.dprobs, b, hh));
+          ops::gemm(ops::Trans::N, ops::Trans::N, T(1), dS, k(qkv, b, hh), T(0), q(w.dqkv, b, hh));
+          ops::gemm(ops::Trans::T, ops::Trans::N, T(1), dS, q(qkv, b, hh), T(1), k(w.dqkv, b, hh));
         }
     }
   }

@@ -273,10 +273,7 @@ class Linear {
     ops::gemm(ops::Trans::T, ops::Trans::N, T(1), x, dy, T(1), weight_.grad_matrix());
   }
 
-  ProductStaging<Space>& staging() const {
-    if (!ctx_->staging) ctx_->staging = std::make_shared<ProductStaging<Space>>();
-    return static_cast<ProductStaging<Space>&>(*ctx_->staging);
-  }
+  ProductStaging<Space>& staging() const { return product_staging<Space>(*ctx_); }
   // Slot `slot` of the staging holding src rounded to H.
   template <class H, class V>
   MatrixRef<H, Space> staged(int slot, const V& src) const {

@@ -468,8 +468,11 @@ struct ProductStagingBase {
   virtual std::size_t bytes() const = 0;
 };
 
-/// ProductStagingBase in the memory of Space: three slots of 2-byte elements
-/// (0: a weight's compute copy, 1 and 2: the products' activation operands).
+/// ProductStagingBase in the memory of Space: six slots of 2-byte elements
+/// (0: a weight's compute copy, 1 and 2: the Linear products' activation
+/// operands; 3, 4 and 5: the attention's products' operands -- Q, K and V of
+/// every head, the heads' output gradient, one head's probabilities or
+/// their gradient).
 template <class Space>
 struct ProductStaging : ProductStagingBase {
   /// Slot s as a [rows, cols] matrix of H (weft::bf16 or weft::fp16), grown
@@ -490,7 +493,7 @@ struct ProductStaging : ProductStagingBase {
   }
 
  private:
-  Kokkos::View<std::uint16_t*, Space> slots_[3];
+  Kokkos::View<std::uint16_t*, Space> slots_[6];
 };
 
 /// What every layer of one model shares: the profiler that kernel scopes
@@ -513,6 +516,13 @@ struct LayerContext {
   /// The 2-byte products' scratch (made by the first product that needs it).
   std::shared_ptr<ProductStagingBase> staging;
 };
+
+/// The model's product staging, made by the first product that needs it.
+template <class Space>
+ProductStaging<Space>& product_staging(LayerContext& ctx) {
+  if (!ctx.staging) ctx.staging = std::make_shared<ProductStaging<Space>>();
+  return static_cast<ProductStaging<Space>&>(*ctx.staging);
+}
 
 /// Called by a model around the forward and backward of each parameter group
 /// (for the GPT: group l < L is block l, group L the root -- embeddings, final

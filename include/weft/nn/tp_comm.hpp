@@ -52,8 +52,7 @@ template <class Space, class S, class F>
 void tp_all_gather_operand(LayerContext& ctx, const S& part, const F& full) {
   if constexpr (std::is_same_v<typename F::non_const_value_type, float>) {
     if (ctx.products != ProductPrecision::f32) {
-      if (!ctx.staging) ctx.staging = std::make_shared<ProductStaging<Space>>();
-      auto& st = static_cast<ProductStaging<Space>&>(*ctx.staging);
+      auto& st = product_staging<Space>(ctx);
       auto gather = [&]<class H>() {
         const auto p = st.template matrix<H>(1, part.extent(0), part.extent(1));
         const auto f = st.template matrix<H>(2, full.extent(0), full.extent(1));

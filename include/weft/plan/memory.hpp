@@ -218,8 +218,12 @@ inline double block_statistic_elements(const ModelSpec& m, const MeshSpec& s) {
 /// product_bytes; nn::ProductStaging): slot 0 the largest weight a rank
 /// holds, slot 1 the largest input of a product ([tokens, D] gathered under
 /// sequence parallelism, the heads' and the MLP's hidden outputs), slot 2
-/// the largest output gradient (QKV, D, the MLP's up output, the logits).
-/// Dense blocks; a MoE block's experts take rows by capacity, not counted.
+/// the largest output gradient (QKV, D, the MLP's up output, the logits);
+/// with the BLAS attention (whole sequences on a rank, no blockwise kernel)
+/// slots 3-5 its products' operands: Q, K and V [tokens, QKV / tp], the
+/// heads' output gradient [tokens, D / tp] and one head's [T, T]
+/// probabilities. Dense blocks; a MoE block's experts take rows by capacity,
+/// not counted.
 inline double product_staging_elements(const ModelSpec& m, const MeshSpec& s) {
   const double n = rank_tokens(m, s), D = double(m.d_model), tp = double(s.tp);
   const double qkv = double(m.qkv_cols()) / tp, up = double(m.up_cols()) / mlp_tp_split(m, s);
@@ -227,7 +231,9 @@ inline double product_staging_elements(const ModelSpec& m, const MeshSpec& s) {
   const double weight = std::max({D * qkv, D / tp * D, D * up, F * D, D * V});
   const double input = n * std::max({D, F});
   const double output_grad = n * std::max({qkv, D, up, V});
-  return weight + input + output_grad;
+  const double T = double(m.seq);
+  const double attention = !m.flash_attention && s.cp == 1 ? n * qkv + n * D / tp + T * T : 0.0;
+  return weight + input + output_grad + attention;
 }
 
 /// Backward scratch elements shared by all blocks for one microbatch
