@@ -176,7 +176,10 @@ class Block {
       ops::add(y, y, s_->mid);
     }
     s_->holder = index_;
-    if (s_->stash) s_->stash->store();
+    if (s_->stash) {
+      metrics::Profiler::Scope sc(ctx_->profiler, "stash");
+      s_->stash->store();
+    }
   }
 
   /// dx = d/dx from dy (dx overwritten, must not alias dy); parameter
@@ -194,6 +197,7 @@ class Block {
                    ": a block that keeps 2-byte copies over a shared float set cannot defer its weight gradients "
                    "unless the deferred work copies its inputs (DeferredWork::set_copy_inputs): the set is refilled "
                    "by the next block's backward before the deferred products run");
+      metrics::Profiler::Scope sc(ctx_->profiler, "stash");
       s_->stash->load();
     } else if (s_->holder != index_) {
       WEFT_REQUIRE(recompute_, Error, "nn::Block ", index_, ": backward without a preceding forward");

@@ -287,7 +287,10 @@ class GPTModel {
     ln_f_.backward(dhf_, xs_[L], sf_, dxs_[L % 2], false);
     for (std::size_t l = L; l-- > 0;) {
       if (hooks_) hooks_->before_backward(l);
-      if (narrow_) x_stash_[l].load();
+      if (narrow_) {
+        metrics::Profiler::Scope sc(ctx_->profiler, "stash");
+        x_stash_[l].load();
+      }
       blocks_[l].backward(xs_[l], dxs_[(l + 1) % 2], dxs_[l % 2]);
       if (hooks_) hooks_->after_backward(l);
     }
@@ -494,7 +497,10 @@ class GPTModel {
     emb_.forward(ids, xs_[0]);
     for (std::size_t l = 0; l < L; ++l) {
       if (hooks_) hooks_->before_forward(l);
-      if (narrow_) x_stash_[l].store();
+      if (narrow_) {
+        metrics::Profiler::Scope sc(ctx_->profiler, "stash");
+        x_stash_[l].store();
+      }
       blocks_[l].forward(xs_[l], xs_[l + 1]);
       if (hooks_) hooks_->after_forward(l);
     }
