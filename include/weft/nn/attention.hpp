@@ -261,9 +261,7 @@ class Attention {
     if constexpr (std::is_same_v<O, typename V::non_const_value_type>) {
       return src;
     } else {
-      auto m = product_staging<Space>(*ctx_).template matrix<O>(slot, src.extent(0), src.extent(1));
-      weft::convert(m, src);
-      return m;
+      return product_staging<Space>(*ctx_).template rounded<O>(slot, src);
     }
   }
   // Head hh of sequence b of a [batch * heads, T, T] tensor.

@@ -277,9 +277,7 @@ class Linear {
   // Slot `slot` of the staging holding src rounded to H.
   template <class H, class V>
   MatrixRef<H, Space> staged(int slot, const V& src) const {
-    auto m = staging().template matrix<H>(slot, src.extent(0), src.extent(1));
-    weft::convert(m, src);
-    return m;
+    return staging().template rounded<H>(slot, src);
   }
   template <class H, class XV, class YV>
   void staged_xw(const XV& x, const YV& y) const {

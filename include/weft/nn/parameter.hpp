@@ -486,6 +486,13 @@ struct ProductStaging : ProductStagingBase {
       v = allocate_view<Kokkos::View<std::uint16_t*, Space>>("product_staging." + std::to_string(s), rows * cols);
     return MatrixRef<H, Space>(reinterpret_cast<H*>(v.data()), rows, cols);
   }
+  /// src (a rank-2 view) rounded once to H into slot s, grown as matrix() grows it.
+  template <class H, class V>
+  MatrixRef<H, Space> rounded(int s, const V& src) {
+    auto m = matrix<H>(s, src.extent(0), src.extent(1));
+    weft::convert(m, src);
+    return m;
+  }
   std::size_t bytes() const override {
     std::size_t b = 0;
     for (const auto& v : slots_) b += v.extent(0) * sizeof(std::uint16_t);

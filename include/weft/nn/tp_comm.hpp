@@ -54,9 +54,8 @@ void tp_all_gather_operand(LayerContext& ctx, const S& part, const F& full) {
     if (ctx.products != ProductPrecision::f32) {
       auto& st = product_staging<Space>(ctx);
       auto gather = [&]<class H>() {
-        const auto p = st.template matrix<H>(1, part.extent(0), part.extent(1));
+        const auto p = st.template rounded<H>(1, part);  // (the Comm fences p's execution space before MPI reads it)
         const auto f = st.template matrix<H>(2, full.extent(0), full.extent(1));
-        weft::convert(p, part);  // (the Comm fences p's execution space before MPI reads it)
         tp_all_gather(ctx, p, f);
         weft::convert(full, f);
       };
