@@ -33,7 +33,11 @@ weft_build_dir() { echo "${WEFT_ROOT}/build-ci-$1"; }
 #                  (-DWEFT_TRAIN_GPT_PIPELINES=OFF: 354 s of this variant's
 #                  1723 s of compile time on 5 Dec; the pipeline runtime's own
 #                  tests, test_pipeline and custom_model's pp runs, still run
-#                  here, and gcc trains train_gpt's pipelines)
+#                  here, and gcc trains train_gpt's pipelines); without the
+#                  test programs that run at 4 ranks or more only
+#                  (-DWEFT_TEST_MAX_RANKS=3: test_pipeline_tp and
+#                  test_all_policies, 130 s of compile time; run_tests.sh
+#                  leaves every run of 4 ranks or more out of this variant)
 #   kokkos-cuda    that prefix's nvcc_wrapper, RelWithDebInfo, the Kokkos + Kokkos
 #                  Kernels installed in ${WEFT_CI_KOKKOS_CUDA} (... cuda), for
 #                  ${NVCC_WRAPPER_DEFAULT_ARCH:-sm_90}
@@ -88,7 +92,7 @@ weft_configure() {
       cxx=g++; type=RelWithDebInfo; opt="-O1 -g0"
       extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_OPENMP" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_OPENMP"
              -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_ENABLE_ONEDNN=OFF -DWEFT_TRAIN_GPT_PIPELINES=OFF
-             -DWEFT_TEST_OMP_NUM_THREADS="${WEFT_CI_OMP_THREADS:-2}") ;;
+             -DWEFT_TEST_OMP_NUM_THREADS="${WEFT_CI_OMP_THREADS:-2}" -DWEFT_TEST_MAX_RANKS=3) ;;
     kokkos-cuda)
       [[ -n "${WEFT_CI_KOKKOS_CUDA:-}" ]] || { echo "variant kokkos-cuda needs WEFT_CI_KOKKOS_CUDA=<prefix>" >&2; return 2; }
       [[ -x "$WEFT_CI_KOKKOS_CUDA/bin/nvcc_wrapper" ]] ||
