@@ -1193,11 +1193,13 @@ struct without_axis<weft::Strategy<E...>, A> {
 template <class S>
 struct without_context : without_axis<S, weft::CP> {};
 
-// The model's context parallelism under the CP policy C (none for NoPolicy): one instantiation per variant.
-template <class C, class MeshT>
+// The model's context parallelism under the CP policy C (none for NoPolicy)
+// in the strategy's precision Prec (bf16 K/V blocks under Precision<BF16>):
+// one instantiation per variant and precision.
+template <class C, class Prec, class MeshT>
 weft::nn::ContextParallel<float, Space> context_of(MeshT& mesh) {
   if constexpr (std::is_same_v<C, weft::NoPolicy>) return {};
-  else return weft::context::attention_of<C, float, Space>(mesh.template axis<weft::CP>());
+  else return weft::context::attention_of<C, float, Space, Prec>(mesh.template axis<weft::CP>());
 }
 
 // The pipeline path of strategy S (CP or EP included): the mesh is DP x PP x CP x EP x TP.
@@ -1279,7 +1281,7 @@ int run_data_tensor(const Options& o, weft::Environment& env, int ndp, const wef
                     const weft::ops::BlasThreads& bt, int ranks_per_node, double unigram, const std::string& data_name) {
   weft::Mesh<weft::DP, weft::CP, weft::TP> mesh(env.world(), ndp, o.cp, o.tp);
   weft::validate_strategy<S>(mesh, o.model.heads);
-  return run_data_tensor_on<typename without_context<S>::type>(o, mesh, context_of<typename S::context_parallel>(mesh),
+  return run_data_tensor_on<typename without_context<S>::type>(o, mesh, context_of<typename S::context_parallel, typename S::precision>(mesh),
                                                                 S::name(), stream, bt, ranks_per_node, unigram, data_name);
 }
 
@@ -1292,7 +1294,7 @@ int run_pipeline_with(const Options& o, weft::Environment& env, int ndp, const w
   const weft::nn::ExpertSplit experts =
       o.model.experts > 0 ? weft::nn::expert_split_of<S>(mesh, o.model) : weft::nn::ExpertSplit{};
   using Stripped = typename without_axis<typename without_context<S>::type, weft::EP>::type;
-  return run_pipeline_on<Stripped, S::expert_parallel_v>(o, env, mesh, context_of<typename S::context_parallel>(mesh),
+  return run_pipeline_on<Stripped, S::expert_parallel_v>(o, env, mesh, context_of<typename S::context_parallel, typename S::precision>(mesh),
                                                          experts, S::name(), stream, bt, ranks_per_node, unigram, data_name);
 }
 

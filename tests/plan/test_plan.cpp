@@ -267,11 +267,16 @@ TEST_CASE("context parallelism: the planner's memory and CP traffic equal the GP
   weft::Mesh<weft::DP, weft::CP> mesh(world, 1, int(cp));
   auto& cpc = mesh.axis<weft::CP>();
   using K = weft::CommKind;
-  auto one = [&]<class Policy>(std::type_identity<Policy>, weft::plan::ContextKind kind, bool swiglu, bool recompute,
-                               std::size_t kv) {
-    using S = weft::Strategy<weft::On<weft::CP, Policy>>;
+  // Prec: Precision<> (fp32), or Precision<BF16>, whose K/V blocks travel
+  // and are kept in bf16 (ModelSpec::product_bytes 2).
+  auto one = [&]<class Policy, class Prec>(std::type_identity<Policy>, std::type_identity<Prec>,
+                                           weft::plan::ContextKind kind, bool swiglu, bool recompute, std::size_t kv) {
+    using S = weft::Strategy<weft::On<weft::CP, Policy>, Prec>;
+    constexpr bool bf16 = Prec::mixed;
+    CAPTURE(bf16);
     auto cfg = small_gpt(swiglu, recompute, kv);
-    weft::nn::GPT<float, S> gpt(mesh, cfg, weft::context::attention_of<Policy, float>(cpc));
+    weft::nn::GPT<float, S> gpt(mesh, cfg,
+                                weft::context::attention_of<Policy, float, Kokkos::DefaultExecutionSpace, Prec>(cpc));
     weft::parallel::DataParallelOf<float, S> ddp(mesh, gpt);  // reduces over DP x CP
     gpt.set_hooks(&ddp);
     weft::optim::AdamW<float, Kokkos::DefaultExecutionSpace> opt(ddp.optimizer_parameters());
@@ -281,9 +286,11 @@ TEST_CASE("context parallelism: the planner's memory and CP traffic equal the GP
     const auto m = ddp.memory();
     const auto g = gpt.memory();
     const MeshSpec spec{.cp = cp, .context = kind};
-    const auto b = weft::plan::training_memory(spec_of(cfg), spec, 0.0);
-    const auto v = weft::plan::comm_volume(spec_of(cfg), spec, 0);
-    const std::string tag = std::string("cp=") + std::to_string(cp) + " " + to_string(kind) + " ";
+    auto model = spec_of(cfg);
+    if (bf16) model.saved_bytes = model.product_bytes = 2;
+    const auto b = weft::plan::training_memory(model, spec, 0.0);
+    const auto v = weft::plan::comm_volume(model, spec, 0);
+    const std::string tag = std::string("cp=") + std::to_string(cp) + " " + to_string(kind) + (bf16 ? " bf16 " : " ");
     within(b.parameters, double(m.bytes(C::parameters)), tag + "parameters");
     within(b.gradients, double(m.bytes(C::gradients)), tag + "gradients");
     within(b.optimizer_state, double(opt.memory().bytes(C::optimizer_state)), tag + "optimizer state");
@@ -291,6 +298,8 @@ TEST_CASE("context parallelism: the planner's memory and CP traffic equal the GP
     // head shards; nothing for Ring) is in the activations, its largest set of
     // exchange buffers is the communication term, the rest of the buffers the
     // backward scratch; and the CP axis carries exactly the predicted bytes.
+    // In bf16 too: the K/V blocks' 2 bytes, the blocks' 2-byte saved copies
+    // and the product staging.
     const double buffers = double(g.bytes("context attention buffers"));
     CHECK(double(g.bytes(C::activations)) == b.activations);
     CHECK(double(g.bytes(C::buffers)) - buffers == b.temporary);
@@ -305,9 +314,9 @@ TEST_CASE("context parallelism: the planner's memory and CP traffic equal the GP
           v.cp_calls);
     CHECK(double(st[K::all_reduce].bytes) == v.cp_all_reduce);  // the loss; the gradients reduce over DP x CP
     if (world.rank() == 0)
-      std::printf("validation cp=%zu %-9s swiglu=%d recompute=%d kv=%zu activations %zu/%.0f temporary %.0f/%.0f "
+      std::printf("validation cp=%zu %-9s bf16=%d swiglu=%d recompute=%d kv=%zu activations %zu/%.0f temporary %.0f/%.0f "
                   "buffers %.0f/%.0f cp-bytes %llu/%.0f\n",
-                  cp, to_string(kind), int(swiglu), int(recompute), cfg.kv(), g.bytes(C::activations), b.activations,
+                  cp, to_string(kind), int(bf16), int(swiglu), int(recompute), cfg.kv(), g.bytes(C::activations), b.activations,
                   double(g.bytes(C::buffers)) - buffers, b.temporary, buffers, b.communication,
                   static_cast<unsigned long long>(st[K::send].bytes + st[K::all_gather].bytes +
                                                   st[K::reduce_scatter].bytes + st[K::all_to_all].bytes),
@@ -321,10 +330,14 @@ TEST_CASE("context parallelism: the planner's memory and CP traffic equal the GP
         CAPTURE(swiglu);
         CAPTURE(recompute);
         CAPTURE(kv);
-        one(std::type_identity<weft::Context<weft::Ring>>{}, ContextKind::ring, swiglu, recompute, kv);
-        one(std::type_identity<weft::Context<weft::AllGather>>{}, ContextKind::allgather, swiglu, recompute, kv);
-        if (weft::context::alltoall_fits(4, kv ? kv : 4, cp))
-          one(std::type_identity<weft::Context<weft::AllToAll>>{}, ContextKind::alltoall, swiglu, recompute, kv);
+        auto both = [&]<class Prec>(std::type_identity<Prec> prec) {
+          one(std::type_identity<weft::Context<weft::Ring>>{}, prec, ContextKind::ring, swiglu, recompute, kv);
+          one(std::type_identity<weft::Context<weft::AllGather>>{}, prec, ContextKind::allgather, swiglu, recompute, kv);
+          if (weft::context::alltoall_fits(4, kv ? kv : 4, cp))
+            one(std::type_identity<weft::Context<weft::AllToAll>>{}, prec, ContextKind::alltoall, swiglu, recompute, kv);
+        };
+        both(std::type_identity<weft::Precision<>>{});
+        both(std::type_identity<weft::Precision<weft::BF16>>{});
       }
 }
 

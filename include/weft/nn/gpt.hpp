@@ -584,6 +584,7 @@ class GPTModel {
                    "nn::GPT: context parallelism needs a ContextParallel from weft::context::attention_of and a "
                    "config of whole sequences");
       context::check_sequence(c.seq, cp.size(), "the sequence length (--seq)");
+      check_context_precision<T, Prec>(cp, "nn::GPT");
     }
     // weft::validate_strategy's text; heads (and every other split size) are
     // checked by validate_tensor_parallel, which names the valid TP sizes.

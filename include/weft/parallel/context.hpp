@@ -84,14 +84,17 @@ void merge(const OV& O, const LV& l, const PV& Op, const QV& lp) {
       });
 }
 
-/// dst(part, h, t, d) = src_part(h, t, d) for a stack of rank-3 views.
+/// dst(part, h, t, d) = src_part(h, t, d) for a stack of rank-3 views,
+/// rounded once to dst's element type when it is narrower (a 2-byte K/V
+/// block of a mixed-precision model).
 template <class DV, class SV>
 void pack_into(const DV& dst, std::size_t part, const SV& src) {
+  using DT = typename DV::non_const_value_type;
   const std::size_t H = src.extent(0), n = src.extent(1), hd = src.extent(2);
   Kokkos::parallel_for(
       "weft::context::pack", ops::detail::range(dst, H * n), KOKKOS_LAMBDA(std::size_t item) {
         const std::size_t h = item / n, t = item % n;
-        for (std::size_t d = 0; d < hd; ++d) dst(part, h, t, d) = src(h, t, d);
+        for (std::size_t d = 0; d < hd; ++d) dst(part, h, t, d) = ops::detail::store<DT>(src(h, t, d));
       });
 }
 
@@ -147,15 +150,17 @@ KOKKOS_INLINE_FUNCTION std::size_t first_head(std::size_t j, std::size_t qpr, st
   return kv ? j * qpr / group : j * qpr;
 }
 
-/// send(j, i, t, d) = X(first_head(j) + i, t, d): block j goes to rank j.
+/// send(j, i, t, d) = X(first_head(j) + i, t, d): block j goes to rank j
+/// (rounded once to send's element type when it is narrower).
 template <class SV, class XV>
 void heads_pack(const SV& send, const XV& X, std::size_t qpr, std::size_t group, bool kv) {
+  using ST = typename SV::non_const_value_type;
   const std::size_t P = send.extent(0), per = send.extent(1), tl = send.extent(2), hd = send.extent(3);
   Kokkos::parallel_for(
       "weft::context::a2a_pack", ops::detail::range(send, P * per * tl), KOKKOS_LAMBDA(std::size_t item) {
         const std::size_t j = item / (per * tl), i = (item / tl) % per, t = item % tl;
         const std::size_t h = first_head(j, qpr, group, kv) + i;
-        for (std::size_t d = 0; d < hd; ++d) send(j, i, t, d) = X(h, t, d);
+        for (std::size_t d = 0; d < hd; ++d) send(j, i, t, d) = ops::detail::store<ST>(X(h, t, d));
       });
 }
 
@@ -243,14 +248,29 @@ constexpr Visibility visibility(std::size_t qc, std::size_t kc, bool causal) {
 /// `seq` is the global sequence length T: a multiple of 2·cp (ConfigError
 /// otherwise, naming the lengths that work). AllToAll also needs the heads
 /// to shard over cp (ConfigError listing the cp sizes that work).
-template <class Variant, class T, class ExecSpace = Kokkos::DefaultExecutionSpace>
+///
+/// KVType is the element type K and V travel and are read in: T, or under a
+/// mixed weft::Precision its 2-byte type (weft::bf16, weft::fp16; T must
+/// then be float, their accumulation type). With a 2-byte KVType every rank
+/// rounds its own K and V once (to nearest even) into its exchange buffers,
+/// so every block of the sequence -- its own as well as the visiting ones --
+/// is read in the same rounding, and the Ring's blocks, AllGather's gathered
+/// K/V and AllToAll's K/V head shards carry half the bytes. Q, the output,
+/// the log-sum-exp, the partial results and their merge, dO and the dK/dV
+/// sums stay T ("fp32 merge"); the kernel accumulates in T.
+template <class Variant, class T, class ExecSpace = Kokkos::DefaultExecutionSpace, class KVType = T>
 class ContextAttention {
   static_assert(is_context_variant_v<Variant>,
                 "weft::context::ContextAttention<Variant, T>: the variant must be weft::Ring, weft::AllGather or "
                 "weft::AllToAll");
+  static_assert(std::is_same_v<KVType, T> || ((std::is_same_v<KVType, bf16> || std::is_same_v<KVType, fp16>) &&
+                                          std::is_same_v<T, float>),
+                "weft::context::ContextAttention<Variant, T, ExecSpace, KVType>: KVType (the K/V blocks' element type) must "
+                "be T, or weft::bf16 / weft::fp16 with T = float (their accumulation type)");
 
  public:
   using memory_space = typename ExecSpace::memory_space;  ///< where every view lives
+  using kv_type = KVType;  ///< the element type K and V travel and are read in
   using Saved3 = Kokkos::View<const T***, Kokkos::LayoutStride, memory_space>;  ///< a saved [heads, tokens, hd] view
   using Saved2 = Kokkos::View<const T**, Kokkos::LayoutStride, memory_space>;   ///< a saved [heads, tokens] view
 
@@ -304,7 +324,7 @@ class ContextAttention {
   /// global order (AllGather), or the head-sharded copies over the whole
   /// sequence (AllToAll, which needs nothing of the caller's afterwards).
   std::size_t saved_bytes() const {
-    auto b = [](const auto& v) { return v.size() * sizeof(T); };
+    auto b = [](const auto& v) { return bytes_of(v); };
     return b(q_) + b(k_) + b(v_) + b(o_) + b(lse_) + b(kg_) + b(vg_) + b(qh_) + b(kh_) + b(vh_) + b(oh_) + b(lh_);
   }
 
@@ -312,14 +332,14 @@ class ContextAttention {
   /// it was given are the caller's): AllGather's gathered K/V, AllToAll's
   /// head-sharded copies; none for Ring.
   std::size_t owned_bytes() const {
-    auto b = [](const auto& v) { return v.size() * sizeof(T); };
+    auto b = [](const auto& v) { return bytes_of(v); };
     return b(kg_) + b(vg_) + b(qh_) + b(kh_) + b(vh_) + b(oh_) + b(lh_);
   }
 
   /// The most bytes of exchange and scratch buffers held at once during one
   /// forward or backward so far (they are freed when it returns): the
   /// planner's context_buffer_elements predicts it.
-  std::size_t peak_buffer_bytes() const { return peak_buffers_ * sizeof(T); }
+  std::size_t peak_buffer_bytes() const { return peak_buffers_; }
 
   /// Drops what forward kept.
   void release() {
@@ -343,6 +363,14 @@ class ContextAttention {
   using B4 = detail::V4<T, memory_space>;
   using B5 = detail::V5<T, memory_space>;
   using L2 = Kokkos::View<T**, Kokkos::LayoutRight, memory_space>;
+  using K3 = detail::V3<KVType, memory_space>;  // K/V blocks in their travelling type
+  using K4 = detail::V4<KVType, memory_space>;
+  using K5 = detail::V5<KVType, memory_space>;
+
+  template <class V>
+  static std::size_t bytes_of(const V& v) {
+    return std::size_t(v.size()) * sizeof(typename V::value_type);
+  }
 
   std::size_t cpn() const { return std::size_t(cp_->size()); }
   std::size_t rank() const { return std::size_t(cp_->rank()); }
@@ -371,8 +399,8 @@ class ContextAttention {
   template <class QV, class KV, class VV, class OV, class LV>
   void ring_forward(const QV& Q, const KV& K, const VV& V, const OV& O, const LV& lse) {
     const std::size_t P = cpn(), r = rank(), C = chunk(), tl = local_tokens();
-    B4 cur(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv"), 2, Hk_, tl, hd_);
-    B4 next(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv_next"), 2, Hk_, tl, hd_);
+    K4 cur(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv"), 2, Hk_, tl, hd_);
+    K4 next(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv_next"), 2, Hk_, tl, hd_);
     detail::pack_into(cur, 0, K);
     detail::pack_into(cur, 1, V);
     Kokkos::deep_copy(lse, -std::numeric_limits<T>::infinity());
@@ -418,8 +446,8 @@ class ContextAttention {
     // K/V travel ahead of the compute; each block's dK/dV (the sum over the
     // ranks it has visited) travels one step behind it and reaches the
     // block's owner after cp hops.
-    B4 cur(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv"), 2, Hk_, tl, hd_);
-    B4 next(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv_next"), 2, Hk_, tl, hd_);
+    K4 cur(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv"), 2, Hk_, tl, hd_);
+    K4 next(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv_next"), 2, Hk_, tl, hd_);
     B4 part("weft::context.dkv_part", 2, Hk_, tl, hd_);
     B4 acc_in(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.dkv_in"), 2, Hk_, tl, hd_);
     B4 acc_out(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.dkv_out"), 2, Hk_, tl, hd_);
@@ -491,14 +519,14 @@ class ContextAttention {
   template <class KV, class VV>
   void gather_kv(const KV& K, const VV& V) {
     const std::size_t P = cpn(), tl = local_tokens();
-    B4 mine(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv"), 2, Hk_, tl, hd_);
+    K4 mine(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv"), 2, Hk_, tl, hd_);
     detail::pack_into(mine, 0, K);
     detail::pack_into(mine, 1, V);
-    B5 all(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv_all"), P, 2, Hk_, tl, hd_);
+    K5 all(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.kv_all"), P, 2, Hk_, tl, hd_);
     note_buffers(mine, all);
     cp_->all_gather(mine, all);
-    kg_ = B3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.k_global"), Hk_, T_, hd_);
-    vg_ = B3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.v_global"), Hk_, T_, hd_);
+    kg_ = K3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.k_global"), Hk_, T_, hd_);
+    vg_ = K3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.v_global"), Hk_, T_, hd_);
     detail::to_global(kg_, all, 0, P, T_);
     detail::to_global(vg_, all, 1, P, T_);
   }
@@ -552,14 +580,19 @@ class ContextAttention {
   std::size_t q_per_rank() const { return H_ / cpn(); }
   std::size_t kv_per_rank() const { return Hk_ >= cpn() ? Hk_ / cpn() : 1; }
 
-  template <class XV>
-  B3 scatter_heads(const XV& X, std::size_t per_rank, bool kv, const char* label) {
+  // X's heads for this rank over the whole sequence, travelling and kept in E
+  // (T, or KVType for the K/V heads).
+  template <class E, class XV>
+  detail::V3<E, memory_space> scatter_heads(const XV& X, std::size_t per_rank, bool kv, const char* label) {
     const std::size_t P = cpn(), tl = local_tokens();
-    B4 send(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.a2a_send"), P, per_rank, tl, hd_);
-    B4 recv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.a2a_recv"), P, per_rank, tl, hd_);
+    detail::V4<E, memory_space> send(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.a2a_send"), P,
+                                     per_rank, tl, hd_);
+    detail::V4<E, memory_space> recv(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.a2a_recv"), P,
+                                     per_rank, tl, hd_);
     detail::heads_pack(send, X, q_per_rank(), H_ / Hk_, kv);
     cp_->all_to_all(send, recv);
-    B3 Xh(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), per_rank, T_, hd_);
+    detail::V3<E, memory_space> Xh(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), per_rank, T_,
+                                   hd_);
     detail::heads_from_recv(Xh, recv, T_);
     return Xh;
   }
@@ -580,9 +613,9 @@ class ContextAttention {
   template <class QV, class KV, class VV, class OV, class LV>
   void alltoall_forward(const QV& Q, const KV& K, const VV& V, const OV& O, const LV& lse) {
     const std::size_t qpr = q_per_rank(), kpr = kv_per_rank();
-    qh_ = scatter_heads(Q, qpr, false, "weft::context.q_heads");
-    kh_ = scatter_heads(K, kpr, true, "weft::context.k_heads");
-    vh_ = scatter_heads(V, kpr, true, "weft::context.v_heads");
+    qh_ = scatter_heads<T>(Q, qpr, false, "weft::context.q_heads");
+    kh_ = scatter_heads<KVType>(K, kpr, true, "weft::context.k_heads");
+    vh_ = scatter_heads<KVType>(V, kpr, true, "weft::context.v_heads");
     oh_ = B3(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.o_heads"), qpr, T_, hd_);
     lh_ = L2(Kokkos::view_alloc(Kokkos::WithoutInitializing, "weft::context.lse_heads"), qpr, T_);
     ops::flash_attention_forward(qh_, kh_, vh_, scale_, causal_, oh_, lh_);
@@ -600,11 +633,11 @@ class ContextAttention {
   template <class GV, class DQV, class DKV, class DVV>
   void alltoall_backward(const GV& dO, const DQV& dQ, const DKV& dK, const DVV& dV) {
     const std::size_t qpr = q_per_rank(), kpr = kv_per_rank();
-    B3 doh = scatter_heads(dO, qpr, false, "weft::context.do_heads");
+    B3 doh = scatter_heads<T>(dO, qpr, false, "weft::context.do_heads");
     B3 dqh("weft::context.dq_heads", qpr, T_, hd_), dkh("weft::context.dk_heads", kpr, T_, hd_),
         dvh("weft::context.dv_heads", kpr, T_, hd_);
     ops::flash_attention_backward(qh_, kh_, vh_, oh_, doh, lh_, scale_, causal_, dqh, dkh, dvh);
-    live_ = doh.size() + dqh.size() + dkh.size() + dvh.size();  // beside each exchange below
+    live_ = bytes_of(doh) + bytes_of(dqh) + bytes_of(dkh) + bytes_of(dvh);  // beside each exchange below
     gather_heads(dqh, qpr, false, dQ);
     gather_heads(dkh, kpr, true, dK);
     gather_heads(dvh, kpr, true, dV);
@@ -618,22 +651,23 @@ class ContextAttention {
   bool have_forward_ = false;
   Saved3 q_, k_, v_, o_;
   Saved2 lse_;
-  B3 kg_, vg_;                // AllGather: K and V in global order
-  B3 qh_, kh_, vh_, oh_;      // AllToAll: head shards over the whole sequence
+  K3 kg_, vg_;                // AllGather: K and V in global order
+  B3 qh_, oh_;                // AllToAll: head shards over the whole sequence
+  K3 kh_, vh_;
   L2 lh_;
-  std::size_t peak_buffers_ = 0;  // elements; see peak_buffer_bytes
-  std::size_t live_ = 0;          // elements of the caller's scratch alive beside AllToAll's exchanges
+  std::size_t peak_buffers_ = 0;  // bytes; see peak_buffer_bytes
+  std::size_t live_ = 0;          // bytes of the caller's scratch alive beside AllToAll's exchanges
 
   // Notes the buffers alive together at one point of forward or backward.
   template <class... Vs>
   void note_buffers(const Vs&... v) {
-    peak_buffers_ = std::max(peak_buffers_, (std::size_t(v.size()) + ... + live_));
+    peak_buffers_ = std::max(peak_buffers_, (bytes_of(v) + ... + live_));
   }
 };
 
 namespace detail {
 // nn::SequenceAttention (what nn::Attention calls) over a ContextAttention of the variant.
-template <class Variant, class T, class Space>
+template <class Variant, class T, class Space, class KV = T>
 class SequenceAttentionOf final : public nn::SequenceAttention<T, Space> {
  public:
   using typename nn::SequenceAttention<T, Space>::View3;
@@ -650,35 +684,50 @@ class SequenceAttentionOf final : public nn::SequenceAttention<T, Space> {
   std::size_t peak_buffer_bytes() const override { return a_.peak_buffer_bytes(); }
 
  private:
-  ContextAttention<Variant, T, typename Space::execution_space> a_;
+  ContextAttention<Variant, T, typename Space::execution_space, KV> a_;
 };
 }  // namespace detail
 
 /// The context parallelism of a model under the CP policy `Policy`
 /// (weft::Context<Ring | AllGather | AllToAll>) over the CP communicator:
 /// what nn::GPT's constructor takes. The variant stays a type: each
-/// attention layer runs ContextAttention<Policy::variant, T, Space>.
+/// attention layer runs ContextAttention<Policy::variant, T, Space, KV> with
+/// KV = nn::context_kv_t<T, Prec>: T under Precision<> (the default), the
+/// 2-byte type of a mixed Prec (bf16 or fp16 K/V blocks). A model checks at
+/// construction that the ContextParallel was made for its own precision
+/// (ContextParallel::kv_type): give a Precision<BF16> model
+/// attention_of<Policy, float, Space, Precision<BF16>>, or use
+/// attention_of<S, T>(mesh), which takes both from the strategy.
 ///
 ///   weft::nn::GPT<float, S> gpt(mesh, cfg, weft::context::attention_of<weft::Context<weft::Ring>, float>(mesh.axis<weft::CP>()));
-template <class Policy, class T, class Space = Kokkos::DefaultExecutionSpace>
+template <class Policy, class T, class Space = Kokkos::DefaultExecutionSpace, class Prec = Precision<>>
 nn::ContextParallel<T, Space> attention_of(Comm& cp) {
   static_assert(is_context_policy_v<Policy>,
                 "weft::context::attention_of<Policy, T>: Policy must be weft::Context<weft::Ring>, "
                 "weft::Context<weft::AllGather> or weft::Context<weft::AllToAll> (a strategy's context_parallel)");
+  static_assert(is_precision_v<Prec>,
+                "weft::context::attention_of<Policy, T, Space, Prec>: Prec must be a weft::Precision<...> (the "
+                "model's precision)");
+  static_assert(!Prec::mixed || std::is_same_v<T, float>,
+                "weft::context::attention_of<Policy, T, Space, Prec>: a mixed precision (2-byte K/V blocks) computes "
+                "in float; T must be float");
   using V = typename Policy::variant;
+  using KV = nn::context_kv_t<T, Prec>;
   nn::ContextParallel<T, Space> out;
   out.comm = &cp;
   out.policy = Policy::policy_name();
+  out.kv_type = nn::element_name<KV>();
   out.make = [&cp](std::size_t heads, std::size_t kv_heads, std::size_t seq, std::size_t head_dim) {
     return std::unique_ptr<nn::SequenceAttention<T, Space>>(
-        std::make_unique<detail::SequenceAttentionOf<V, T, Space>>(cp, heads, kv_heads, seq, head_dim));
+        std::make_unique<detail::SequenceAttentionOf<V, T, Space, KV>>(cp, heads, kv_heads, seq, head_dim));
   };
   return out;
 }
 
 /// The context parallelism that a strategy S gives a model on `mesh`: S's CP
-/// policy (S::context_parallel) over mesh.axis<weft::CP>(), as
-/// attention_of<S::context_parallel, T, Space>(mesh.axis<CP>()) gives it,
+/// policy (S::context_parallel) over mesh.axis<weft::CP>() in S's precision,
+/// as attention_of<S::context_parallel, T, Space, S::precision>(mesh.axis<CP>())
+/// gives it,
 /// after the checks of the strategy against the mesh: at compile time
 /// weft::check_strategy_mesh<S, MeshT> (every policy's axis is in the mesh)
 /// and that S has a Context<...> entry; at run time
@@ -697,7 +746,7 @@ nn::ContextParallel<T, Space> attention_of(MeshT& mesh) {
                 "AllToAll) to S, or build the model without a ContextParallel");
   if constexpr (S::template has<CP>) {
     validate_strategy<S>(mesh);
-    return attention_of<typename S::context_parallel, T, Space>(mesh.template axis<CP>());
+    return attention_of<typename S::context_parallel, T, Space, typename S::precision>(mesh.template axis<CP>());
   } else {
     return {};
   }

@@ -135,28 +135,38 @@ inline ContextShape context_shape(const ModelSpec& m, const MeshSpec& s) {
   return c;
 }
 
-/// Elements the context-parallel attention of one block keeps of its own
+/// Bytes per element of the K/V blocks the context-parallel attention
+/// exchanges and reads (nn::context_kv_t): product_bytes under a 2-byte
+/// precision, act_bytes otherwise.
+inline double context_kv_bytes(const ModelSpec& m) {
+  return m.product_bytes ? double(m.product_bytes) : double(m.act_bytes);
+}
+
+/// Bytes the context-parallel attention of one block keeps of its own
 /// from forward to backward, for one microbatch (weft::context::
 /// ContextAttention::owned_bytes): none for Ring; AllGather the K/V of the
 /// whole sequence; AllToAll the head-sharded Q, K, V, output and
-/// log-sum-exp over the whole sequence. 0 with cp = 1.
-inline double context_saved_elements(const ModelSpec& m, const MeshSpec& s) {
+/// log-sum-exp over the whole sequence. K and V at context_kv_bytes, the
+/// rest at act_bytes. 0 with cp = 1.
+inline double context_saved_bytes(const ModelSpec& m, const MeshSpec& s) {
   if (s.cp <= 1) return 0;
   const ContextShape c = context_shape(m, s);
-  const double B = double(m.micro_batch);
+  const double B = double(m.micro_batch), a = double(m.act_bytes), w = context_kv_bytes(m);
   switch (s.context) {
     case ContextKind::ring: return 0;
-    case ContextKind::allgather: return B * 2 * c.kv * c.seq * c.head_dim;
+    case ContextKind::allgather: return B * 2 * c.kv * c.seq * c.head_dim * w;
     case ContextKind::alltoall:
-      return B * ((2 * c.q_per_rank + 2 * c.kv_per_rank) * c.seq * c.head_dim + c.q_per_rank * c.seq);
+      return B * ((2 * c.q_per_rank * c.seq * c.head_dim + c.q_per_rank * c.seq) * a +
+                  2 * c.kv_per_rank * c.seq * c.head_dim * w);
   }
   return 0;
 }
 
 /// The largest set of buffers the context-parallel attention holds at once
-/// during one sequence's forward or backward, in elements (weft::context::
+/// during one sequence's forward or backward, in bytes (weft::context::
 /// ContextAttention::peak_buffer_bytes; sequences and blocks run one after
-/// another, so this is a peak, not a sum). 0 with cp = 1.
+/// another, so this is a peak, not a sum). K/V blocks at context_kv_bytes,
+/// everything else (partial results, gradients) at act_bytes. 0 with cp = 1.
 ///   Ring: forward the current and next K/V blocks and one chunk's partial
 ///   output and log-sum-exp; backward the two K/V blocks, this step's dK/dV
 ///   part and the incoming and outgoing sums (5 blocks of 2 kv T/cp hd).
@@ -164,19 +174,20 @@ inline double context_saved_elements(const ModelSpec& m, const MeshSpec& s) {
 ///   dK/dV over the whole sequence, their scattered copy and this rank's sum.
 ///   AllToAll: backward's head-sharded dO, dQ, dK, dV over the whole
 ///   sequence beside one exchange's send and receive buffers.
-inline double context_buffer_elements(const ModelSpec& m, const MeshSpec& s) {
+inline double context_buffer_bytes(const ModelSpec& m, const MeshSpec& s) {
   if (s.cp <= 1) return 0;
   const ContextShape c = context_shape(m, s);
   const double P = double(s.cp), tl = c.local_tokens, hd = c.head_dim, kvb = 2 * c.kv * tl * hd;
+  const double a = double(m.act_bytes), w = context_kv_bytes(m);
   switch (s.context) {
     case ContextKind::ring: {
       const double chunk = tl / 2;
-      return std::max(2 * kvb + c.heads * chunk * (hd + 1), 5 * kvb);
+      return std::max(2 * kvb * w + c.heads * chunk * (hd + 1) * a, 2 * kvb * w + 3 * kvb * a);
     }
-    case ContextKind::allgather: return std::max(kvb * (1 + P), 2 * (2 * c.kv * c.seq * hd) + kvb);
+    case ContextKind::allgather: return std::max(kvb * (1 + P) * w, (2 * (2 * c.kv * c.seq * hd) + kvb) * a);
     case ContextKind::alltoall: {
       const double exchange = 2 * std::max(c.heads, P * c.kv_per_rank) * tl * hd;
-      return (2 * c.q_per_rank + 2 * c.kv_per_rank) * c.seq * hd + exchange;
+      return ((2 * c.q_per_rank + 2 * c.kv_per_rank) * c.seq * hd + exchange) * a;
     }
   }
   return 0;
@@ -382,12 +393,11 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
     const double blocks = double(k.blocks), sets = m.recompute ? 0.0 : blocks;
     // Each block's context-parallel attention keeps its own copies (every
     // block, recompute or not: they are the attention's, not the block's).
-    const double slot = sets * block_saved_elements(m, s) + blocks * context_saved_elements(m, s) +
-                        (blocks + 1) * n * D / seq_split + (k.head ? head : 0.0) +
+    const double slot = sets * block_saved_elements(m, s) + (blocks + 1) * n * D / seq_split + (k.head ? head : 0.0) +
                         blocks * (deferred_block + deferred_inputs_block) +
                         (k.head ? deferred_head + deferred_inputs_head : 0.0);
     const double messages = (k.head ? 0.0 : n * D / seq_split) + (k.embedding ? 0.0 : n * D / seq_split);
-    b.activations += double(k.slots) * slot * a;
+    b.activations += double(k.slots) * (slot * a + blocks * context_saved_bytes(m, s));
     // Dense blocks that keep saved_bytes copies (ModelSpec::saved_bytes) hold
     // their saved tensors, statistics apart, at that width instead.
     if (stash) b.activations += double(k.slots) * sets * narrow * (double(m.saved_bytes) - a);
@@ -413,7 +423,7 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   // Other strategies' staging: expert dispatch and combine, and the
   // context-parallel attention's largest set of exchange buffers.
   if (m.experts && s.ep > 1) b.communication += 2 * n / seq_split * double(m.top_k) * D * a;
-  if (s.cp > 1) b.communication += context_buffer_elements(m, s) * a;
+  if (s.cp > 1) b.communication += context_buffer_bytes(m, s);
 
   b.headroom = headroom_fraction * (b.total());
   return b;

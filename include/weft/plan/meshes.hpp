@@ -225,7 +225,9 @@ struct CommVolume {
 ///   rank's K/V block, kv the TP rank's K/V heads): Ring sends and receives
 ///   kvb cp-1 times in forward, and in backward cp-1 K/V blocks and cp dK/dV
 ///   sums (3 cp - 2 in all); AllGather all-gathers 2 kv T hd in forward and
-///   reduce-scatters as much in backward; AllToAll exchanges Q, K, V, the
+///   reduce-scatters as much in backward. K and V travel at
+///   context_kv_bytes (product_bytes under a 2-byte precision), every other
+///   tensor (dK/dV sums, Q, the output, dO) at act_bytes. AllToAll exchanges Q, K, V, the
 ///   output and the log-sum-exp in forward (H/tp (T/cp) (2 hd + 1) + 2 cp
 ///   kv' (T/cp) hd, kv' the K/V heads per CP rank) and dO, dQ, dK, dV in
 ///   backward. Recompute runs each forward exchange once more, for every
@@ -275,25 +277,26 @@ inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t
     double blocks = 0;
     for (const auto& k : chunks) blocks += double(k.blocks);
     const ContextShape c = context_shape(m, s);
-    const double P = double(s.cp), tl = c.local_tokens, hd = c.head_dim;
+    const double P = double(s.cp), tl = c.local_tokens, hd = c.head_dim, w = context_kv_bytes(m);
     // Per sequence: forwards (recomputed ones included) and backwards over all blocks.
     const double B = mb * double(m.micro_batch), fw = B * (blocks + recomputed), bw = B * blocks;
     switch (s.context) {
       case ContextKind::ring: {
-        const double kvb = 2 * c.kv * tl * hd * a;
-        const double msgs = fw * (P - 1) + bw * ((P - 1) + P);
-        v.cp_send = v.cp_recv = msgs * kvb;
-        v.cp_calls = msgs;
+        // K/V blocks travel at context_kv_bytes, the dK/dV sums at act_bytes.
+        const double kvb = 2 * c.kv * tl * hd;
+        const double kv_msgs = fw * (P - 1) + bw * (P - 1), sum_msgs = bw * P;
+        v.cp_send = v.cp_recv = kv_msgs * kvb * w + sum_msgs * kvb * a;
+        v.cp_calls = kv_msgs + sum_msgs;
         break;
       }
       case ContextKind::allgather:
-        v.cp_all_gather = fw * 2 * c.kv * c.seq * hd * a;
+        v.cp_all_gather = fw * 2 * c.kv * c.seq * hd * w;
         v.cp_reduce_scatter = bw * 2 * c.kv * c.seq * hd * a;
         v.cp_calls = fw + bw;
         break;
       case ContextKind::alltoall: {
         const double kv = 2 * P * c.kv_per_rank * tl * hd, q = c.heads * tl * hd;
-        v.cp_all_to_all = (fw * (2 * q + kv + c.heads * tl) + bw * (2 * q + kv)) * a;
+        v.cp_all_to_all = (fw * (2 * q + c.heads * tl) + bw * (2 * q + kv)) * a + fw * kv * w;
         v.cp_calls = fw * 5 + bw * 4;
         break;
       }

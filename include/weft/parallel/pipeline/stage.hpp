@@ -691,6 +691,7 @@ class GPTStage {
       WEFT_REQUIRE(cp.make && c.seq_shards == 1, ConfigError,
                    "pipeline::Stage: context parallelism needs a ContextParallel from weft::context::attention_of");
       context::check_sequence(c.seq, cp.size(), "the sequence length (--seq)");
+      nn::check_context_precision<T, Prec>(cp, "pipeline::Stage");
     }
     const nn::GPTConfig local = cp.size() > 1 ? c.local_sequence(cp.size()) : c;
     local.validate_tensor_parallel(tp.size(), tp.sequence_parallel);
