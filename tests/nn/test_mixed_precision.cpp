@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../parallel/tiny_gpt.hpp"
+#include "../plan/spec_of_gpt.hpp"
 #include "weft_test.hpp"
 
 namespace {
@@ -410,7 +411,7 @@ TEST_CASE("the bf16 GPT over context parallelism follows the one-process bf16 cu
   const auto c = weft::test::tiny_gpt(2, kGlobalBatch);
   if (cp < 2 || c.seq % (2 * cp) != 0) return;
   const auto ref = single_curve<BF16Single>(c);
-  auto one = [&]<class P>(std::type_identity<P>) {
+  auto one = [&]<class P>(std::type_identity<P>, weft::plan::ContextKind kind) {
     CAPTURE(P::policy_name());
     if (std::is_same_v<P, weft::Context<weft::AllToAll>> && !weft::context::alltoall_fits(c.heads, c.kv(), cp)) return;
     using BF16 = weft::Strategy<weft::On<weft::CP, P>, weft::Precision<weft::BF16>>;
@@ -423,17 +424,7 @@ TEST_CASE("the bf16 GPT over context parallelism follows the one-process bf16 cu
     // (the dK/dV sums and the other tensors fp32) is what the axis carried,
     // and less than the fp32 model's, which is the planner's with 4-byte K/V.
     const auto [curve32, f32] = cp_run<FP32>(w);
-    weft::plan::ModelSpec m;
-    m.layers = c.layers;
-    m.d_model = c.d_model;
-    m.heads = c.heads;
-    m.seq = c.seq;
-    m.vocab = c.vocab;
-    m.micro_batch = c.batch;
-    m.global_batch = kGlobalBatch;
-    const weft::plan::ContextKind kind = std::is_same_v<P, weft::Context<weft::Ring>>        ? weft::plan::ContextKind::ring
-                                         : std::is_same_v<P, weft::Context<weft::AllGather>> ? weft::plan::ContextKind::allgather
-                                                                                              : weft::plan::ContextKind::alltoall;
+    auto m = weft::test::spec_of(c);  // one microbatch of kGlobalBatch sequences
     const weft::plan::MeshSpec spec{.cp = cp, .context = kind};
     const auto v32 = weft::plan::comm_volume(m, spec, 0);
     m.product_bytes = m.saved_bytes = 2;
@@ -453,9 +444,9 @@ TEST_CASE("the bf16 GPT over context parallelism follows the one-process bf16 cu
       std::printf("context bf16 cp=%zu %s: worst relative difference %.3g, fp32 K/V %.3g; CP bytes bf16 %.0f fp32 %.0f\n",
                   cp, P::policy_name().c_str(), worst, worst_difference(curve32, ref), moved(bf), moved(f32));
   };
-  one(std::type_identity<weft::Context<weft::Ring>>{});
-  one(std::type_identity<weft::Context<weft::AllGather>>{});
-  one(std::type_identity<weft::Context<weft::AllToAll>>{});
+  one(std::type_identity<weft::Context<weft::Ring>>{}, weft::plan::ContextKind::ring);
+  one(std::type_identity<weft::Context<weft::AllGather>>{}, weft::plan::ContextKind::allgather);
+  one(std::type_identity<weft::Context<weft::AllToAll>>{}, weft::plan::ContextKind::alltoall);
 
   // A ContextParallel made for fp32 K/V blocks is refused by a bf16 model
   // before anything runs, with the way to make the right one.
@@ -464,7 +455,7 @@ TEST_CASE("the bf16 GPT over context parallelism follows the one-process bf16 cu
   const std::string msg = weft::test::error_text<weft::ConfigError>([&] {
     weft::nn::GPT<float, BF16> gpt(mesh, c, weft::context::attention_of<weft::Context<weft::Ring>, float>(mesh.axis<weft::CP>()));
   });
-  CHECK(msg.find("moves its K/V blocks over CP in bf16, but its ContextParallel (Context<Ring>) was made for float") !=
+  CHECK(msg.find("moves its K/V blocks over CP in weft::bf16, but its ContextParallel (Context<Ring>) was made for float") !=
         std::string::npos);
   CHECK(msg.find("attention_of<S, T>(mesh)") != std::string::npos);
   // The same model with the precision given: accepted.

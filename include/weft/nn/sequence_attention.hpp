@@ -10,12 +10,10 @@
 #include <functional>
 #include <memory>
 #include <string>
-
 #include <type_traits>
 
 #include <weft/comm/comm.hpp>
 #include <weft/core/error.hpp>
-#include <weft/core/half.hpp>
 #include <weft/ops/common.hpp>
 #include <weft/precision/policy.hpp>
 
@@ -27,17 +25,6 @@ namespace weft::nn {
 /// mixed, else T.
 template <class T, class Prec>
 using context_kv_t = std::conditional_t<Prec::mixed, typename Prec::param_type, T>;
-
-/// "float", "double", "bf16" or "fp16": an element type's name as
-/// ContextParallel::kv_type records it (and error messages print it).
-template <class E>
-constexpr const char* element_name() {
-  if constexpr (std::is_same_v<E, float>) return "float";
-  else if constexpr (std::is_same_v<E, double>) return "double";
-  else if constexpr (std::is_same_v<E, bf16>) return "bf16";
-  else if constexpr (std::is_same_v<E, fp16>) return "fp16";
-  else return "an unsupported type";
-}
 
 /// Attention of one sequence over the CP axis: this rank's queries against
 /// every key, for [heads, T / cp, head_dim] views of this rank's tokens (a
@@ -71,11 +58,11 @@ template <class T, class Space = Kokkos::DefaultExecutionSpace>
 struct ContextParallel {
   Comm* comm = nullptr;  ///< the CP axis
   std::string policy;    ///< "Context<Ring>", ...
-  /// The element type the K/V blocks travel in (element_name of
-  /// context_kv_t<T, Prec> for the precision the attention was made for):
-  /// a model refuses at construction a ContextParallel made for another
-  /// precision than its own (ConfigError).
-  std::string kv_type = element_name<T>();
+  /// The element type the K/V blocks travel in, as weft::mpi_datatype
+  /// spells it ("float", "weft::bf16", ...; context_kv_t<T, Prec> for the
+  /// precision the attention was made for): a model refuses at construction
+  /// a ContextParallel made for another precision than its own (ConfigError).
+  std::string kv_type = mpi_datatype<T>::name;
   /// make(heads, kv_heads, seq, head_dim): attention of one sequence of seq global tokens.
   std::function<std::unique_ptr<SequenceAttention<T, Space>>(std::size_t, std::size_t, std::size_t, std::size_t)> make;
   /// Number of CP ranks (1 without a communicator).
@@ -84,12 +71,12 @@ struct ContextParallel {
 
 /// Throws ConfigError unless `cp` (with more than one rank) was made for the
 /// precision Prec of a model computing in T: its kv_type must be
-/// element_name<context_kv_t<T, Prec>>(). `who` names the model in the
+/// mpi_datatype<context_kv_t<T, Prec>>::name. `who` names the model in the
 /// message ("nn::GPT", "pipeline::Stage").
 template <class T, class Prec, class Space>
 void check_context_precision(const ContextParallel<T, Space>& cp, const char* who) {
   if (cp.size() <= 1) return;
-  const char* want = element_name<context_kv_t<T, Prec>>();
+  const char* want = mpi_datatype<context_kv_t<T, Prec>>::name;
   WEFT_REQUIRE(cp.kv_type == want, ConfigError, who, ": the model's precision moves its K/V blocks over CP in ", want,
                ", but its ContextParallel (", cp.policy, ") was made for ", cp.kv_type,
                " blocks; make it with weft::context::attention_of<S, T>(mesh), which takes the precision from the "

@@ -338,7 +338,7 @@ class ContextAttention {
 
   /// The most bytes of exchange and scratch buffers held at once during one
   /// forward or backward so far (they are freed when it returns): the
-  /// planner's context_buffer_elements predicts it.
+  /// planner's context_buffer_bytes predicts it.
   std::size_t peak_buffer_bytes() const { return peak_buffers_; }
 
   /// Drops what forward kept.
@@ -367,6 +367,9 @@ class ContextAttention {
   using K4 = detail::V4<KVType, memory_space>;
   using K5 = detail::V5<KVType, memory_space>;
 
+  // Bytes of v's elements (size, not span: the saved Q, K, V and O are
+  // strided views into the caller's matrices, whose other columns are not
+  // this layer's; nn::detail::bytes_of counts the span).
   template <class V>
   static std::size_t bytes_of(const V& v) {
     return std::size_t(v.size()) * sizeof(typename V::value_type);
@@ -716,7 +719,7 @@ nn::ContextParallel<T, Space> attention_of(Comm& cp) {
   nn::ContextParallel<T, Space> out;
   out.comm = &cp;
   out.policy = Policy::policy_name();
-  out.kv_type = nn::element_name<KV>();
+  out.kv_type = mpi_datatype<KV>::name;
   out.make = [&cp](std::size_t heads, std::size_t kv_heads, std::size_t seq, std::size_t head_dim) {
     return std::unique_ptr<nn::SequenceAttention<T, Space>>(
         std::make_unique<detail::SequenceAttentionOf<V, T, Space, KV>>(cp, heads, kv_heads, seq, head_dim));
