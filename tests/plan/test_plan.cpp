@@ -102,6 +102,30 @@ TEST_CASE("hand-computed budgets: 70B weights in BF16 need at least 140 GB; 7B A
   const ModelSpec mx = weft::plan::preset("mixtral-8x7b");
   CHECK(double(mx.total_params()) == doctest::Approx(46.7e9).epsilon(0.01));
   CHECK(double(mx.active_matmul_params()) == doctest::Approx(12.9e9).epsilon(0.03));
+  // Expert parallelism: the exchange's rows are 2-byte under a 2-byte
+  // precision (nn::MoE rounds them to the product type), so with fp32
+  // activations and bf16 products the EP time is half the fp32 model's,
+  // and two staging slots of those rows appear among the temporaries.
+  ModelSpec f32 = mx, mixed = mx;
+  f32.act_bytes = mixed.act_bytes = 4;
+  f32.product_bytes = 0;
+  mixed.product_bytes = 2;
+  CHECK(weft::plan::expert_exchange_bytes(f32) == 4);
+  CHECK(weft::plan::expert_exchange_bytes(mixed) == 2);
+  weft::plan::Candidate c32, c16;
+  c32.mesh = c16.mesh = MeshSpec{.dp = 8, .ep = 8};
+  weft::plan::cost(f32, c32, weft::plan::Topology{});
+  weft::plan::cost(mixed, c16, weft::plan::Topology{});
+  CHECK(c32.ep_s > 0);
+  CHECK(c16.ep_s < c32.ep_s);
+  // The time is latency + bytes / bandwidth: linear in the element width,
+  // so 8-byte rows (a double model) add twice what going from 2 to 4 adds.
+  ModelSpec f64 = f32;
+  f64.act_bytes = 8;
+  weft::plan::Candidate c64;
+  c64.mesh = c32.mesh;
+  weft::plan::cost(f64, c64, weft::plan::Topology{});
+  CHECK(c64.ep_s - c32.ep_s == doctest::Approx(2 * (c32.ep_s - c16.ep_s)));
 }
 
 TEST_CASE("the model matches weft's own single-process GPT ledger within 15 % per category") {

@@ -111,18 +111,20 @@ auto moe_rows(const V& v, const char* what) {
 // Row r of the rows this rank routes goes to row dest[r] of EP rank peer[r]'s
 // matrix m: dst = src(row_token(r)), times row_gate(r) when `gated`. With
 // `dgate` (the backward of the combine), also dgate(slot(r)) = src(t) . that
-// row of the peer's outputs (matrix 1), in the same pass over the row.
-template <class T, class SV, class IV, class GV, class DG>
+// row of the peer's outputs (matrix 1), in the same pass over the row. W is
+// the window's element type: T, or the 2-byte type of a mixed Precision
+// (each written value rounded once, each read one widened exactly).
+template <class T, class W = T, class SV, class IV, class GV, class DG>
 void moe_push_rows(const SV& src, const IV& row_token, const GV& row_gate, bool gated, const MoEWindow& w, int m,
                    const int* peer, const int* dest, std::size_t rows, const DG* dgate, const int* row_slot) {
   const std::size_t D = w.cols;
-  std::vector<T*> base(w.data.size()), outs(w.data.size());
+  std::vector<W*> base(w.data.size()), outs(w.data.size());
   for (std::size_t r = 0; r < base.size(); ++r) {
-    base[r] = w.mat<T>(r, m);
-    outs[r] = w.mat<T>(r, 1);
+    base[r] = w.mat<W>(r, m);
+    outs[r] = w.mat<W>(r, 1);
   }
-  T* const* b = base.data();
-  T* const* y = outs.data();
+  W* const* b = base.data();
+  W* const* y = outs.data();
   const auto src_rows = moe_rows(src, "rows sent");  // (no structured binding: lambdas cannot capture one in C++20)
   const auto sp = src_rows.first;
   const std::size_t ss = src_rows.second;
@@ -131,28 +133,34 @@ void moe_push_rows(const SV& src, const IV& row_token, const GV& row_gate, bool 
   Kokkos::parallel_for(
       "weft::moe_push_rows", Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, rows), [=](std::size_t r) {
         const T* __restrict x = sp + std::size_t(row_token(r)) * ss;
-        T* __restrict dst = b[peer[r]] + std::size_t(dest[r]) * D;
-        if (gated)
-          ops::detail::row_scale_to(dst, x, T(row_gate(r)), D);
-        else
-          std::memcpy(dst, x, D * sizeof(T));
+        W* __restrict dst = b[peer[r]] + std::size_t(dest[r]) * D;
+        if constexpr (std::is_same_v<W, T>) {
+          if (gated)
+            ops::detail::row_scale_to(dst, x, T(row_gate(r)), D);
+          else
+            std::memcpy(dst, x, D * sizeof(T));
+        } else {
+          const T g = gated ? T(row_gate(r)) : T(1);
+          for (std::size_t j = 0; j < D; ++j) dst[j] = W(gated ? g * x[j] : x[j]);
+        }
         if (grad) {
-          const T* __restrict yr = y[peer[r]] + std::size_t(dest[r]) * D;
-          dg(row_slot[r]) = ops::detail::lane_sum<T>(D, [=](std::size_t j) { return x[j] * yr[j]; });
+          const W* __restrict yr = y[peer[r]] + std::size_t(dest[r]) * D;
+          dg(row_slot[r]) = ops::detail::lane_sum<T>(D, [=](std::size_t j) { return x[j] * T(yr[j]); });
         }
       });
   Kokkos::DefaultHostExecutionSpace().fence();
 }
 
 // out(t) = sum over token t's kept slots, in choice order, of (row_gate when
-// `gated`) x row dest[r] of EP rank peer[r]'s matrix m, r = slot_row(t K + q).
-template <class T, class OV, class IV, class GV>
+// `gated`) x row dest[r] of EP rank peer[r]'s matrix m, r = slot_row(t K + q);
+// the window's elements are W (widened exactly when 2-byte).
+template <class T, class W = T, class OV, class IV, class GV>
 void moe_pull_sum(const OV& out, const IV& slot_row, const GV& row_gate, bool gated, const MoEWindow& w, int m,
                   const int* peer, const int* dest, std::size_t n, std::size_t K) {
   const std::size_t D = w.cols;
-  std::vector<const T*> base(w.data.size());
-  for (std::size_t r = 0; r < base.size(); ++r) base[r] = w.mat<T>(r, m);
-  const T* const* b = base.data();
+  std::vector<const W*> base(w.data.size());
+  for (std::size_t r = 0; r < base.size(); ++r) base[r] = w.mat<W>(r, m);
+  const W* const* b = base.data();
   const auto out_rows = moe_rows(out, "output");
   const auto op = out_rows.first;
   const std::size_t os = out_rows.second;
@@ -163,12 +171,18 @@ void moe_pull_sum(const OV& out, const IV& slot_row, const GV& row_gate, bool ga
         for (std::size_t q = 0; q < K; ++q) {
           const int r = slot_row(t * K + q);
           if (r < 0) continue;
-          const T* __restrict src = b[peer[r]] + std::size_t(dest[r]) * D;
+          const W* __restrict src = b[peer[r]] + std::size_t(dest[r]) * D;
           const T g = gated ? T(row_gate(r)) : T(1);
-          if (first)
-            ops::detail::row_scale_to(o, src, g, D);
-          else
-            ops::detail::row_axpy(o, src, g, D);
+          if constexpr (std::is_same_v<W, T>) {
+            if (first)
+              ops::detail::row_scale_to(o, src, g, D);
+            else
+              ops::detail::row_axpy(o, src, g, D);
+          } else if (first) {
+            for (std::size_t j = 0; j < D; ++j) o[j] = g * T(src[j]);
+          } else {
+            for (std::size_t j = 0; j < D; ++j) o[j] += g * T(src[j]);
+          }
           first = false;
         }
         if (first)
@@ -325,6 +339,9 @@ class MoE {
     /// that hold it. Null / empty on the all_to_allv path.
     std::shared_ptr<detail::MoEWindow> window;
     std::vector<int> row_peer, row_dest, row_slot;  ///< row_slot: the slot t k + j of each grouped row
+    /// Node-shared path under a mixed Precision: the window holds 2-byte
+    /// rows, and gx, gy are this pass's own float copies the experts read and write.
+    bool owned_rows = false;
 
     Saved() = default;
     /// For config c (its tokens per forward pass).
@@ -347,6 +364,7 @@ class MoE {
                       detail::bytes_of(up) + detail::bytes_of(act) + detail::bytes_of(row_token) +
                       detail::bytes_of(row_gate) + detail::bytes_of(slot_row) + detail::bytes_of(shared_out);
       if (xrecv.extent(0)) b += detail::bytes_of(gx) + detail::bytes_of(gy) + detail::bytes_of(xrecv) + detail::bytes_of(perm);
+      if (owned_rows) b += detail::bytes_of(gx) + detail::bytes_of(gy);
       if (window) b += window->bytes();
       for (const auto& s : shared) b += s.bytes();
       return b;
@@ -451,6 +469,7 @@ class MoE {
       const auto g = group(s, l);
       experts_[l].forward(rows_of(s.gx, g), expert_saved(s, g), rows_of(s.gy, g));
     }
+    publish_outputs(s);
     combine_rows(s, out);
     for (std::size_t i = 0; i < shared_.size(); ++i) {
       shared_[i].forward(h, s.shared[i], s.shared_out);
@@ -474,6 +493,7 @@ class MoE {
       ew.dact = rows_of(w.dact, g);
       experts_[l].backward(rows_of(s.gx, g), expert_saved(s, g), rows_of(dgy, g), rows_of(dgx, g), ew);
     }
+    publish_input_gradients(s, dgx);
     dispatch_rows_backward(s, w, dh);
     for (std::size_t i = 0; i < shared_.size(); ++i) {
       shared_[i].backward(h, s.shared[i], dout, w.dtmp, w.shared);
@@ -494,9 +514,50 @@ class MoE {
   template <class HV, class OV>
   void replay_exchange(const HV& h, Saved& s, const OV& out, const HV& dout, const OV& dh, Workspace& w) {
     dispatch_rows(h, s);
+    publish_outputs(s);
     combine_rows(s, out);
-    combine_rows_backward(s, dout, w);
+    const auto dg = combine_rows_backward(s, dout, w);
+    publish_input_gradients(s, dg.second);
     dispatch_rows_backward(s, w, dh);
+  }
+
+  /// Whether the expert-side rows are 2-byte activations: under a mixed
+  /// weft::Precision (T float, BF16 or FP16 products) the experts' inputs,
+  /// outputs, output gradients and input gradients are rounded to the
+  /// product type, on every run (expert-parallel or not, so that every mesh
+  /// computes the same values), and the expert-parallel exchange carries
+  /// them in 2 bytes (docs/moe.md, "Mixed precision").
+  bool narrow_rows() const { return std::is_same_v<T, float> && ctx_->products != ProductPrecision::f32; }
+  /// Bytes of one element of an exchanged row: 2 under a mixed Precision, sizeof(T) otherwise.
+  std::size_t row_bytes() const { return narrow_rows() ? 2 : sizeof(T); }
+
+  /// Internal. After the experts' forward: under a mixed Precision their
+  /// outputs s.gy (grouped rows) are rounded to the 2-byte type -- in place
+  /// without expert parallelism, into this rank's window matrix on the
+  /// node-shared path; the all_to_allv path rounds them as it sends them.
+  void publish_outputs(Saved& s) {
+    if (!narrow_rows()) return;
+    const std::size_t R = s.goffsets[local_];
+    if (!ctx_->ep.active()) return round_rows(s.gy, R);
+    if (!node_exchange()) return;
+    if constexpr (host_space)
+      with_row_type([&]<class W>(std::type_identity<W>) {
+        weft::convert(window_rows<W>(s, 1, R), Kokkos::subview(s.gy, std::pair<std::size_t, std::size_t>(0, R), Kokkos::ALL));
+        exec().fence();
+      });
+  }
+  /// Internal. After the experts' backward: under a mixed Precision their
+  /// input gradients dgx are rounded as publish_outputs rounds the outputs.
+  void publish_input_gradients(const Saved& s, const Mat& dgx) {
+    if (!narrow_rows()) return;
+    const std::size_t R = s.goffsets[local_];
+    if (!ctx_->ep.active()) return round_rows(dgx, R);
+    if (!node_exchange()) return;
+    if constexpr (host_space)
+      with_row_type([&]<class W>(std::type_identity<W>) {
+        weft::convert(window_rows<W>(s, 3, R), Kokkos::subview(dgx, std::pair<std::size_t, std::size_t>(0, R), Kokkos::ALL));
+        exec().fence();
+      });
   }
 
   /// Internal (public because nvcc refuses device lambdas in private
@@ -537,7 +598,10 @@ class MoE {
       if constexpr (host_space) {
         const auto t0 = std::chrono::steady_clock::now();
         s.window->sync("the barrier before the MoE combine");
-        detail::moe_pull_sum<T>(out, s.slot_row, s.row_gate, true, *s.window, 1, s.row_peer.data(), s.row_dest.data(), n, K);
+        with_row_type([&]<class W>(std::type_identity<W>) {
+          detail::moe_pull_sum<T, W>(out, s.slot_row, s.row_gate, true, *s.window, 1, s.row_peer.data(), s.row_dest.data(),
+                                     n, K);
+        });
         count_node_exchange(s, t0);
       }
       return;
@@ -575,12 +639,24 @@ class MoE {
         const auto t0 = std::chrono::steady_clock::now();
         auto& win = *s.window;
         Kokkos::deep_copy(w.dgate, T(0));  // dropped slots
-        detail::moe_push_rows<T>(dout, s.row_token, s.row_gate, true, win, 2, s.row_peer.data(), s.row_dest.data(), rows,
-                                 &w.dgate, s.row_slot.data());
+        with_row_type([&]<class W>(std::type_identity<W>) {
+          detail::moe_push_rows<T, W>(dout, s.row_token, s.row_gate, true, win, 2, s.row_peer.data(), s.row_dest.data(),
+                                      rows, &w.dgate, s.row_slot.data());
+        });
         win.sync("the barrier after sending the MoE output gradients");
         count_node_exchange(s, t0);
         const std::size_t me = ctx_->ep.ep_rank();
-        return {Mat(win.template mat<T>(me, 2), grows, D), Mat(win.template mat<T>(me, 3), grows, D)};
+        if (!narrow_rows()) return {Mat(win.template mat<T>(me, 2), grows, D), Mat(win.template mat<T>(me, 3), grows, D)};
+        // 2-byte window: the output gradients widened into float rows the
+        // experts read; their input gradients go to w.dgx, then to the
+        // window (publish_input_gradients).
+        grow(w.dgx, "moe.dgx", grows, D);
+        grow(w.dgy, "moe.dgy", grows, D);
+        with_row_type([&]<class W>(std::type_identity<W>) {
+          weft::convert(Kokkos::subview(w.dgy, std::pair<std::size_t, std::size_t>(0, grows), Kokkos::ALL),
+                        window_rows<W>(s, 2, grows));
+        });
+        return {w.dgy, w.dgx};
       }
     }
     auto dslot = w.dslot;
@@ -605,7 +681,10 @@ class MoE {
           }
           dgate(q) = acc;
         });
-    if (!ctx_->ep.active()) return {w.dslot, w.dxin};
+    if (!ctx_->ep.active()) {
+      round_rows(w.dslot, rows);  // a mixed Precision's 2-byte output gradients, as the exchange would carry them
+      return {w.dslot, w.dxin};
+    }
     grow(w.drecv, "moe.drecv", grows, D);
     grow(w.dgx, "moe.dgx", grows, D);
     grow(w.dgy, "moe.dgy", grows, D);
@@ -624,7 +703,10 @@ class MoE {
       if constexpr (host_space) {
         const auto t0 = std::chrono::steady_clock::now();
         s.window->sync("the barrier before gathering the MoE input gradients");
-        detail::moe_pull_sum<T>(dh, s.slot_row, s.row_gate, false, *s.window, 3, s.row_peer.data(), s.row_dest.data(), n, K);
+        with_row_type([&]<class W>(std::type_identity<W>) {
+          detail::moe_pull_sum<T, W>(dh, s.slot_row, s.row_gate, false, *s.window, 3, s.row_peer.data(), s.row_dest.data(),
+                                     n, K);
+        });
         count_node_exchange(s, t0);
       }
       return;
@@ -809,10 +891,16 @@ class MoE {
   static std::pair<std::size_t, std::size_t> group(const Saved& s, std::size_t l) {
     return {s.goffsets[l], s.goffsets[l + 1]};
   }
-  // The experts' layers see the model's profiler and deferred-work queue.
+  // The experts' layers see the model's profiler, deferred-work queue and,
+  // under a mixed Precision, its product staging (one scratch per model,
+  // which the model's memory ledger counts).
   void sync_inner() {
     inner_->profiler = ctx_->profiler;
     inner_->deferred_weight_grads = ctx_->deferred_weight_grads;
+    if (ctx_->products != ProductPrecision::f32) {
+      product_staging<Space>(*ctx_);
+      inner_->staging = ctx_->staging;
+    }
   }
   // m gets at least `rows` rows (grow only; contents not kept).
   static void grow(Mat& m, const char* label, std::size_t rows, std::size_t cols) {
@@ -831,7 +919,31 @@ class MoE {
     double rows = 0;
     for (std::size_t d = 0; d < s.send_rows.size(); ++d)
       if (d != ctx_->ep.ep_rank()) rows += double(s.send_rows[d]);
-    stats_.a2a_bytes += rows * double(cfg_.d_model) * double(sizeof(T));
+    stats_.a2a_bytes += rows * double(cfg_.d_model) * double(row_bytes());
+  }
+  // f(std::type_identity<W>{}) with W the type of the expert-side rows on
+  // the wire and in the node-shared window: T, or under a mixed Precision
+  // (T float) the 2-byte product type.
+  template <class F>
+  void with_row_type(F&& f) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (ctx_->products == ProductPrecision::bf16) return f(std::type_identity<bf16>{});
+      if (ctx_->products == ProductPrecision::fp16) return f(std::type_identity<fp16>{});
+    }
+    f(std::type_identity<T>{});
+  }
+  // The first `rows` rows of m rounded to the 2-byte type in place (a mixed Precision only).
+  void round_rows(const Mat& m, std::size_t rows) const {
+    if (!narrow_rows() || rows == 0) return;
+    with_row_type([&]<class W>(std::type_identity<W>) {
+      if constexpr (!std::is_same_v<W, T>)
+        weft::round_through<W>(Kokkos::subview(m, std::pair<std::size_t, std::size_t>(0, rows), Kokkos::ALL));
+    });
+  }
+  // The first `rows` rows of matrix m of this rank's node-shared window, as W.
+  template <class W>
+  MatrixRef<W, Space> window_rows(const Saved& s, int m, std::size_t rows) const {
+    return MatrixRef<W, Space>(s.window->template mat<W>(ctx_->ep.ep_rank(), m), rows, cfg_.d_model);
   }
 
   // Expert parallelism on the node-shared path, forward: every EP rank's
@@ -887,37 +999,76 @@ class MoE {
     if (!s.window) {
       const std::size_t per_expert = std::min(capacity(n * ctx_->ep.data_size()), n * E);
       const std::size_t most = std::max<std::size_t>(1, std::min(L * per_expert, n * E * K));
-      s.window = std::make_shared<detail::MoEWindow>(*ctx_->ep.ep, most, D, sizeof(T));
+      s.window = std::make_shared<detail::MoEWindow>(*ctx_->ep.ep, most, D, row_bytes());
     }
     WEFT_REQUIRE(R <= s.window->rows, ShapeError, "nn::MoE: EP rank ", me, " receives ", R,
                  " rows but its exchange window holds ", s.window->rows, " (internal error)");
-    s.gx = Mat(s.window->template mat<T>(me, 0), R, D);
-    s.gy = Mat(s.window->template mat<T>(me, 1), R, D);
+    WEFT_REQUIRE(s.window->elem == row_bytes(), ConfigError, "nn::MoE: the saved activations' exchange window holds ",
+                 s.window->elem, "-byte rows but this layer exchanges ", row_bytes(),
+                 "-byte ones: a MoE::Saved serves layers of one precision");
+    // Under a mixed Precision the window holds 2-byte rows and the experts
+    // compute on float copies of their own (s.owned_rows).
+    s.owned_rows = narrow_rows();
+    if (s.owned_rows) {
+      grow(s.gx, "moe.gx", R, D);
+      grow(s.gy, "moe.gy", R, D);
+    } else {
+      s.gx = Mat(s.window->template mat<T>(me, 0), R, D);
+      s.gy = Mat(s.window->template mat<T>(me, 1), R, D);
+    }
     grow(s.up, "moe.up", R, up_cols());
     grow(s.act, "moe.act", R, cfg_.expert_width());
-    detail::moe_push_rows<T>(h, s.row_token, s.row_gate, false, *s.window, 0, s.row_peer.data(), s.row_dest.data(), rows,
-                             static_cast<const Kokkos::View<T*, Space>*>(nullptr), nullptr);
+    with_row_type([&]<class W>(std::type_identity<W>) {
+      detail::moe_push_rows<T, W>(h, s.row_token, s.row_gate, false, *s.window, 0, s.row_peer.data(), s.row_dest.data(),
+                                  rows, static_cast<const Kokkos::View<T*, Space>*>(nullptr), nullptr);
+    });
     s.window->sync("the barrier after dispatching the MoE rows");
+    if (s.owned_rows)
+      with_row_type([&]<class W>(std::type_identity<W>) {
+        weft::convert(Kokkos::subview(s.gx, std::pair<std::size_t, std::size_t>(0, R), Kokkos::ALL), window_rows<W>(s, 0, R));
+        exec().fence();
+      });
     count_node_exchange(s, t0);
   }
 
   // all_to_allv over EP of whole rows (send_rows[d] rows to rank d), timed.
+  // Under a mixed Precision the rows travel in the 2-byte type: `send`'s
+  // rows rounded into product staging slot 6, exchanged into slot 7, widened
+  // (exactly) into `recv`.
   void exchange(const Mat& send, const std::vector<int>& send_rows, const Mat& recv, const std::vector<int>& recv_rows) {
     const std::size_t D = cfg_.d_model, E = ctx_->ep.ep_size();
     std::vector<int> sc(E), rc(E);
     double bytes = 0;
+    std::size_t S = 0, R = 0;
     for (std::size_t d = 0; d < E; ++d) {
       sc[d] = int(std::size_t(send_rows[d]) * D);
       rc[d] = int(std::size_t(recv_rows[d]) * D);
-      if (d != ctx_->ep.ep_rank()) bytes += double(sc[d]) * double(sizeof(T));
+      S += std::size_t(send_rows[d]);
+      R += std::size_t(recv_rows[d]);
+      if (d != ctx_->ep.ep_rank()) bytes += double(sc[d]) * double(row_bytes());
     }
-    // Comm fences the view's space itself; fencing first keeps the kernels
-    // that filled `send` out of the exchange's measured time.
-    Kokkos::fence();
-    const auto t0 = std::chrono::steady_clock::now();
-    ctx_->ep.ep->all_to_allv(send, std::span<const int>(sc), recv, std::span<const int>(rc));
-    stats_.a2a_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats_.a2a_bytes += bytes;
+    const auto timed = [&](const auto& snd, const auto& rcv) {
+      // Comm fences the view's space itself; fencing first keeps the kernels
+      // that filled `send` out of the exchange's measured time.
+      Kokkos::fence();
+      const auto t0 = std::chrono::steady_clock::now();
+      ctx_->ep.ep->all_to_allv(snd, std::span<const int>(sc), rcv, std::span<const int>(rc));
+      stats_.a2a_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      stats_.a2a_bytes += bytes;
+    };
+    with_row_type([&]<class W>(std::type_identity<W>) {
+      if constexpr (std::is_same_v<W, T>) {
+        timed(send, recv);
+      } else {
+        using Rows = std::pair<std::size_t, std::size_t>;
+        auto& st = product_staging<Space>(*ctx_);
+        const auto ws = st.template matrix<W>(6, std::max<std::size_t>(S, 1), D);
+        const auto wr = st.template matrix<W>(7, std::max<std::size_t>(R, 1), D);
+        weft::convert(Kokkos::subview(ws, Rows(0, S), Kokkos::ALL), Kokkos::subview(send, Rows(0, S), Kokkos::ALL));
+        timed(ws, wr);
+        weft::convert(Kokkos::subview(recv, Rows(0, R), Kokkos::ALL), Kokkos::subview(wr, Rows(0, R), Kokkos::ALL));
+      }
+    });
   }
   // Expert parallelism, forward: the counts of kept slots per expert go to
   // the experts' ranks, the gathered rows (s.xin, grouped by expert, i.e. by

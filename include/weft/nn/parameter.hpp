@@ -468,11 +468,12 @@ struct ProductStagingBase {
   virtual std::size_t bytes() const = 0;
 };
 
-/// ProductStagingBase in the memory of Space: six slots of 2-byte elements
+/// ProductStagingBase in the memory of Space: eight slots of 2-byte elements
 /// (0: a weight's compute copy, 1 and 2: the Linear products' activation
 /// operands; 3, 4 and 5: the attention's products' operands -- Q, K and V of
 /// every head, the heads' output gradient, one head's probabilities or
-/// their gradient).
+/// their gradient; 6 and 7: the rows an nn::MoE sends and receives in its
+/// expert-parallel all_to_allv).
 template <class Space>
 struct ProductStaging : ProductStagingBase {
   /// Slot s as a [rows, cols] matrix of H (weft::bf16 or weft::fp16), grown
@@ -500,7 +501,7 @@ struct ProductStaging : ProductStagingBase {
   }
 
  private:
-  Kokkos::View<std::uint16_t*, Space> slots_[6];
+  Kokkos::View<std::uint16_t*, Space> slots_[8];
 };
 
 /// What every layer of one model shares: the profiler that kernel scopes

@@ -142,6 +142,14 @@ inline double context_kv_bytes(const ModelSpec& m) {
   return m.product_bytes ? double(m.product_bytes) : double(m.act_bytes);
 }
 
+/// Bytes per element of the rows the expert-parallel exchange carries
+/// (nn::MoE::row_bytes): product_bytes under a 2-byte precision, whose MoE
+/// rounds its experts' inputs, outputs and their gradients to that type,
+/// act_bytes otherwise.
+inline double expert_exchange_bytes(const ModelSpec& m) {
+  return m.product_bytes ? double(m.product_bytes) : double(m.act_bytes);
+}
+
 /// Bytes the context-parallel attention of one block keeps of its own
 /// from forward to backward, for one microbatch (weft::context::
 /// ContextAttention::owned_bytes): none for Ring; AllGather the K/V of the
@@ -423,6 +431,10 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
   // Other strategies' staging: expert dispatch and combine, and the
   // context-parallel attention's largest set of exchange buffers.
   if (m.experts && s.ep > 1) b.communication += 2 * n / seq_split * double(m.top_k) * D * a;
+  // Under a 2-byte precision the rows travel through two more staging slots
+  // (sent and received rows, product_bytes each; nn::ProductStaging 6 and 7).
+  if (m.experts && s.ep > 1 && m.product_bytes)
+    b.temporary += 2 * n / seq_split * double(m.top_k) * D * double(m.product_bytes);
   if (s.cp > 1) b.communication += context_buffer_bytes(m, s);
 
   b.headroom = headroom_fraction * (b.total());

@@ -393,9 +393,12 @@ inline void cost_layout(const ModelSpec& m, Candidate& c, const Topology& t) {
         break;
     }
   }
-  // EP: dispatch and combine all-to-alls of top_k copies of each token, forward and backward.
+  // EP: dispatch and combine all-to-alls of top_k copies of each token,
+  // forward and backward, in the exchange's element width (2 bytes under a
+  // 2-byte precision).
   c.ep_s = m.experts && s.ep > 1
-               ? mb * layers_here * 4 * link(s.tp * s.cp * s.pp, s.ep, "all_to_all", n * double(m.top_k) * D * a)
+               ? mb * layers_here * 4 *
+                     link(s.tp * s.cp * s.pp, s.ep, "all_to_all", n * double(m.top_k) * D * expert_exchange_bytes(m))
                : 0.0;
   // PP: the busiest rank's sends (receives overlap them on a full-duplex link).
   if (s.pp > 1) {
