@@ -173,6 +173,9 @@ TEST_CASE("the model matches the bf16 GPT's ledger within 15 % per category: 2-b
       within(b.activations, double(led.bytes(C::activations)), "activations");
       within(b.temporary, double(led.bytes(C::buffers)), "temporary buffers");
       CHECK(led.bytes("product staging") > 0);
+      // The staging's ten slots (the products' operands, the attention's, the
+      // compute copies of biases, norms and positions) to the byte.
+      CHECK(double(led.bytes("product staging")) == 2 * weft::plan::product_staging_elements(spec, MeshSpec{}));
       // The fp32 model's plan differs from this one by the stash: a real
       // difference the 15 % would see (about a quarter of the activations).
       const auto f = weft::plan::training_memory(spec_of(cfg), MeshSpec{}, 0.0);

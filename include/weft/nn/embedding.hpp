@@ -138,11 +138,11 @@ class Embedding {
   }
   template <class F>
   void read_positions(F&& f) const {
-    copies_.read_matrix(pos_[0], ctx_->products, 0, std::forward<F>(f));
+    copies_.read_matrix(pos_[0], *ctx_, std::forward<F>(f));
   }
 
   ContextPtr ctx_;
-  ComputeCopies<Space> copies_;  // the position table as computed with
+  ComputeCopies<Space> copies_;  // reads the position table as computed with
   std::size_t seq_, global_seq_, vocab_, first_;
   Parameter<T, Space> tok_;
   std::vector<Parameter<T, Space>> pos_;

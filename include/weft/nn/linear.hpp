@@ -140,7 +140,7 @@ class Linear {
   /// (ComputeCopies). For a caller that fuses the bias into its own kernel.
   template <class F>
   void read_bias(F&& f) const {
-    copies_.read(bias_.at(0), ctx_->products, 0, std::forward<F>(f));
+    copies_.read(bias_.at(0), *ctx_, std::forward<F>(f));
   }
 
   /// dW += x^T dy, db += colsum(dy), and dx = dy W^T (+= with accumulate_dx).
@@ -304,7 +304,7 @@ class Linear {
   ContextPtr ctx_;
   LinearSplit split_;
   Parameter<T, Space> weight_;
-  ComputeCopies<Space> copies_;  // the bias as computed with
+  ComputeCopies<Space> copies_;  // reads the bias as computed with
   std::vector<Parameter<T, Space>> bias_;  // zero or one: Parameter has no empty state
 };
 

@@ -41,18 +41,18 @@ class Norm {
   void forward(const XV& x, const YV& y, const Saved& s) const {
     metrics::Profiler::Scope sc(ctx_->profiler, "norm");
     if (kind_ == NormKind::layernorm)
-      copies_.read(weight_, bias_[0], ctx_->products, 0, [&](const auto& g, const auto& b) {
+      copies_.read(weight_, bias_[0], *ctx_, [&](const auto& g, const auto& b) {
         ops::layernorm_forward(x, g, b, T(eps_), y, s.mean, s.rstd);
       });
     else
-      copies_.read(weight_, ctx_->products, 0, [&](const auto& g) { ops::rmsnorm_forward(x, g, T(eps_), y, s.rstd); });
+      copies_.read(weight_, *ctx_, [&](const auto& g) { ops::rmsnorm_forward(x, g, T(eps_), y, s.rstd); });
   }
 
   /// dx = (accumulate ? dx : 0) + d/dx; parameter gradients accumulate.
   template <class DYV, class XV, class DXV>
   void backward(const DYV& dy, const XV& x, const Saved& s, const DXV& dx, bool accumulate) {
     metrics::Profiler::Scope sc(ctx_->profiler, "norm");
-    copies_.read(weight_, ctx_->products, 0, [&](const auto& g) {
+    copies_.read(weight_, *ctx_, [&](const auto& g) {
       if (kind_ == NormKind::layernorm)
         ops::layernorm_backward(dy, x, g, s.mean, s.rstd, dx, accumulate, weight_.grad, bias_[0].grad);
       else
@@ -74,7 +74,7 @@ class Norm {
   double eps_;
   Parameter<T, Space> weight_;
   std::vector<Parameter<T, Space>> bias_;
-  ComputeCopies<Space> copies_;  // the scale and shift as computed with (slots 0 and 1)
+  ComputeCopies<Space> copies_;  // reads the scale and shift as computed with
 };
 
 }  // namespace weft::nn

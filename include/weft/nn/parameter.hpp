@@ -326,62 +326,6 @@ class DeferredWork {
   bool copy_inputs_ = false;
 };
 
-/// The copies of parameters that a layer reads outside its products (norm
-/// scales and shifts, biases, position tables), as it computes with them
-/// under its context's ProductPrecision: under f32 the parameter's value
-/// itself; under bf16 or fp16 the value rounded to that type (to nearest
-/// even), made again at every read, so it cannot be stale whatever changed
-/// the value (an optimizer step, an FSDP gather, a checkpoint load). The
-/// layer declares such a parameter read_as() its product precision, so
-/// every parameter of a 2-byte model is read as its 2-byte compute copy, as
-/// serving does. One set per layer; slot s holds one parameter at a time.
-template <class Space>
-class ComputeCopies {
- public:
-  /// Calls f(v) with p's value as the layer computes with it under `prec`:
-  /// p.value (f32) or a 2-byte copy in slot `slot` (a View<H*> of bf16 or fp16).
-  template <class T, class F>
-  void read(const Parameter<T, Space>& p, ProductPrecision prec, std::size_t slot, F&& f) const {
-    if (prec == ProductPrecision::bf16) f(rounded<bf16>(p, slot));
-    else if (prec == ProductPrecision::fp16) f(rounded<fp16>(p, slot));
-    else f(p.value);
-  }
-  /// The same for two parameters at once (slots `slot` and slot + 1), f(a, b) with views of one type.
-  template <class T, class F>
-  void read(const Parameter<T, Space>& p, const Parameter<T, Space>& q, ProductPrecision prec, std::size_t slot,
-            F&& f) const {
-    if (prec == ProductPrecision::bf16) f(rounded<bf16>(p, slot), rounded<bf16>(q, slot + 1));
-    else if (prec == ProductPrecision::fp16) f(rounded<fp16>(p, slot), rounded<fp16>(q, slot + 1));
-    else f(p.value, q.value);
-  }
-  /// The same as a [rows, cols] matrix (p.matrix(), or a MatrixRef of the copy).
-  template <class T, class F>
-  void read_matrix(const Parameter<T, Space>& p, ProductPrecision prec, std::size_t slot, F&& f) const {
-    if (prec == ProductPrecision::bf16) f(MatrixRef<bf16, Space>(rounded<bf16>(p, slot).data(), p.rows(), p.cols()));
-    else if (prec == ProductPrecision::fp16) f(MatrixRef<fp16, Space>(rounded<fp16>(p, slot).data(), p.rows(), p.cols()));
-    else f(p.matrix());
-  }
-  /// Bytes held.
-  std::size_t bytes() const {
-    std::size_t b = 0;
-    for (const auto& v : slots_) b += v.extent(0) * sizeof(std::uint16_t);
-    return b;
-  }
-
- private:
-  template <class H, class T>
-  Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> rounded(const Parameter<T, Space>& p,
-                                                                           std::size_t slot) const {
-    if (slots_.size() <= slot) slots_.resize(slot + 1);
-    auto& v = slots_[slot];
-    if (v.extent(0) < p.size())
-      v = allocate_view<Kokkos::View<std::uint16_t*, Space>>(p.name() + ".compute_copy", p.size());
-    Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(reinterpret_cast<H*>(v.data()), p.size());
-    weft::convert(h, p.value);
-    return h;
-  }
-  mutable std::vector<Kokkos::View<std::uint16_t*, Space>> slots_;
-};
 
 /// One layer's (or block's) copies of the activations its backward reads,
 /// kept between its forward and its backward while the float tensors they
@@ -468,12 +412,13 @@ struct ProductStagingBase {
   virtual std::size_t bytes() const = 0;
 };
 
-/// ProductStagingBase in the memory of Space: eight slots of 2-byte elements
+/// ProductStagingBase in the memory of Space: ten slots of 2-byte elements
 /// (0: a weight's compute copy, 1 and 2: the Linear products' activation
 /// operands; 3, 4 and 5: the attention's products' operands -- Q, K and V of
 /// every head, the heads' output gradient, one head's probabilities or
 /// their gradient; 6 and 7: the rows an nn::MoE sends and receives in its
-/// expert-parallel all_to_allv).
+/// expert-parallel all_to_allv; 8 and 9: the compute copies of the
+/// parameters layers read outside their products, ComputeCopies).
 template <class Space>
 struct ProductStaging : ProductStagingBase {
   /// Slot s as a [rows, cols] matrix of H (weft::bf16 or weft::fp16), grown
@@ -501,7 +446,7 @@ struct ProductStaging : ProductStagingBase {
   }
 
  private:
-  Kokkos::View<std::uint16_t*, Space> slots_[8];
+  Kokkos::View<std::uint16_t*, Space> slots_[10];
 };
 
 /// What every layer of one model shares: the profiler that kernel scopes
@@ -531,6 +476,59 @@ ProductStaging<Space>& product_staging(LayerContext& ctx) {
   if (!ctx.staging) ctx.staging = std::make_shared<ProductStaging<Space>>();
   return static_cast<ProductStaging<Space>&>(*ctx.staging);
 }
+
+/// How a layer reads the parameters it uses outside its products (norm
+/// scales and shifts, biases, position tables) under its context's
+/// ProductPrecision: under f32 the parameter's value itself; under bf16 or
+/// fp16 its compute copy, the value rounded to that type (to nearest even)
+/// into the model's product staging (slot 8, and 9 for the second parameter
+/// of a pair), made again at every read, so it cannot be stale whatever
+/// changed the value (an optimizer step, an FSDP gather, a checkpoint load).
+/// The layer declares such a parameter read_as() its product precision, so
+/// every parameter of a 2-byte model is read as its 2-byte compute copy, as
+/// serving does. A copy lives only for the call of f: the layers of a model
+/// read their parameters one call at a time, so they share two slots of
+/// the largest such parameter's size, which the memory ledger counts as
+/// "product staging" (before, every layer kept copies of its own).
+template <class Space>
+class ComputeCopies {
+ public:
+  /// Calls f(v) with p's value as the layers of `ctx` compute with it:
+  /// p.value (f32) or a 2-byte copy (a View<H*> of bf16 or fp16, valid
+  /// during the call).
+  template <class T, class F>
+  void read(const Parameter<T, Space>& p, LayerContext& ctx, F&& f) const {
+    if (ctx.products == ProductPrecision::bf16) f(rounded<bf16>(p, ctx, 8));
+    else if (ctx.products == ProductPrecision::fp16) f(rounded<fp16>(p, ctx, 8));
+    else f(p.value);
+  }
+  /// The same for two parameters at once (slots 8 and 9), f(a, b) with views of one type.
+  template <class T, class F>
+  void read(const Parameter<T, Space>& p, const Parameter<T, Space>& q, LayerContext& ctx, F&& f) const {
+    if (ctx.products == ProductPrecision::bf16) f(rounded<bf16>(p, ctx, 8), rounded<bf16>(q, ctx, 9));
+    else if (ctx.products == ProductPrecision::fp16) f(rounded<fp16>(p, ctx, 8), rounded<fp16>(q, ctx, 9));
+    else f(p.value, q.value);
+  }
+  /// The same as a [rows, cols] matrix (p.matrix(), or a MatrixRef of the copy).
+  template <class T, class F>
+  void read_matrix(const Parameter<T, Space>& p, LayerContext& ctx, F&& f) const {
+    if (ctx.products == ProductPrecision::bf16)
+      f(MatrixRef<bf16, Space>(rounded<bf16>(p, ctx, 8).data(), p.rows(), p.cols()));
+    else if (ctx.products == ProductPrecision::fp16)
+      f(MatrixRef<fp16, Space>(rounded<fp16>(p, ctx, 8).data(), p.rows(), p.cols()));
+    else f(p.matrix());
+  }
+
+ private:
+  template <class H, class T>
+  static Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> rounded(const Parameter<T, Space>& p,
+                                                                                  LayerContext& ctx, int slot) {
+    auto m = product_staging<Space>(ctx).template matrix<H>(slot, 1, p.size());
+    Kokkos::View<H*, Space, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(m.data(), p.size());
+    weft::convert(h, p.value);
+    return h;
+  }
+};
 
 /// Called by a model around the forward and backward of each parameter group
 /// (for the GPT: group l < L is block l, group L the root -- embeddings, final

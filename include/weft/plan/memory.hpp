@@ -241,8 +241,11 @@ inline double block_statistic_elements(const ModelSpec& m, const MeshSpec& s) {
 /// with the BLAS attention (whole sequences on a rank, no blockwise kernel)
 /// slots 3-5 its products' operands: Q, K and V [tokens, QKV / tp], the
 /// heads' output gradient [tokens, D / tp] and one head's [T, T]
-/// probabilities. Dense blocks; a MoE block's experts take rows by capacity,
-/// not counted.
+/// probabilities; slots 8 and 9 the compute copies of the parameters read
+/// outside the products (the largest bias, norm scale or position table,
+/// and a LayerNorm's shift). Dense blocks; a MoE block's experts take rows
+/// by capacity, not counted, nor are the expert exchange's slots 6 and 7
+/// (stage_memory adds those).
 inline double product_staging_elements(const ModelSpec& m, const MeshSpec& s) {
   const double n = rank_tokens(m, s), D = double(m.d_model), tp = double(s.tp);
   const double qkv = double(m.qkv_cols()) / tp, up = double(m.up_cols()) / mlp_tp_split(m, s);
@@ -252,7 +255,12 @@ inline double product_staging_elements(const ModelSpec& m, const MeshSpec& s) {
   const double output_grad = n * std::max({qkv, D, up, V});
   const double T = double(m.seq);
   const double attention = !m.flash_attention && s.cp == 1 ? n * qkv + n * D / tp + T * T : 0.0;
-  return weight + input + output_grad + attention;
+  // The compute copies of the parameters read outside the products
+  // (nn::ComputeCopies, slots 8 and 9): the largest of a bias, a norm's
+  // scale and the position table; a LayerNorm's shift beside its scale.
+  const double vectors = std::max({m.bias ? std::max({qkv, D, up}) : 0.0, D, m.learned_positions ? T * D : 0.0}) +
+                         (m.layernorm ? D : 0.0);
+  return weight + input + output_grad + attention + vectors;
 }
 
 /// Backward scratch elements shared by all blocks for one microbatch
