@@ -110,8 +110,8 @@ TEST_CASE("hand-computed budgets: 70B weights in BF16 need at least 140 GB; 7B A
   f32.act_bytes = mixed.act_bytes = 4;
   f32.product_bytes = 0;
   mixed.product_bytes = 2;
-  CHECK(weft::plan::expert_exchange_bytes(f32) == 4);
-  CHECK(weft::plan::expert_exchange_bytes(mixed) == 2);
+  CHECK(weft::plan::wire_bytes(f32) == 4);
+  CHECK(weft::plan::wire_bytes(mixed) == 2);
   weft::plan::Candidate c32, c16;
   c32.mesh = c16.mesh = MeshSpec{.dp = 8, .ep = 8};
   weft::plan::cost(f32, c32, weft::plan::Topology{});

@@ -6,7 +6,8 @@
 // CommStats of a real step; the planner's bubble against the pipeline
 // simulator; dp x pp = 2 x 2 in every dp mode (and zb under zero2 and fsdp);
 // pp x tp = 2 x 2 with and without sequence parallelism for every schedule;
-// dp x pp x tp = 2 x 2 x 2 at 8 ranks. Every comparison is exact
+// dp x pp x tp = 2 x 2 x 2 at 8 ranks; bf16 stages (2-byte stashes and
+// messages) at pp = world. Every comparison is exact
 // (the budgets and volumes are formulas of weft's own allocation and
 // communication, docs/plan.md) except the transient DP buffers whose peak
 // depends on when MPI completes a request (zero2's group gradients, fsdp's
@@ -245,6 +246,72 @@ TEST_CASE("pipeline: each rank's budget equals what its stage allocates, per cat
       std::fflush(stdout);
       w.barrier();
     }
+    });
+  }
+}
+
+TEST_CASE("pipeline in bf16: 2-byte stashes and messages, each rank's activations and bytes sent as the planner says") {
+  auto& w = weft::test::world();
+  const std::size_t pp = std::size_t(w.size());
+  if (pp < 2 || pp > 4) return;
+  const std::size_t m = 4, mb = 2;
+  using BF16 = weft::Precision<weft::BF16>;
+  using StageT = weft::pipeline::GPTStage<float, Space, weft::NoPolicy, BF16>;
+  for (std::string name : {"1f1b", "interleaved:2", "zb"}) {
+    CAPTURE(name);
+    const auto cfg = pipe_gpt(mb);
+    auto spec = spec_of(cfg, m);
+    spec.saved_bytes = spec.product_bytes = 2;
+    const auto kind_chunks = weft::plan::parse_schedule_name(name);
+    const MeshSpec mesh{.pp = pp, .schedule = kind_chunks.first, .chunks = kind_chunks.second};
+    weft::pipeline::visit_schedule(name, [&]<class S>(std::type_identity<S>) {
+      StageT stage(cfg, weft::pipeline::equal_partition(cfg.layers, pp * std::size_t(S::chunks)), w.size(), w.rank(),
+                   S::chunks);
+      REQUIRE(stage.saves_2_byte_activations());
+      weft::optim::AdamW<float, Space> opt(stage.parameters());
+      weft::pipeline::Executor<StageT, S> ex(stage, w, weft::Pipeline<S>(w.size(), int(m)));
+      auto data = stream(int(cfg.vocab));
+      w.reset_stats();
+      weft::pipeline::train_step(ex, static_cast<weft::parallel::DataParallel<float, weft::Replicated>*>(nullptr), opt,
+                                 data, 0, m * mb, 1e-3, 1.0);
+      const auto pstats = w.stats();
+      const std::size_t r = std::size_t(w.rank());
+      const auto b = weft::plan::stage_memory(spec, mesh, r, 0.0);
+      const auto led = ex.memory();
+      const auto slots = checked_slots(stage, weft::plan::rank_layout(spec, mesh, r));
+      // The slots' 2-byte copies of each block input and dense block's saved
+      // tensors, beside their chunk's float input and output: to the byte.
+      const double act = double(led.bytes("pipeline.slots") - slots.message_bytes +
+                                led.bytes("pipeline.deferred_output_gradients"));
+      CHECK(act == b.activations);
+      // The float working set, the residual pair, the product staging and the
+      // backward workspace: the staging's slots are the whole model's largest
+      // (a rank without the embedding reads no position table), so within 15 %.
+      const double temp = double(led.bytes("pipeline.backward_workspace") + led.bytes("pipeline.blocks.working") +
+                                 led.bytes("pipeline.residual.working") + led.bytes("product staging"));
+      CHECK(temp <= b.temporary);
+      CHECK(temp >= 0.85 * b.temporary);
+      // Messages: the slots' float dy and dx, and the pooled 2-byte wire
+      // buffers, which the planner bounds from above; no fp32 send buffers.
+      const double wire = double(led.bytes("pipeline.wire_buffers"));
+      CHECK(led.bytes("pipeline.send_buffers") == 0);
+      CHECK(wire <= weft::plan::pipeline_wire_buffer_bytes(spec, mesh, r));
+      CHECK(double(slots.message_bytes) + wire <= b.communication);
+      // The messages travel at 2 bytes an element: exactly the planner's volume.
+      const auto v = weft::plan::comm_volume(spec, mesh, r);
+      using K = weft::CommKind;
+      CHECK(double(pstats[K::send].bytes) == v.pp_send);
+      CHECK(double(pstats[K::recv].bytes) == v.pp_recv);
+      for (int q = 0; q < w.size(); ++q) {
+        if (q == w.rank())
+          std::printf("validation bf16 pp=%zu %-13s rank %d activations %.0f/%.0f temporary %.0f/%.0f wire %.0f/%.0f "
+                      "p2p-sent %llu/%.0f\n",
+                      pp, name.c_str(), w.rank(), act, b.activations, temp, b.temporary, wire,
+                      weft::plan::pipeline_wire_buffer_bytes(spec, mesh, r),
+                      static_cast<unsigned long long>(pstats[K::send].bytes), v.pp_send);
+        std::fflush(stdout);
+        w.barrier();
+      }
     });
   }
 }

@@ -135,20 +135,18 @@ inline ContextShape context_shape(const ModelSpec& m, const MeshSpec& s) {
   return c;
 }
 
-/// Bytes per element of the K/V blocks the context-parallel attention
-/// exchanges and reads (nn::context_kv_t): product_bytes under a 2-byte
-/// precision, act_bytes otherwise.
-inline double context_kv_bytes(const ModelSpec& m) {
-  return m.product_bytes ? double(m.product_bytes) : double(m.act_bytes);
-}
+/// Bytes per element of the activations weft moves between ranks in the
+/// precision's storage type: product_bytes under a 2-byte precision,
+/// act_bytes otherwise. The context-parallel attention's K/V blocks
+/// (nn::context_kv_t, context_kv_bytes), the expert-parallel exchange's rows
+/// (nn::MoE::row_bytes) and the pipeline's messages
+/// (pipeline::Executor::wire_type) travel at this width; TP's partial sums
+/// and CP's dK/dV sums stay act_bytes.
+inline double wire_bytes(const ModelSpec& m) { return m.product_bytes ? double(m.product_bytes) : double(m.act_bytes); }
 
-/// Bytes per element of the rows the expert-parallel exchange carries
-/// (nn::MoE::row_bytes): product_bytes under a 2-byte precision, whose MoE
-/// rounds its experts' inputs, outputs and their gradients to that type,
-/// act_bytes otherwise.
-inline double expert_exchange_bytes(const ModelSpec& m) {
-  return m.product_bytes ? double(m.product_bytes) : double(m.act_bytes);
-}
+/// Bytes per element of the K/V blocks the context-parallel attention
+/// exchanges and reads (nn::context_kv_t): wire_bytes.
+inline double context_kv_bytes(const ModelSpec& m) { return wire_bytes(m); }
 
 /// Bytes the context-parallel attention of one block keeps of its own
 /// from forward to backward, for one microbatch (weft::context::
@@ -292,14 +290,36 @@ inline double backward_scratch_elements(const ModelSpec& m, const MeshSpec& s) {
 /// allocated up front on a rank with a chunk that sends gradients (any but
 /// the embedding chunk), and waits when all are in flight
 /// ("pipeline.send_buffers"; weft/parallel/pipeline/send_cap.hpp). None
-/// without a pipeline.
+/// without a pipeline, and none under a 2-byte precision, whose sends
+/// detach their wire buffers instead (pipeline_wire_buffer_bytes).
 inline double pipeline_send_buffer_bytes(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
-  if (s.pp <= 1) return 0.0;
+  if (s.pp <= 1 || m.product_bytes) return 0.0;
   const double seq_split = s.sequence_split();
   const double cap = double(pipeline_send_cap(s.schedule, s.chunks, s.pp, microbatches(m, s)));
   for (const ChunkLayout& k : rank_layout(m, s, rank))
     if (!k.embedding) return cap * rank_tokens(m, s) * double(m.d_model) / seq_split * double(m.act_bytes);
   return 0.0;
+}
+
+/// An upper bound on the bytes of the 2-byte wire buffers of pipeline rank
+/// `rank` under a 2-byte precision (product_bytes set; 0 otherwise): one per
+/// message of each slot the rank allocates -- the chunk input received and
+/// the input gradient sent unless the chunk holds the embedding, the output
+/// sent and the output gradient received unless it holds the head -- plus
+/// pipeline_send_cap() detached gradient sends, each [n, D / sequence split]
+/// at product_bytes. The executor pools them by shape and returns a buffer
+/// once its message completes ("pipeline.wire_buffers"), so how many exist
+/// depends on when MPI completes messages: fewer than this.
+inline double pipeline_wire_buffer_bytes(const ModelSpec& m, const MeshSpec& s, std::size_t rank) {
+  if (s.pp <= 1 || !m.product_bytes) return 0.0;
+  double messages = 0;
+  bool sends_gradients = false;
+  for (const ChunkLayout& k : rank_layout(m, s, rank)) {
+    messages += double(k.slots) * 2.0 * ((k.embedding ? 0.0 : 1.0) + (k.head ? 0.0 : 1.0));
+    sends_gradients = sends_gradients || !k.embedding;
+  }
+  if (sends_gradients) messages += double(pipeline_send_cap(s.schedule, s.chunks, s.pp, microbatches(m, s)));
+  return messages * rank_tokens(m, s) * double(m.d_model) / s.sequence_split() * double(m.product_bytes);
 }
 
 /// The training peak of pipeline rank `rank` (0 with pp = 1) of model m on
@@ -390,22 +410,28 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
                    (m.experts ? double(m.experts) : 0.0))
             : 0.0;
   const double deferred_head = split ? n * double(m.vocab) / tp : 0.0;
-  // Under recompute the deferred work also copies each linear layer's input
-  // (the shared set it read is refilled before the weight halves run): QKV's
+  // weft's GPT and its pipeline stages keep 2-byte copies (without
+  // recompute) of every block input and of the saved tensors of dense
+  // blocks. The GPT's residual stream is then two float buffers; a stage's
+  // slot keeps its chunk's input and output in float, and the stage has two
+  // float buffers for the stream between a chunk's blocks (temporary).
+  const bool narrow_inputs = m.saved_bytes != 0 && m.saved_bytes != m.act_bytes && !m.recompute;
+  const bool stash = narrow_inputs && !m.experts;
+  // Under recompute, or with 2-byte copies of the saved activations, the
+  // deferred work also copies each linear layer's input (the shared or
+  // working set it read is refilled before the weight halves run): QKV's
   // and the MLP up's (the router's too) [n, D], the attention output's
   // [n, D / tp], the MLP down's [n, hidden / tp], per routed row; the head's [n, D].
-  const bool copies = split && m.recompute;
+  const bool copies = split && (m.recompute || narrow_inputs);
   const double deferred_inputs_block =
       copies ? n * (D + D / tp + routed * (D + double(m.hidden()) / mlp_tp_split(m, s)) + (m.experts ? D : 0.0)) : 0.0;
   const double deferred_inputs_head = copies ? n * D : 0.0;
-  // weft's GPT keeps 2-byte copies in one process's layout only (no pipeline
-  // stages): every block input, and the saved tensors of dense blocks.
-  const bool narrow_inputs = m.saved_bytes != 0 && m.saved_bytes != m.act_bytes && !m.recompute && s.pp == 1;
-  const bool stash = narrow_inputs && !m.experts;
   const double narrow = block_saved_elements(m, s) - block_statistic_elements(m, s);
   bool any_blocks = false;
+  std::size_t most_blocks = 0;
   for (const ChunkLayout& k : rank_layout(m, s, rank)) {
     any_blocks = any_blocks || k.blocks > 0;
+    most_blocks = std::max(most_blocks, k.blocks);
     const double blocks = double(k.blocks), sets = m.recompute ? 0.0 : blocks;
     // Each block's context-parallel attention keeps its own copies (every
     // block, recompute or not: they are the attention's, not the block's).
@@ -417,13 +443,21 @@ inline TrainingBudget stage_memory(const ModelSpec& m, const MeshSpec& s, std::s
     // Dense blocks that keep saved_bytes copies (ModelSpec::saved_bytes) hold
     // their saved tensors, statistics apart, at that width instead.
     if (stash) b.activations += double(k.slots) * sets * narrow * (double(m.saved_bytes) - a);
-    if (narrow_inputs) b.activations += double(k.slots) * blocks * n * D / seq_split * (double(m.saved_bytes) - a);
+    // Block inputs: the GPT's at saved_bytes (blocks + 1 floats counted
+    // above become one); a stage slot's at saved_bytes beside its chunk's
+    // float input and output (min(blocks + 1, 2) floats).
+    if (narrow_inputs) {
+      const double row = n * D / seq_split;
+      if (s.pp == 1) b.activations += double(k.slots) * blocks * row * (double(m.saved_bytes) - a);
+      else b.activations += double(k.slots) * (blocks * row * double(m.saved_bytes) - std::max(blocks - 1.0, 0.0) * row * a);
+    }
     b.communication += double(k.slots) * messages * a;
   }
   if (m.recompute && any_blocks) b.activations += block_saved_elements(m, s) * a;  // the shared set
   if (stash && any_blocks) b.temporary += block_saved_elements(m, s) * a;  // the stashes' float working set
+  if (narrow_inputs && s.pp > 1 && most_blocks >= 2) b.temporary += 2 * n * D / seq_split * a;  // a stage's residual pair
   if (m.product_bytes) b.temporary += product_staging_elements(m, s) * double(m.product_bytes);
-  b.communication += pipeline_send_buffer_bytes(m, s, rank);
+  b.communication += pipeline_send_buffer_bytes(m, s, rank) + pipeline_wire_buffer_bytes(m, s, rank);
   b.temporary += backward_scratch_elements(m, s) * a;
   // Tensor parallelism: the vocabulary-parallel cross-entropy's per-token
   // maximum, sum of exponentials and target logit (every stage allocates

@@ -307,7 +307,8 @@ inline CommVolume comm_volume(const ModelSpec& m, const MeshSpec& s, std::size_t
     if (s.pp == 1) v.cp_all_reduce = mb * 8;
   }
   if (s.pp > 1) {
-    const double msg = nd / s.sequence_split();
+    // Activations and input gradients travel at wire_bytes (2 under a 2-byte precision).
+    const double msg = n * D * wire_bytes(m) / s.sequence_split();
     for (const auto& k : chunks) {
       const double one_way = (k.embedding ? 0.0 : 1.0) + (k.head ? 0.0 : 1.0);
       v.pp_send += mb * one_way * msg;
@@ -355,7 +356,7 @@ inline void cost_layout(const ModelSpec& m, Candidate& c, const Topology& t) {
     const Link l = size > 1 ? link_for_span(stride * size, t) : Link{t.intra_bw_gbs, t.intra_latency_us, 0};
     return collective_seconds(kind, bytes, size, l.bw_gbs, l.latency_us);
   };
-  const double n = rank_tokens(m, s), D = double(m.d_model), a = double(m.act_bytes);
+  const double n = rank_tokens(m, s), D = double(m.d_model);
   const double layers_here = double(m.layers) / double(s.pp);
   // TP and PP from the step's volume on the busiest pipeline rank; each
   // collective call pays its latency steps (4 calls per block per microbatch).
@@ -398,12 +399,12 @@ inline void cost_layout(const ModelSpec& m, Candidate& c, const Topology& t) {
   // 2-byte precision).
   c.ep_s = m.experts && s.ep > 1
                ? mb * layers_here * 4 *
-                     link(s.tp * s.cp * s.pp, s.ep, "all_to_all", n * double(m.top_k) * D * expert_exchange_bytes(m))
+                     link(s.tp * s.cp * s.pp, s.ep, "all_to_all", n * double(m.top_k) * D * wire_bytes(m))
                : 0.0;
   // PP: the busiest rank's sends (receives overlap them on a full-duplex link).
   if (s.pp > 1) {
     const Link l = link_for_span(s.tp * s.cp * s.pp, t);
-    const double msgs = vol.pp_send / std::max(1.0, n * D * a / s.sequence_split());
+    const double msgs = vol.pp_send / std::max(1.0, n * D * wire_bytes(m) / s.sequence_split());
     c.pp_s = vol.pp_send / (l.bw_gbs * 1e9) + msgs * l.latency_us * 1e-6;
   }
   // DP: gradients reduced once per step (replicate, zero1) or per microbatch
