@@ -19,13 +19,17 @@
 //              forward and backward, on its last routing, after a barrier
 //              (MoE::replay_exchange: the path the blocks take, node-shared
 //              or all_to_allv, with its counts, permutations and gate sums)
+//   moe16      with --bf16: the MoE model under Precision<BF16> (bf16
+//              products; its exchange carries 2-byte rows, docs/moe.md), the
+//              same columns, and its exchange bytes, exchange time and tok/s
+//              over the fp32 MoE model's
 //   bare       the same exchanges as bare Comm::all_to_allv calls of the same
 //              per-rank counts on preallocated buffers (4 per MoE block),
 //              each block after a barrier, interleaved with the replays;
 //              ratio = bare / exchange (target >= 0.9)
 //
 //   mpirun -n 2 bench_moe [--steps 3] [--warmup 1] [--batch 4] [--layers 4 --d-model 256 --heads 4 --seq 128 --vocab 4096]
-//                         [--expert-hidden 512] [--top-k 2] [--capacity-factor 1.25]
+//                         [--expert-hidden 512] [--top-k 2] [--capacity-factor 1.25] [--bf16]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -43,11 +47,14 @@ namespace {
 using Space = Kokkos::DefaultExecutionSpace;
 constexpr std::size_t kExperts = 8;
 using MoEStrategy = weft::Strategy<weft::On<weft::DP, weft::Replicated>, weft::On<weft::EP, weft::Experts<kExperts>>>;
+using MoEBF16Strategy = weft::Strategy<weft::On<weft::DP, weft::Replicated>, weft::On<weft::EP, weft::Experts<kExperts>>,
+                                       weft::Precision<weft::BF16>>;
 using DenseStrategy = weft::Strategy<weft::On<weft::DP, weft::Replicated>>;
 
 struct Args {
   std::size_t steps = 3, warmup = 1, expert_hidden = 512, top_k = 2;
   double capacity = 1.25;
+  bool bf16 = false;  // also the MoE model under Precision<BF16> (its exchange in 2 bytes)
   weft::bench::ModelFlags model;  // batch: the global batch in sequences
 };
 
@@ -99,6 +106,7 @@ Result run_dense(weft::Environment& env, const Args& a, const weft::data::TokenS
   return r;
 }
 
+template <class S>
 Result run_moe(weft::Environment& env, const Args& a, const weft::data::TokenStream& data) {
   auto& world = env.world();
   weft::nn::GPTConfig c = a.model.config();
@@ -109,7 +117,7 @@ Result run_moe(weft::Environment& env, const Args& a, const weft::data::TokenStr
   c.capacity_factor = a.capacity;
   c.aux_loss = 0.01;
   weft::Mesh<weft::DP, weft::EP> mesh(world, 1, world.size());
-  weft::nn::GPT<float, MoEStrategy> gpt(mesh, c, weft::nn::expert_split_of<MoEStrategy>(mesh, c));
+  weft::nn::GPT<float, S> gpt(mesh, c, weft::nn::expert_split_of<S>(mesh, c));
   weft::parallel::ExpertDataParallel<float, weft::Replicated> dp(mesh.axes<weft::DP, weft::EP>(), mesh.axis<weft::DP>(),
                                                                 mesh.axis<weft::EP>(), gpt.parameter_groups());
   gpt.set_hooks(&dp);
@@ -220,7 +228,8 @@ int main(int argc, char** argv) {
       .add("--warmup", a.warmup, "steps before measuring")
       .add("--expert-hidden", a.expert_hidden, "each expert's hidden width (the dense model's MLP: top-k x this)", 1)
       .add("--top-k", a.top_k, "experts per token", 1)
-      .add("--capacity-factor", a.capacity, "capacity factor (0: dropless)");
+      .add("--capacity-factor", a.capacity, "capacity factor (0: dropless)")
+      .add_switch("--bf16", a.bf16, "also run the MoE model under Precision<BF16>, its exchange in 2 bytes");
   a.model.add_to(flags, "--batch", "global batch in sequences (a multiple of the ranks)");
   if (const int rc = flags.parse(argc, argv, world.rank() == 0)) return rc == 1 ? 0 : rc;
   const std::size_t P = std::size_t(world.size());
@@ -240,7 +249,8 @@ int main(int argc, char** argv) {
                 a.model.layers, a.model.d_model, a.model.heads, a.model.seq, a.model.vocab, kExperts, a.top_k,
                 a.expert_hidden, a.top_k * a.expert_hidden, a.capacity, a.model.batch, P, P, a.steps, a.warmup, bt.threads);
   const Result dense = run_dense(env, a, data);
-  const Result moe = run_moe(env, a, data);
+  const Result moe = run_moe<MoEStrategy>(env, a, data);
+  const Result bf16 = a.bf16 ? run_moe<MoEBF16Strategy>(env, a, data) : Result{};
   if (!root) return 0;
   std::printf("\n%-6s %10s %9s %12s %10s %11s %10s %10s %10s %8s\n", "model", "tok/s", "step s", "a2a exposed", "a2a MB",
               "imbalance", "d+c s", "exchange s", "bare s", "dropped");
@@ -249,7 +259,14 @@ int main(int argc, char** argv) {
   std::printf("%-6s %10.0f %9.4f %11.1f%% %10.2f %11.3f %10.4f %10.4f %10.4f %7.1f%%\n", "moe", moe.tokens_per_second,
               moe.step_seconds, 100 * moe.a2a_seconds / moe.step_seconds, moe.a2a_bytes / 1e6, moe.imbalance,
               moe.dispatch_combine, moe.replay, moe.bare, 100 * moe.dropped);
+  if (a.bf16)
+    std::printf("%-6s %10.0f %9.4f %11.1f%% %10.2f %11.3f %10.4f %10.4f %10s %7.1f%%\n", "moe16", bf16.tokens_per_second,
+                bf16.step_seconds, 100 * bf16.a2a_seconds / bf16.step_seconds, bf16.a2a_bytes / 1e6, bf16.imbalance,
+                bf16.dispatch_combine, bf16.replay, "-", 100 * bf16.dropped);
   std::printf("\nMoE tok/s / dense tok/s (same active parameters): %.3f\n", moe.tokens_per_second / dense.tokens_per_second);
+  if (a.bf16)
+    std::printf("bf16 (Precision<BF16>) against fp32 MoE: exchange bytes %.3f, exchange time %.3f, tok/s %.3f\n",
+                bf16.a2a_bytes / moe.a2a_bytes, bf16.replay / moe.replay, bf16.tokens_per_second / moe.tokens_per_second);
   std::printf("exposed all-to-all: %.1f%% of the MoE step; imbalance max/mean %.3f\n",
               100 * moe.a2a_seconds / moe.step_seconds, moe.imbalance);
   std::printf("exchange path: %s\n", moe.node_exchange ? "node-shared rows" : "all_to_allv");

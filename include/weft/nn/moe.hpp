@@ -139,9 +139,11 @@ void moe_push_rows(const SV& src, const IV& row_token, const GV& row_gate, bool 
             ops::detail::row_scale_to(dst, x, T(row_gate(r)), D);
           else
             std::memcpy(dst, x, D * sizeof(T));
+        } else if (gated) {
+          const T g = T(row_gate(r));
+          for (std::size_t j = 0; j < D; ++j) dst[j] = W(g * x[j]);
         } else {
-          const T g = gated ? T(row_gate(r)) : T(1);
-          for (std::size_t j = 0; j < D; ++j) dst[j] = W(gated ? g * x[j] : x[j]);
+          for (std::size_t j = 0; j < D; ++j) dst[j] = W(x[j]);
         }
         if (grad) {
           const W* __restrict yr = y[peer[r]] + std::size_t(dest[r]) * D;
