@@ -166,6 +166,28 @@ void check_route_loss(const nn::MoEStats& s, const Pass& ref, const nn::GPTConfi
   }
 }
 
+// The MoE GPT of strategy S on a DP x EP mesh, its gradients reduced by
+// ExpertDataParallel<float, P>, AdamW, fed the successor stream: the set-up
+// of the train_step tests below, one step at a time.
+template <class S, class P>
+struct EPTraining {
+  nn::GPT<float, S> gpt;
+  parallel::ExpertDataParallel<float, P> dp;
+  optim::AdamW<float, Space> opt;
+  data::TokenStream data = test::successor_stream();
+  Kokkos::View<int*> ids, tg;
+  EPTraining(Mesh<DP, EP>& mesh, const nn::GPTConfig& c)
+      : gpt(mesh, c, nn::expert_split_of<S>(mesh, c)),
+        dp(mesh.axes<DP, EP>(), mesh.axis<DP>(), mesh.axis<EP>(), gpt.parameter_groups()),
+        opt((gpt.set_hooks(&dp), dp.optimizer_parameters())),
+        ids("ids", c.tokens()),
+        tg("tg", c.tokens()) {}
+  /// Step s over a global batch of `global_batch` sequences (one microbatch a rank).
+  optim::StepResult step(std::size_t s, std::size_t global_batch, double lr, double clip) {
+    return parallel::train_step(gpt, dp, opt, data, s, global_batch, 1, ids, tg, lr, clip);
+  }
+};
+
 std::vector<int> divisors_up_to(int n, int limit) {
   std::vector<int> d;
   for (int i = 1; i <= std::min(n, limit); ++i)
@@ -449,16 +471,10 @@ TEST_CASE("train_step with ExpertDataParallel follows the single-process loss cu
     // rank's shard (the bias is one of the dense engine's, over DP x EP).
     nn::GPTConfig local = moe_config(1, 1.0);
     local.bias_balance = 0.001;
-    nn::GPT<float, S> gpt(mesh, local, nn::expert_split_of<S>(mesh, local));
-    parallel::ExpertDataParallel<float, P> dp(mesh.axes<DP, EP>(), mesh.axis<DP>(), mesh.axis<EP>(),
-                                              gpt.parameter_groups());
-    gpt.set_hooks(&dp);
-    optim::AdamW<float, Space> opt(dp.optimizer_parameters());
-    auto data = test::successor_stream();
-    Kokkos::View<int*> ids("ids", local.tokens()), tg("tg", local.tokens());
+    EPTraining<S, P> run(mesh, local);
     for (std::size_t s = 0; s < steps; ++s) {
-      const auto r = parallel::train_step(gpt, dp, opt, data, s, std::size_t(W), 1, ids, tg, lr, clip);
-      gpt.update_expert_bias();
+      const auto r = run.step(s, std::size_t(W), lr, clip);
+      run.gpt.update_expert_bias();
       CAPTURE(s);
       CHECK(test::rel(r.loss, ref[s]) < (s == 0 ? 1e-5 : 1e-4));
     }
@@ -535,16 +551,11 @@ TEST_CASE("under a bf16 Precision every dp x ep mesh follows the one-process bf1
     Mesh<DP, EP> mesh(w, W / ep, ep);
     const nn::GPTConfig local = moe_config(1, 1.0);
     auto train = [&]<class S>(std::type_identity<S>, std::vector<double>& curve) {
-      nn::GPT<float, S> gpt(mesh, local, nn::expert_split_of<S>(mesh, local));
-      parallel::ExpertDataParallel<float, Replicated> dp(mesh.axes<DP, EP>(), mesh.axis<DP>(), mesh.axis<EP>(),
-                                                         gpt.parameter_groups());
-      gpt.set_hooks(&dp);
-      optim::AdamW<float, Space> opt(dp.optimizer_parameters());
-      auto data = test::successor_stream();
-      Kokkos::View<int*> ids("ids", local.tokens()), tg("tg", local.tokens());
+      EPTraining<S, Replicated> run(mesh, local);
+      auto& gpt = run.gpt;
       for (std::size_t s = 0; s < steps; ++s) {
         gpt.reset_moe_statistics();
-        curve.push_back(parallel::train_step(gpt, dp, opt, data, s, std::size_t(W), 1, ids, tg, lr, clip).loss);
+        curve.push_back(run.step(s, std::size_t(W), lr, clip).loss);
       }
       // The last step's exchanges, against the rows its routing sent.
       // Summed over the EP ranks: the node-shared path counts the rows a rank

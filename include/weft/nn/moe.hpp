@@ -544,7 +544,7 @@ class MoE {
     if (!node_exchange()) return;
     if constexpr (host_space)
       with_row_type([&]<class W>(std::type_identity<W>) {
-        weft::convert(window_rows<W>(s, 1, R), Kokkos::subview(s.gy, std::pair<std::size_t, std::size_t>(0, R), Kokkos::ALL));
+        weft::convert(window_rows<W>(s, 1, R), rows_of(s.gy, {0, R}));
         exec().fence();
       });
   }
@@ -557,7 +557,7 @@ class MoE {
     if (!node_exchange()) return;
     if constexpr (host_space)
       with_row_type([&]<class W>(std::type_identity<W>) {
-        weft::convert(window_rows<W>(s, 3, R), Kokkos::subview(dgx, std::pair<std::size_t, std::size_t>(0, R), Kokkos::ALL));
+        weft::convert(window_rows<W>(s, 3, R), rows_of(dgx, {0, R}));
         exec().fence();
       });
   }
@@ -655,7 +655,7 @@ class MoE {
         grow(w.dgx, "moe.dgx", grows, D);
         grow(w.dgy, "moe.dgy", grows, D);
         with_row_type([&]<class W>(std::type_identity<W>) {
-          weft::convert(Kokkos::subview(w.dgy, std::pair<std::size_t, std::size_t>(0, grows), Kokkos::ALL),
+          weft::convert(rows_of(w.dgy, {0, grows}),
                         window_rows<W>(s, 2, grows));
         });
         return {w.dgy, w.dgx};
@@ -939,7 +939,7 @@ class MoE {
     if (!narrow_rows() || rows == 0) return;
     with_row_type([&]<class W>(std::type_identity<W>) {
       if constexpr (!std::is_same_v<W, T>)
-        weft::round_through<W>(Kokkos::subview(m, std::pair<std::size_t, std::size_t>(0, rows), Kokkos::ALL));
+        weft::round_through<W>(rows_of(m, {0, rows}));
     });
   }
   // The first `rows` rows of matrix m of this rank's node-shared window, as W.
@@ -1027,7 +1027,7 @@ class MoE {
     s.window->sync("the barrier after dispatching the MoE rows");
     if (s.owned_rows)
       with_row_type([&]<class W>(std::type_identity<W>) {
-        weft::convert(Kokkos::subview(s.gx, std::pair<std::size_t, std::size_t>(0, R), Kokkos::ALL), window_rows<W>(s, 0, R));
+        weft::convert(rows_of(s.gx, {0, R}), window_rows<W>(s, 0, R));
         exec().fence();
       });
     count_node_exchange(s, t0);
