@@ -44,11 +44,15 @@ inline HostAllocatorPolicy& host_allocator_policy_state() {
   static HostAllocatorPolicy p{"system", "weft has not changed the C library's allocator"};
   return p;
 }
+/// Whether a sanitizer's run-time replaces malloc: AddressSanitizer,
+/// ThreadSanitizer or MemorySanitizer (g++ defines __SANITIZE_ADDRESS__ and
+/// __SANITIZE_THREAD__, clang answers __has_feature). Its allocator ignores
+/// mallopt and aborts on a request beyond its limit instead of failing it.
 inline constexpr bool sanitized_allocator() {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   return true;
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
   return true;
 #else
   return false;
