@@ -38,6 +38,13 @@ weft_build_dir() { echo "${WEFT_ROOT}/build-ci-$1"; }
 #                  (-DWEFT_TEST_MAX_RANKS=3: test_pipeline_tp and
 #                  test_all_policies, 130 s of compile time; run_tests.sh
 #                  leaves every run of 4 ranks or more out of this variant)
+#   tsan   clang++, RelWithDebInfo, ThreadSanitizer, against the Kokkos + Kokkos
+#          Kernels with OpenMP in ${WEFT_CI_KOKKOS_TSAN} (run_tests.sh builds it
+#          from Debian's sources with clang++, so that OpenMP is LLVM's libomp,
+#          whose Archer tool tells TSan about OpenMP's barriers); the tests
+#          only (no examples, benchmarks or oneDNN), their 1-rank runs
+#          (-DWEFT_TEST_MAX_RANKS=1), 2 OpenMP threads per rank; on request only
+#          (WEFT_CI_VARIANTS=tsan)
 #   kokkos-cuda    that prefix's nvcc_wrapper, RelWithDebInfo, the Kokkos + Kokkos
 #                  Kernels installed in ${WEFT_CI_KOKKOS_CUDA} (... cuda), for
 #                  ${NVCC_WRAPPER_DEFAULT_ARCH:-sm_90}
@@ -65,6 +72,7 @@ weft_build_dir() { echo "${WEFT_ROOT}/build-ci-$1"; }
 #   failing test here reports through its own messages, not a debugger:
 #   g++ 12 compiles tests/parallel/test_pipeline_tp.cpp in 36 s of CPU at
 #   -O1 -g0 against 42 s at -O1 -g1 and 59 s at -O2 -g1.
+# - tsan: -O1 -g1, ThreadSanitizer's advice; line tables for its reports.
 # - kokkos-cuda: -O2 -g1 (clang is a Release build, -O3; neither is in the
 #   default run).
 # - kokkos-hip: -O1 -g0, as gcc: compile only, and every file is compiled
@@ -93,6 +101,12 @@ weft_configure() {
       extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_OPENMP" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_OPENMP"
              -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_ENABLE_ONEDNN=OFF -DWEFT_TRAIN_GPT_PIPELINES=OFF
              -DWEFT_TEST_OMP_NUM_THREADS="${WEFT_CI_OMP_THREADS:-2}" -DWEFT_TEST_MAX_RANKS=3) ;;
+    tsan)
+      [[ -n "${WEFT_CI_KOKKOS_TSAN:-}" ]] || { echo "variant tsan needs WEFT_CI_KOKKOS_TSAN=<prefix>" >&2; return 2; }
+      cxx=clang++; type=RelWithDebInfo; opt="-O1 -g1"
+      extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_TSAN" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_TSAN"
+             -DWEFT_SANITIZE=thread -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_BUILD_EXAMPLES=OFF
+             -DWEFT_ENABLE_ONEDNN=OFF -DWEFT_TEST_OMP_NUM_THREADS=2 -DWEFT_TEST_MAX_RANKS=1) ;;
     kokkos-cuda)
       [[ -n "${WEFT_CI_KOKKOS_CUDA:-}" ]] || { echo "variant kokkos-cuda needs WEFT_CI_KOKKOS_CUDA=<prefix>" >&2; return 2; }
       [[ -x "$WEFT_CI_KOKKOS_CUDA/bin/nvcc_wrapper" ]] ||
@@ -112,7 +126,7 @@ weft_configure() {
       type=RelWithDebInfo; opt="-O1 -g0"
       extra=(-DKokkos_ROOT="$WEFT_CI_KOKKOS_HIP" -DKokkosKernels_ROOT="$WEFT_CI_KOKKOS_HIP"
              -DWEFT_ENABLE_ONEDNN=OFF -DWEFT_PCH=OFF -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON) ;;
-    *) echo "unknown variant '$variant' (expected gcc, clang, asan, kokkos-openmp, kokkos-cuda or kokkos-hip)" >&2; return 2 ;;
+    *) echo "unknown variant '$variant' (expected gcc, clang, asan, tsan, kokkos-openmp, kokkos-cuda or kokkos-hip)" >&2; return 2 ;;
   esac
   local generator=()
   command -v ninja > /dev/null && generator=(-G Ninja)

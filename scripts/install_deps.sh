@@ -43,6 +43,12 @@ if command -v apt-cache > /dev/null && { knows libclang-rt-dev || ! have_lists; 
   packages+=(libclang-rt-dev)
 fi
 
+# The ThreadSanitizer variant (WEFT_CI_VARIANTS=tsan, not a default one)
+# needs LLVM's OpenMP runtime and its Archer tool.
+if [[ " ${WEFT_CI_VARIANTS:-} " == *" tsan "* ]]; then
+  packages+=(libomp-dev)
+fi
+
 if ! command -v dpkg-query > /dev/null || ! command -v apt-get > /dev/null; then
   echo "install_deps.sh: this is not a Debian/Ubuntu system (no dpkg-query/apt-get)." >&2
   echo "Install by hand: CMake >= 3.23, a C++20 compiler, MPI, Kokkos >= 4 (or 3.4) with Kokkos Kernels, doctest." >&2

@@ -7,8 +7,15 @@
 #   kokkos-openmp  g++ RelWithDebInfo against Kokkos 3.4 with OpenMP, built    build-ci-kokkos-openmp
 #                  from Debian's trilinos sources (scripts/build_kokkos_debian.sh,
 #                  cached between runs), the suite at 2 OpenMP threads per rank
-# and, on request only (WEFT_CI_VARIANTS=clang),
+# and, on request only (WEFT_CI_VARIANTS=clang or tsan),
 #   clang          clang++ Release                                             build-ci-clang
+#   tsan           clang++ -O1 with -fsanitize=thread against Kokkos 3.4 with   build-ci-tsan
+#                  OpenMP built with clang++ (LLVM's libomp) from the same
+#                  Debian sources, the 1-rank tests at 2 OpenMP threads, with
+#                  LLVM's Archer OpenMP tool (libomp-dev; install_deps.sh
+#                  installs it when WEFT_CI_VARIANTS names tsan). Not a default
+#                  variant: over the whole 1-rank suite it found no race that
+#                  kokkos-openmp's tests miss (docs/build.md, "ThreadSanitizer")
 # The asan variant is also the clang build: it compiles the library's tests
 # and tools with clang++ (-Werror); the examples (and their runs), the 4- and
 # 8-rank tests, the compile-fail tests and the downstream builds are left to
@@ -141,6 +148,29 @@ for v in "${variants[@]}"; do
   note=""
   t0=$(now)
   status=ok
+  if [[ "$v" == tsan ]]; then
+    # The same Debian sources built with clang++, so that Kokkos' OpenMP is
+    # libomp, which loads the Archer tool (OMP_TOOL_LIBRARIES, below): Archer
+    # tells ThreadSanitizer about OpenMP's barriers and tasks, which libgomp
+    # (g++'s OpenMP) hides from it, so that every report is a real race.
+    # libomp and Archer sit in LLVM's library folder, two levels above
+    # clang's resource folder (Debian: /usr/lib/llvm-14/lib).
+    archer="$(realpath -m "$(clang++ -print-resource-dir)/../..")/libarcher.so"
+    kstatus=0
+    if [[ ! -f "$archer" ]]; then
+      status="FAILED (no LLVM OpenMP runtime with Archer at $archer: apt-get install libomp-dev, or WEFT_CI_VARIANTS=tsan scripts/install_deps.sh)"
+    else
+      kprefix="$(CXX=clang++ WEFT_CI_JOBS="$WEFT_CI_JOBS" scripts/build_kokkos_debian.sh)" || kstatus=$?
+      if (( kstatus == 3 )); then
+        status="FAILED (Debian's source registry unreachable: no Kokkos with OpenMP; see the build_kokkos_debian.sh line above)"
+      elif (( kstatus != 0 )); then
+        status="FAILED (the Kokkos 3.4 OpenMP build with clang++ from Debian's sources failed; see above)"
+      else
+        export WEFT_CI_KOKKOS_TSAN="$kprefix"
+        note="Kokkos $(fmt $(($(now) - t0)))"
+      fi
+    fi
+  fi
   if [[ "$v" == kokkos-openmp && -z "${WEFT_CI_KOKKOS_OPENMP:-}" ]]; then
     # Kokkos 3.4 with OpenMP from Debian's trilinos sources, kept in
     # ${WEFT_KOKKOS_CACHE:-/var/cache/weft}: built on a machine's first run
@@ -192,6 +222,22 @@ for v in "${variants[@]}"; do
           (cd "$dir" && ctest -j"$test_jobs" --output-on-failure "${select_v[@]}" "$@") ||
             status="FAILED (tests, OMP_NUM_THREADS=$threads)"
         done ;;
+      tsan)
+        # Every 1-rank run (the tree registers no other runs of the MPI
+        # tests; the tests registered by hand at 2 ranks or more are left
+        # out with without_ranks_from). A report fails the test
+        # (halt_on_error, exit status 66). Races inside libraries that are
+        # not instrumented (Open MPI, OpenBLAS) are not reported
+        # (ignore_noninstrumented_modules): they are not weft's, and TSan
+        # cannot see their synchronisation. scripts/tsan.supp names the one
+        # synchronisation of Kokkos' own that TSan cannot see (the OpenMP
+        # parallel_scan's rendezvous). Nor the compile-fail, nvcc,
+        # two-host and downstream tests: they run no weft kernel.
+        mapfile -t select_v < <(without_ranks_from 2 "$dir")
+        select_v+=(-LE '^(compile_fail|cuda|cluster|downstream)$')
+        (cd "$dir" && env "TSAN_OPTIONS=halt_on_error=1:exitcode=66:ignore_noninstrumented_modules=1:report_signal_unsafe=0:second_deadlock_stack=1:suppressions=$WEFT_ROOT/scripts/tsan.supp" \
+                          "OMP_TOOL_LIBRARIES=$archer" \
+                          ctest -j"$test_jobs" --output-on-failure "${select_v[@]}" "$@") || status="FAILED (tests)" ;;
       *)
         if [[ "$v" == asan ]]; then
           # Sanitizer runtime settings: Open MPI's own allocations are never
