@@ -137,6 +137,25 @@ if out:
 ' "$1" "${3:-}" "${4:-}"
 }
 
+# debian_kokkos [CXX]: Kokkos 3.4 and Kokkos Kernels 3.4 with OpenMP from
+# Debian's trilinos sources (scripts/build_kokkos_debian.sh), built with CXX
+# (default: the script's, g++) or taken from its cache. On success sets
+# kprefix (the install prefix) and note (the time it took); otherwise sets
+# status to the failure, naming an unreachable source registry (exit status
+# 3 of the script) apart from a failed build, and returns non-zero.
+debian_kokkos() {
+  local kstatus=0
+  kprefix="$(env ${1:+CXX="$1"} WEFT_CI_JOBS="$WEFT_CI_JOBS" scripts/build_kokkos_debian.sh)" || kstatus=$?
+  if (( kstatus == 3 )); then
+    status="FAILED (Debian's source registry unreachable: no Kokkos with OpenMP; see the build_kokkos_debian.sh line above)"
+  elif (( kstatus != 0 )); then
+    status="FAILED (the Kokkos 3.4 OpenMP build${1:+ with $1} from Debian's sources failed; see above)"
+  else
+    note="Kokkos $(fmt $(($(now) - t0)))"
+  fi
+  return "$kstatus"
+}
+
 failed=0
 t_all=$(now)
 for v in "${variants[@]}"; do
@@ -156,35 +175,17 @@ for v in "${variants[@]}"; do
     # libomp and Archer sit in LLVM's library folder, two levels above
     # clang's resource folder (Debian: /usr/lib/llvm-14/lib).
     archer="$(realpath -m "$(clang++ -print-resource-dir)/../..")/libarcher.so"
-    kstatus=0
     if [[ ! -f "$archer" ]]; then
       status="FAILED (no LLVM OpenMP runtime with Archer at $archer: apt-get install libomp-dev, or WEFT_CI_VARIANTS=tsan scripts/install_deps.sh)"
-    else
-      kprefix="$(CXX=clang++ WEFT_CI_JOBS="$WEFT_CI_JOBS" scripts/build_kokkos_debian.sh)" || kstatus=$?
-      if (( kstatus == 3 )); then
-        status="FAILED (Debian's source registry unreachable: no Kokkos with OpenMP; see the build_kokkos_debian.sh line above)"
-      elif (( kstatus != 0 )); then
-        status="FAILED (the Kokkos 3.4 OpenMP build with clang++ from Debian's sources failed; see above)"
-      else
-        export WEFT_CI_KOKKOS_TSAN="$kprefix"
-        note="Kokkos $(fmt $(($(now) - t0)))"
-      fi
+    elif debian_kokkos clang++; then
+      export WEFT_CI_KOKKOS_TSAN="$kprefix"
     fi
   fi
   if [[ "$v" == kokkos-openmp && -z "${WEFT_CI_KOKKOS_OPENMP:-}" ]]; then
     # Kokkos 3.4 with OpenMP from Debian's trilinos sources, kept in
     # ${WEFT_KOKKOS_CACHE:-/var/cache/weft}: built on a machine's first run
     # (about a minute), reused afterwards.
-    kstatus=0
-    kprefix="$(WEFT_CI_JOBS="$WEFT_CI_JOBS" scripts/build_kokkos_debian.sh)" || kstatus=$?
-    if (( kstatus == 3 )); then
-      status="FAILED (Debian's source registry unreachable: no Kokkos with OpenMP; see the build_kokkos_debian.sh line above)"
-    elif (( kstatus != 0 )); then
-      status="FAILED (the Kokkos 3.4 OpenMP build from Debian's sources failed; see above)"
-    else
-      WEFT_CI_KOKKOS_OPENMP="$kprefix"
-      note="Kokkos $(fmt $(($(now) - t0)))"
-    fi
+    debian_kokkos && WEFT_CI_KOKKOS_OPENMP="$kprefix"
   fi
   omp_threads=(${WEFT_CI_KOKKOS_OPENMP_THREADS:-2})
   WEFT_CI_OMP_THREADS="${omp_threads[0]}"
