@@ -1683,6 +1683,14 @@ constexpr bool in_part() {
   }
 }
 
+/// Thrown when part P is asked for a strategy it does not hold (a bug in part_of).
+[[noreturn]] inline void not_in_part(Part p) {
+  constexpr const char* names[] = {"data_tensor",         "data_tensor_bf16", "data_tensor_fp16", "expert",
+                                   "pipeline_replicated", "pipeline_zero1",   "pipeline_zero2",   "pipeline_fully_shard"};
+  weft::detail::throw_error<weft::ConfigError>("train_gpt: the strategy the flags name is not in the part ", names[int(p)],
+                                               " of the strategy table (a bug in part_of)");
+}
+
 /// Trains with the strategy the flags name, which must lie in part P
 /// (part_of); each part is compiled once, in its train_gpt_part_*.cpp.
 template <Part P>
@@ -1690,7 +1698,9 @@ int run_part(const RunArgs& a) {
   const Options& o = a.options;
   return pick_strategy(o, [&]<class S>(std::type_identity<S>) -> int {
     if constexpr (!in_part<P, S>()) {
-      weft::detail::throw_error<weft::ConfigError>("train_gpt: strategy ", S::name(), " is not in this part of the strategy table (a bug in part_of)");
+      // Not named here: S::name() for each of the table's strategies outside
+      // this part was half of each part's object code.
+      not_in_part(P);
     } else if constexpr (S::pipelined) {
       return run_pipeline_with<S>(o, a.env, a.ndp, a.stream, a.bt, a.ranks_per_node, a.unigram, a.data_name);
     } else if constexpr (S::expert_parallel_v) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -250,6 +251,33 @@ std::string policy_name_of() {
   else return X::policy_name();
 }
 
+// One entry of Strategy<...>::name(): "On<dp, FullyShard>", or a Precision
+// entry's own spelling. Instantiated once per entry type and shared by every
+// strategy that holds the entry, so that a table of many strategies (an
+// executable's --dp x tp x pp x cp choices) does not compile a naming body
+// per strategy.
+template <class E>
+std::string strategy_entry_name() {
+  if constexpr (is_precision_v<E>) {
+    return E::policy_name();
+  } else {
+    using X = typename normalise_policy<typename E::axis, typename E::placement>::type;
+    return "On<" + std::string(E::axis::name) + ", " + policy_name_of<X>() + ">";
+  }
+}
+
+// "Strategy<" + the entries' names joined by ", " + ">".
+inline std::string strategy_spelling(std::initializer_list<std::string (*)()> entries) {
+  std::string s = "Strategy<";
+  bool first = true;
+  for (auto entry : entries) {
+    if (!first) s += ", ";
+    first = false;
+    s += entry();
+  }
+  return s + ">";
+}
+
 // Checks one On<Axis, X> of a Strategy; the messages name the fix.
 template <class O>
 constexpr bool check_strategy_entry() {
@@ -412,24 +440,7 @@ struct Strategy {
   /// The strategy's spelling: "Strategy<On<dp, FullyShard>, On<tp, TensorParallel<>>>"
   /// ("Strategy<>" for the single-process model; a Precision entry is spelled
   /// where it stands, "Precision<BF16, F32>"). Run records name it.
-  static std::string name() {
-    std::string s = "Strategy<";
-    [[maybe_unused]] bool first = true;
-    (
-        [&] {
-          if (!first) s += ", ";
-          first = false;
-          using E = Entries;
-          if constexpr (is_precision_v<E>) {
-            s += E::policy_name();
-          } else {
-            using X = typename detail::normalise_policy<typename E::axis, typename E::placement>::type;
-            s += "On<" + std::string(E::axis::name) + ", " + detail::policy_name_of<X>() + ">";
-          }
-        }(),
-        ...);
-    return s + ">";
-  }
+  static std::string name() { return detail::strategy_spelling({&detail::strategy_entry_name<Entries>...}); }
 };
 
 /// True for Strategy<...>.
