@@ -28,6 +28,8 @@
 #include <weft/core/host_allocator.hpp>
 #include <weft/core/parse.hpp>
 
+#include "bench_args.hpp"
+
 namespace {
 
 struct Peer {
@@ -57,17 +59,15 @@ int main(int argc, char** argv) {
   weft::keep_large_host_allocations();
   MPI_Init(&argc, &argv);
   int reps = 7;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--reps" && i + 1 < argc) {
-      reps = weft::parse_integer<int>("--reps", argv[++i], 1);
-    } else {
-      std::fprintf(stderr, "probe_strided_gather: unknown option '%s' (options: --reps N)\n", argv[i]);
-      MPI_Abort(MPI_COMM_WORLD, 2);
-    }
-  }
   int p = 0, me = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &p);
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  weft::bench::Flags flags("probe_strided_gather");
+  flags.add("--reps", reps, "timed repetitions per method (the best is reported)", 1);
+  if (const int rc = flags.parse(argc, argv, me == 0)) {  // every rank parses the same argv: all stop together
+    MPI_Finalize();
+    return rc == 1 ? 0 : rc;
+  }
   const std::size_t P = static_cast<std::size_t>(p), cols = 1024, m = cols / P;
   if (me == 0)
     std::printf("# probe_strided_gather: %d ranks, rows x %zu floats, column blocks of %zu; ratio = contiguous / method\n"
