@@ -13,7 +13,9 @@
 // The same flags with any other --mesh train the same model on the same data:
 // --batch is the global batch, parameters depend only on the seed and their
 // global indices. --baseline FILE compares the loss curve with another run's
-// --record and fails when they differ by more than --tolerance.
+// --record and fails when they differ by more than --tolerance. The steps run
+// through weft::TrainLoop (weft/train_loop.hpp), the parity and the record
+// through weft/parity.hpp: the toolkit a user's program is built from.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -26,6 +28,7 @@
 #include <weft/nn/chain.hpp>
 #include <weft/nn/one_of.hpp>
 #include <weft/parity.hpp>
+#include <weft/train_loop.hpp>
 
 namespace {
 
@@ -230,7 +233,9 @@ const char* kUsage =
     "  --seed N               seed of parameters and data (7)\n"
     "  --record FILE          write the run record (JSON: strategy, losses, memory)\n"
     "  --baseline FILE        compare the loss curve with FILE's, fail beyond --tolerance (1e-5 relative)\n"
-    "  --help                 this text\n";
+    "  --help                 this text\n"
+    "Exit status: 0 done; 1 the loss curve departs from --baseline; 2 a refused flag or file; 4 the run diverged\n"
+    "(a non-finite loss or gradient norm, or a loss above 4 x its best for 3 steps).\n";
 
 // The flags, through weft::FlagParser: counts are strict integers from 1 to
 // 2^40 (weft::parse_integer: a value beyond the range is refused, never
@@ -281,6 +286,7 @@ int train(const Options& o, MeshT& mesh) {
   // Before any step: a bad baseline or an unwritable record path fails at once.
   const weft::LossCurve baseline = o.baseline.empty() ? weft::LossCurve{} : weft::LossCurve::read(o.baseline, o.steps);
   const weft::RecordFile record = root ? weft::RecordFile(o.record) : weft::RecordFile();
+  weft::check_outputs_not_inputs({{"--record", o.record}}, {{"--baseline", o.baseline}});
 
   ResidualMLPModel model(mesh, z);
   const auto part = weft::pipeline::equal_partition(z.blocks, npp * std::size_t(Sched::chunks));
@@ -292,16 +298,27 @@ int train(const Options& o, MeshT& mesh) {
   if (root)
     std::printf("custom_model: %s\ncustom_model: mesh dp=%zu,pp=%zu,tp=%d; %zu blocks of width %zu (hidden %zu), global batch %zu in %zu microbatches\n",
                 S::name().c_str(), ndp, npp, mesh.extent<weft::TP>(), z.blocks, z.width, z.hidden, o.batch, o.microbatches);
-  std::vector<double> losses, norms;
-  for (std::size_t step = 0; step < o.steps; ++step) {
-    auto r = weft::pipeline::train_step_with(ex, &dp, opt, o.batch, o.lr, o.clip,
-                                             [&](std::size_t i, std::size_t first, std::size_t) {
-                                               fill_batch(stage.batch(i), z, step * o.batch + first);
-                                             });
-    losses.push_back(r.loss);
-    norms.push_back(r.grad_norm);
-    if (root) std::printf("step %zu loss %.6f grad_norm %.4f\n", step, r.loss, r.grad_norm);
+  // The toolkit's run loop: one line per step, Kokkos events over the first
+  // steps, and a stop with a message at a non-finite or runaway loss.
+  weft::TrainLoop loop({.program = "custom_model", .steps = o.steps, .print = root});
+  loop.set_fixes([&](double lr) {
+    return "try a smaller --lr (now " + weft::number_text(lr) + ") or a smaller --clip (now " + weft::number_text(o.clip) + ")";
+  });
+  const weft::TrainLoopRun run = loop.run(
+      [&](std::size_t) { return o.lr; },
+      [&](std::size_t step, double lr) {
+        return weft::pipeline::train_step_with(ex, &dp, opt, o.batch, lr, o.clip,
+                                               [&](std::size_t i, std::size_t first, std::size_t) {
+                                                 fill_batch(stage.batch(i), z, step * o.batch + first);
+                                               });
+      },
+      [](std::size_t, const weft::optim::StepResult&) {}, [](std::size_t, const weft::optim::StepResult&) { return ""; });
+  if (!run.diverged.empty()) {
+    if (root) std::fprintf(stderr, "custom_model: error: %s\n", run.diverged.c_str());
+    return 4;
   }
+  const std::vector<double>& losses = run.losses;
+  const std::vector<double>& norms = run.norms;
   weft::metrics::MemoryLedger ledger;
   using C = weft::metrics::MemoryCategory;
   const auto stage_memory = stage.memory();
@@ -333,8 +350,7 @@ int train(const Options& o, MeshT& mesh) {
         .set("loss", losses)
         .set("grad_norm", norms)
         .set("memory_rank0", mem);
-    if (baseline.active())
-      rec.set("baseline", Json::object().set("file", baseline.file).set("worst_relative_difference", parity.worst));
+    rec.set("loss_parity", baseline.active() ? parity.json(baseline.file) : Json(nullptr));
     record.write(rec);
   }
   return status;

@@ -53,6 +53,7 @@
 #include <weft/core/flags.hpp>
 #include <weft/core/parse.hpp>
 #include <weft/ops/blas_threads.hpp>
+#include <weft/parity.hpp>
 #include <weft/plan/json_read.hpp>
 #include <weft/serve/serve.hpp>
 
@@ -562,13 +563,7 @@ int run(int argc, char** argv, weft::Environment& env) {
   }
   // The record's directory before the first request, not after the last.
   if (!o.record.empty()) {
-    const std::size_t slash = o.record.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : o.record.substr(0, slash);
-    struct stat st {};
-    WEFT_REQUIRE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), ConfigError, "--record ", o.record,
-                 ": the directory ", dir, " does not exist; create it first or write the record elsewhere");
-    WEFT_REQUIRE(::access(dir.c_str(), W_OK | X_OK) == 0, ConfigError, "--record ", o.record, ": cannot create a file in ",
-                 dir, " (", std::strerror(errno), ")");
+    weft::check_output_file("--record", o.record);
     // Nothing the user gave is overwritten: not a file of the checkpoint served
     // (--checkpoint names a root or one checkpoint; by device and inode).
     std::string served;
@@ -576,13 +571,11 @@ int run(int argc, char** argv, weft::Environment& env) {
         served = weft::checkpoint::resolve(o.checkpoint);
       } catch (const weft::IoError&) {  // no checkpoint there: the load names it
       }
+    weft::check_outputs_not_inputs({{"--record", o.record}}, {{"--prompts", o.prompts}, {"--baseline", o.baseline}});
     std::error_code ec;
-    for (const auto& [flag, in] : {std::pair<std::string, std::string>{"--prompts", o.prompts}, {"--baseline", o.baseline}})
-      WEFT_REQUIRE(in.empty() || !std::filesystem::equivalent(o.record, in, ec), ConfigError, "--record ", o.record,
-                   " is the same file as ", flag, " ", in, "; writing it would destroy that input. Give --record another path");
     if (!served.empty())
       for (const auto& e : std::filesystem::directory_iterator(served, ec))
-        WEFT_REQUIRE(!std::filesystem::equivalent(o.record, e.path(), ec), ConfigError, "--record ", o.record,
+        WEFT_REQUIRE(!weft::same_file(o.record, e.path().string()), ConfigError, "--record ", o.record,
                      " is the same file as ", e.path().string(), " of the checkpoint served (--checkpoint ", o.checkpoint,
                      "); writing it would destroy that checkpoint. Give --record another path");
   }
@@ -995,23 +988,7 @@ int run(int argc, char** argv, weft::Environment& env) {
     b.set("first_difference", parity.match ? Json() : Json::object().set("request", parity.request).set("token", parity.position));
     r.set("baseline", b);
   }
-  {
-    // Whole or not at all: a temporary file beside it, renamed over it; a
-    // failed write names the system's reason and leaves nothing behind.
-    const std::string text = r.dump(1) + "\n", tmp = o.record + ".tmp-" + std::to_string(::getpid());
-    std::FILE* f = std::fopen(tmp.c_str(), "w");
-    WEFT_REQUIRE(f, weft::IoError, "--record ", o.record, ": cannot create ", tmp, " (", std::strerror(errno), ")");
-    const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
-    const int e = errno;
-    const bool closed = std::fclose(f) == 0;
-    const int ce = errno;
-    const bool renamed = wrote && closed && std::rename(tmp.c_str(), o.record.c_str()) == 0;
-    if (!renamed) {
-      const std::string why = std::strerror(!wrote ? e : !closed ? ce : errno);
-      std::remove(tmp.c_str());
-      weft::detail::throw_error<weft::IoError>("--record ", o.record, ": writing failed (", why, "); nothing was left behind");
-    }
-  }
+  weft::write_file_whole("--record", o.record, r.dump(1) + "\n");  // whole or not at all
   std::printf("serve_gpt: record written to %s\n", o.record.c_str());
   report_parity();
   return status;

@@ -65,8 +65,8 @@ inline weft::plan::JsonValue parse_manifest(const std::string& file, const std::
 /// The "run" fields (dotted paths, e.g. "model.d_model") that make a
 /// checkpoint another run's: the model and the data stream always, the
 /// schedule and the optimizer too for a run that starts afresh (a resumed
-/// run may change them). The values as train_gpt_checks::json_text prints them.
-using Identity = train_gpt_checks::Identity;
+/// run may change them). The values as weft::json_text prints them.
+using Identity = weft::RunIdentity;
 
 /// Checks --checkpoint DIR before step 0 (rank 0; `prepare`: not under
 /// --check, which changes nothing): DIR, when it exists, must be a
@@ -90,7 +90,7 @@ inline void check_root(const Flags& f, const Identity& identity, bool prepare) {
       const std::string mfile = all.back().second + "/manifest.json";
       const weft::plan::JsonValue m = parse_manifest(mfile, "--checkpoint " + f.dir);
       const weft::plan::JsonValue* run = m.kind == weft::plan::JsonValue::Kind::object ? m.find("run") : nullptr;
-      const std::string diff = run ? train_gpt_checks::identity_differences(*run, identity)
+      const std::string diff = run ? weft::identity_differences(*run, identity)
                                    : std::string("its manifest has no \"run\" (not written by train_gpt)");
       if (!diff.empty()) {
         WEFT_REQUIRE(f.overwrite, weft::ConfigError, "--checkpoint ", f.dir, " holds the checkpoints of another run (",
@@ -145,11 +145,11 @@ inline std::string check_resume_root(const std::string& path) {
     for (const char* k : {"model.layers", "model.d_model", "model.heads", "model.kv_heads", "model.vocab", "model.seq",
                           "model.norm", "model.mlp", "model.position", "model.experts", "data.source", "data.seed",
                           "data.global_batch", "schedule.lr", "schedule.warmup", "schedule.clip", "optimizer.name"})
-      if (const auto* v = train_gpt_checks::at_path(*nrun, k)) id.emplace_back(k, train_gpt_checks::json_text(v));
+      if (const auto* v = weft::json_at(*nrun, k)) id.emplace_back(k, weft::json_text(v));
     for (std::size_t i = 0; i + 1 < all.size(); ++i) {
       const weft::plan::JsonValue m = parse_manifest(all[i].second + "/manifest.json", "--resume " + path);
       const weft::plan::JsonValue* run = m.find("run");
-      const std::string diff = run ? train_gpt_checks::identity_differences(*run, id) : std::string();
+      const std::string diff = run ? weft::identity_differences(*run, id) : std::string();
       std::string d = diff;  // "X there, Y in this run": here "there" is the older one, "this run" the newest
       for (std::size_t at; (at = d.find(" in this run")) != std::string::npos;) d.replace(at, 12, " in the newest");
       WEFT_REQUIRE(diff.empty(), weft::ConfigError, "--resume ", path, " mixes the checkpoints of different runs: ",

@@ -32,6 +32,8 @@
 #include <weft/vocabulary/dp_mode.hpp>
 #include <weft/plan/json_read.hpp>
 #include <weft/plan/meshes.hpp>
+#include <weft/parity.hpp>
+#include <weft/train_loop.hpp>
 
 namespace train_gpt_checks {
 
@@ -48,183 +50,6 @@ inline std::size_t check_data_file(const std::string& path) {
   WEFT_REQUIRE(f.good(), ConfigError, "--data ", path, ": cannot open the file (", std::strerror(errno),
                "); give a readable text file");
   return std::size_t(st.st_size);
-}
-
-/// Creates a probe file in the directory `dir` (for the output `flag`
-/// `path`), writes a few bytes and removes it: a directory that cannot take
-/// a new file (a read-only file system, permissions, no inodes) is found
-/// now, with the system's reason, not when the output is written.
-inline void probe_directory(const std::string& flag, const std::string& path, const std::string& dir) {
-  const std::string probe = dir + "/.weft-probe-" + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-  const int e = errno;
-  WEFT_REQUIRE(fd >= 0, ConfigError, flag, " ", path, ": cannot create a file in ", dir, " (", std::strerror(e),
-               "); give a directory this run may write in");
-  const bool wrote = ::write(fd, "weft", 4) == 4;
-  const int we = errno;
-  ::close(fd);
-  ::unlink(probe.c_str());
-  WEFT_REQUIRE(wrote, ConfigError, flag, " ", path, ": cannot write a file in ", dir, " (", std::strerror(we),
-               "); give a directory with space this run may write in");
-}
-
-/// `--record PATH` must be writable: an existing regular file we may write,
-/// or a new name in an existing directory. The record is written into a
-/// temporary file beside PATH and renamed over it (write_file_whole), so
-/// the directory must take a new file in both cases: a probe file is
-/// created in it and removed (probe_directory); nothing is left.
-inline void check_record_path(const std::string& path) {
-  struct stat st {};
-  const std::size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (::stat(path.c_str(), &st) == 0) {
-    WEFT_REQUIRE(S_ISREG(st.st_mode), ConfigError, "--record ", path, ": is ",
-                 S_ISDIR(st.st_mode) ? "a directory" : "not a regular file", "; give a file name");
-    WEFT_REQUIRE(::access(path.c_str(), W_OK) == 0, ConfigError, "--record ", path, ": cannot write the file (",
-                 std::strerror(errno), ")");
-  } else {
-    WEFT_REQUIRE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), ConfigError, "--record ", path,
-                 ": the directory ", dir, " does not exist; create it first or write the record elsewhere");
-  }
-  probe_directory("--record", path, dir);
-}
-
-/// True when `a` and `b` name the same existing file (the same device and
-/// inode, whatever the spelling: links, "./", ".."); false when either does
-/// not exist.
-inline bool same_file(const std::string& a, const std::string& b) {
-  if (a.empty() || b.empty()) return false;
-  std::error_code ec;
-  const bool same = std::filesystem::equivalent(a, b, ec);
-  return !ec && same;
-}
-
-/// A path given by a flag (`flag` "--record", `path` its value; empty: not given).
-using FlagPath = std::pair<std::string, std::string>;
-
-/// Refuses an output that is the same file as an input (same_file): the
-/// run would overwrite what the user gave it, e.g. --record naming --data.
-inline void check_outputs_not_inputs(const std::vector<FlagPath>& outputs, const std::vector<FlagPath>& inputs) {
-  for (const auto& [oflag, opath] : outputs)
-    for (const auto& [iflag, ipath] : inputs)
-      WEFT_REQUIRE(!same_file(opath, ipath), ConfigError, oflag, " ", opath, " is the same file as ", iflag, " ", ipath,
-                   " (the same device and inode); writing it would destroy that input. Give ", oflag,
-                   " another path");
-}
-
-/// A JSON value as text for comparing run identities: numbers with 17
-/// significant digits, strings as they are, true/false; "(absent)" for null.
-inline std::string json_text(const weft::plan::JsonValue* v) {
-  using K = weft::plan::JsonValue::Kind;
-  if (!v) return "(absent)";
-  if (v->kind == K::number) {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%.17g", v->number);
-    return buf;
-  }
-  if (v->kind == K::string) return v->string;
-  if (v->kind == K::boolean) return v->boolean ? "true" : "false";
-  return "(not a value)";
-}
-
-/// A number as json_text prints it.
-inline std::string value_text(double x) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.17g", x);
-  return buf;
-}
-
-/// What identifies a run: (dotted path in a JSON document, expected text as
-/// json_text prints it), e.g. {"model.d_model", "32"}.
-using Identity = std::vector<std::pair<std::string, std::string>>;
-
-/// The value at a dotted path ("model.d_model") of `doc`, or null.
-inline const weft::plan::JsonValue* at_path(const weft::plan::JsonValue& doc, const std::string& path) {
-  const weft::plan::JsonValue* v = &doc;
-  std::size_t start = 0;
-  while (v && start <= path.size()) {
-    const std::size_t dot = std::min(path.find('.', start), path.size());
-    v = v->kind == weft::plan::JsonValue::Kind::object ? v->find(path.substr(start, dot - start)) : nullptr;
-    start = dot + 1;
-  }
-  return v;
-}
-
-/// The fields of `want` whose value in `doc` differs, as "d_model 64 there,
-/// 32 in this run; ..." (empty: none differs). A field absent from `doc` is
-/// not compared (older documents lack some).
-inline std::string identity_differences(const weft::plan::JsonValue& doc, const Identity& want) {
-  std::string out;
-  for (const auto& [path, value] : want) {
-    const weft::plan::JsonValue* v = at_path(doc, path);
-    if (!v) continue;
-    const std::string there = json_text(v);
-    if (there != value) out += (out.empty() ? "" : ", ") + path + " " + there + " there, " + value + " in this run";
-  }
-  return out;
-}
-
-/// Writes `text` to `path` (given by `flag`) whole or not at all: into a
-/// temporary file beside it, then renamed over it. A write that fails (a
-/// full disk, a quota) throws weft::IoError naming the system's reason and
-/// removes the temporary file, so neither a half-written file nor an empty
-/// one is left, and an existing file at `path` stays as it was.
-inline void write_file_whole(const std::string& flag, const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  WEFT_REQUIRE(fd >= 0, weft::IoError, flag, " ", path, ": cannot create ", tmp, " (", std::strerror(errno), ")");
-  std::string why;
-  for (std::size_t done = 0; done < text.size() && why.empty();) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w > 0) done += std::size_t(w);
-    else if (w < 0 && errno == EINTR) continue;
-    else why = w < 0 ? std::strerror(errno) : "no byte written";
-  }
-  if (why.empty() && ::fsync(fd) != 0) why = std::strerror(errno);
-  if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
-  if (why.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) why = std::strerror(errno);
-  if (!why.empty()) {
-    ::unlink(tmp.c_str());
-    weft::detail::throw_error<weft::IoError>(flag, " ", path, ": writing failed (", why, "); nothing was left behind");
-  }
-}
-
-/// The "loss" array of a run record written by --record (the --baseline file).
-inline std::vector<double> read_losses(const std::string& path) {
-  std::ifstream f(path);
-  WEFT_REQUIRE(f.good(), ConfigError, "--baseline ", path, ": cannot open the file (", std::strerror(errno), ")");
-  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const weft::plan::JsonValue doc = weft::plan::parse_json(text, "--baseline " + path);
-  const weft::plan::JsonValue* loss = doc.kind == weft::plan::JsonValue::Kind::object ? doc.find("loss") : nullptr;
-  WEFT_REQUIRE(loss && loss->kind == weft::plan::JsonValue::Kind::array, ConfigError, "--baseline ", path,
-               ": no \"loss\" array found; expected a run record written by train_gpt --record");
-  std::vector<double> out;
-  for (std::size_t i = 0; i < loss->array.size(); ++i) {
-    WEFT_REQUIRE(loss->array[i].kind == weft::plan::JsonValue::Kind::number, ConfigError, "--baseline ", path,
-                 ": loss[", i, "] is not a number");
-    out.push_back(loss->array[i].number);
-  }
-  WEFT_REQUIRE(!out.empty(), ConfigError, "--baseline ", path, ": the \"loss\" array is empty");
-  return out;
-}
-
-/// The baseline must parse, be a record of the same model and data (its
-/// "config" fields of `identity`, e.g. {"config.d_model", "32"}: a loss curve
-/// of another model cannot be followed, and finding that after the whole
-/// run as a loss difference hides why) and cover every step of this run.
-inline void check_baseline(const std::string& path, std::size_t steps, const Identity& identity = {}) {
-  if (!identity.empty()) {
-    std::ifstream f(path);
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const weft::plan::JsonValue doc = weft::plan::parse_json(text, "--baseline " + path);
-    const std::string diff = identity_differences(doc, identity);
-    WEFT_REQUIRE(diff.empty(), ConfigError, "--baseline ", path, " is a record of another model or data (", diff,
-                 "); its loss curve cannot be followed. Give the record of a run of this model on this data "
-                 "(the same shape flags, --seed, --batch and --data)");
-  }
-  const std::size_t n = read_losses(path).size();
-  WEFT_REQUIRE(n >= steps, ConfigError, "--baseline ", path, " has ", n, " steps, fewer than the ", steps,
-               " of this run; use --steps ", n, " or a longer baseline");
 }
 
 /// Parses a byte count: a number with an optional K, M, G or T suffix
@@ -531,12 +356,7 @@ inline bool report_once(weft::Comm& world, const std::string& error, const char*
   return true;
 }
 
-/// How a non-finite value prints ("nan", "-nan", "inf", or the number).
-inline std::string number_text(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
-  return buf;
-}
+using weft::number_text;
 
 /// The flags that could make a run diverge, with their values now.
 struct DivergenceCauses {
@@ -556,45 +376,5 @@ inline std::string divergence_fixes(const DivergenceCauses& c) {
   if (c.moe && c.z_loss > 0) out += ", a smaller --z-loss (now " + number_text(c.z_loss) + ")";
   return out + " or a --warmup";
 }
-
-/// The divergence message of step `step` when its loss or gradient norm is
-/// not finite (empty otherwise): the step, the values and what to try.
-inline std::string divergence(std::size_t step, double loss, double grad_norm, const DivergenceCauses& causes) {
-  if (std::isfinite(loss) && std::isfinite(grad_norm)) return {};
-  const bool bad_loss = !std::isfinite(loss), bad_norm = !std::isfinite(grad_norm);
-  const std::string what = bad_loss && bad_norm ? "the loss is " + number_text(loss) + " and the gradient norm " + number_text(grad_norm)
-                           : bad_loss ? "the loss is " + number_text(loss) + " (gradient norm " + number_text(grad_norm) + ")"
-                                      : "the gradient norm is " + number_text(grad_norm) + " (loss " + number_text(loss) + ")";
-  return "training diverged at step " + std::to_string(step) + ": " + what + "; " + divergence_fixes(causes);
-}
-
-/// The divergence guard: stops a run whose loss, still finite, stays above
-/// `factor` x its best so far for `window` consecutive steps (a loss of
-/// 341535 three steps after 5.5 is no training). factor 0: off. Every rank
-/// sees the same losses (reduced over every axis), so every rank stops at
-/// the same step.
-struct DivergenceGuard {
-  double factor = 4.0;
-  std::size_t window = 3;
-  double best = 0;
-  std::size_t best_step = 0, above = 0;
-  bool any = false;
-
-  /// Takes step `step`'s loss; returns the message when the guard stops the
-  /// run (empty otherwise).
-  std::string observe(std::size_t step, double loss, const DivergenceCauses& causes) {
-    if (factor <= 0 || !std::isfinite(loss)) return {};
-    if (!any || loss < best) {
-      any = true, best = loss, best_step = step;
-    }
-    above = loss > factor * best && best > 0 ? above + 1 : 0;
-    if (above < window) return {};
-    return "training diverged at step " + std::to_string(step) + ": the loss is " + number_text(loss) + ", above " +
-           number_text(factor) + " x the best so far (" + number_text(best) + " at step " + std::to_string(best_step) +
-           ") for " + std::to_string(above) + " consecutive steps; " + divergence_fixes(causes) +
-           " (the guard: --divergence-factor " + number_text(factor) + " --divergence-window " + std::to_string(window) +
-           "; --divergence-factor 0 turns it off)";
-  }
-};
 
 }  // namespace train_gpt_checks

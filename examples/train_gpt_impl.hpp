@@ -32,6 +32,8 @@
 #include <weft/core/parse.hpp>
 #include <weft/metrics/metrics.hpp>
 #include <weft/plan/json_read.hpp>
+#include <weft/parity.hpp>
+#include <weft/train_loop.hpp>
 #include <weft/weft.hpp>
 
 #include "record_identity.hpp"
@@ -67,6 +69,7 @@ struct Options {
   std::string schedule = "1f1b", stages = "equal";
   double stage_memory_mb = 0;
   std::string compare;  // a run record whose loss curve this run must follow (--baseline, alias --compare)
+  weft::LossCurve baseline;  // --baseline's curve: read (and checked) by rank 0 before step 0; empty on other ranks
   bool check_only = false;  // --check: validate the flags and exit without training
   double tolerance = 1e-5;
   double divergence_factor = 4.0;  // --divergence-factor: stop when the loss stays above this x its best so far (0: off)
@@ -296,13 +299,6 @@ inline Options parse(int argc, char** argv) {
   return o;
 }
 
-using train_gpt_checks::read_losses;
-
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 inline const char* name_of(weft::nn::NormKind k) { return k == weft::nn::NormKind::layernorm ? "layernorm" : "rmsnorm"; }
 inline const char* name_of(weft::nn::MlpKind k) { return k == weft::nn::MlpKind::gelu ? "gelu" : "swiglu"; }
@@ -539,18 +535,10 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                 weft::ops::float_gemm_provider_name<Space>(), peak.wall * 1e-9);
   }
   std::fflush(stdout);
-  // The progress line only on a terminal, and not under an MPI launcher: Open
-  // MPI hands every rank a pseudo-terminal even when mpirun's own output goes
-  // to a file, so isatty alone would fill logs with carriage returns.
-  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
-  const bool tty = root && isatty(STDOUT_FILENO) && !launched;
   comm.reset_stats();
   tpc.reset_stats();
   if (ppc) ppc->reset_stats();
   if (cpc) cpc->reset_stats();
-  std::vector<double> losses, norms, walls, cpus;
-  std::vector<double> scales;              // fp16: the loss scale of each step
-  std::vector<std::size_t> skipped_steps;  // fp16: the steps skipped because their gradients overflowed
   std::vector<weft::nn::MoEStats> moe;  // per step, MoE models only
   weft::metrics::Profiler prof;  // its "data" scope is the input stall (batches are filled synchronously)
   weft::CommStats warm_stats;    // communication during the warm-up steps (excluded from the steady figures)
@@ -603,100 +591,74 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                               .set("optimizer_state", "float32").set("gradient_reduction", "float32"))
         .set("loss_scale", job.scaler ? train_gpt_checkpoint::loss_scale_json(*job.scaler) : Json(nullptr));
   };
-  const std::size_t run_steps = o.steps - first;
-  const std::size_t skip = run_steps > 1 ? std::min<std::size_t>(5, std::max<std::size_t>(1, run_steps / 10)) : 0;
-  // The first non-finite loss or gradient norm stops the run. Both are
-  // reduced over every axis before a step returns, so every rank stops at the
-  // same step; the record keeps the finite steps and says why it stopped.
-  std::string diverged;  // the error (empty: no step diverged)
-  double stop_loss = 0, stop_norm = 0, stop_wall = 0;
-  std::size_t stop_step = 0;
-  train_gpt_checks::DivergenceGuard guard{.factor = o.divergence_factor, .window = o.divergence_window};
-  // Kokkos events per step (kernels, fences, deep copies, allocations),
-  // counted over the first steps only: the first (warm-up allocations) and
-  // two after it. Counting makes Kokkos fence around each kernel on a device,
-  // so the callbacks are removed before the steps behind the throughput.
-  const std::size_t counted_steps = std::min<std::size_t>(3, run_steps);
-  weft::metrics::KernelCounts first_counts, later_counts;
-  std::size_t later_counted = 0;
-  if (counted_steps > 0) weft::metrics::KernelCounters::install();
-  for (std::size_t s = first; s < o.steps; ++s) {
-    const double lr = o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr;
-    Kokkos::fence();
-    const auto t0 = std::chrono::steady_clock::now();
-    const double c0 = weft::metrics::process_cpu_seconds();
-    const auto k0 = weft::metrics::KernelCounters::snapshot();
-    const weft::optim::StepResult r = job.step(s, lr, &prof);
-    const auto counts = weft::metrics::KernelCounters::snapshot() - k0;
-    Kokkos::fence();
-    if (s - first < counted_steps) {
-      if (s == first) first_counts = counts;
-      else later_counts = weft::metrics::max_of(later_counts, counts), ++later_counted;
-      if (s - first + 1 == counted_steps) weft::metrics::KernelCounters::uninstall();
-    }
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const train_gpt_checks::DivergenceCauses causes{.lr = lr, .clip = o.clip, .weight_decay = o.weight_decay,
-                                                    .moe = c.experts > 0, .aux_loss = c.aux_loss, .z_loss = c.z_loss};
-    // A loss-scaled step that overflowed was skipped (its norm is not finite by design): only its loss can diverge.
-    diverged = train_gpt_checks::divergence(s, r.loss, r.skipped ? 0.0 : r.grad_norm, causes);
-    if (diverged.empty()) diverged = guard.observe(s, r.loss, causes);
-    if (!diverged.empty()) {
-      stop_step = s, stop_loss = r.loss, stop_norm = r.grad_norm, stop_wall = wall;
-      break;
-    }
-    cpus.push_back(weft::metrics::process_cpu_seconds() - c0);
-    walls.push_back(wall);
-    if (o.ckpt.save_every && (s + 1) % o.ckpt.save_every == 0) {
-      const auto st = job.save(o.ckpt.dir, o.ckpt.keep, s + 1, run_json(s + 1));
-      ++saves;
-      save_seconds += st.seconds;
-      save_bytes += st.total_bytes;
-      if (root) std::printf("train_gpt: checkpoint %s: %zu bytes in %.3f s\n", st.path.c_str(), st.total_bytes, st.seconds);
-    }
-    if (s + 1 - first == skip) {
-      warm_stats = comm.stats();
-      warm_tp_stats = tpc.stats();
-      if (ppc) warm_pp_stats = ppc->stats();
-      if (cpc) warm_cp_stats = cpc->stats();
-    }
-    losses.push_back(r.loss);
-    norms.push_back(r.skipped ? std::numeric_limits<double>::quiet_NaN() : r.grad_norm);
-    scales.push_back(r.loss_scale);
-    if (r.skipped) skipped_steps.push_back(s);
-    if (job.moe_stats) moe.push_back(job.moe_stats());
-    if (!root) continue;
-    if (tty) std::printf("\r\033[K");
-    std::printf("step %zu loss %.4f tok/s %.0f grad_norm %.4f lr %.3g ms %.1f", s, r.loss,
-                double(tokens_per_step) / wall, r.grad_norm, lr, wall * 1e3);
-    if (job.scaler) std::printf(" loss_scale %.0f%s", r.loss_scale, r.skipped ? " skipped (gradients overflowed)" : "");
-    if (!moe.empty())
-      std::printf(" moe imbalance %.2f dropped %.0f entropy %.3f aux %.4g z %.4g", moe.back().imbalance(),
-                  moe.back().dropped, moe.back().entropy(), moe.back().aux_loss_term(), moe.back().z_loss_term());
-    std::printf("\n");
-    if (tty) {
-      const int width = 30, done = int(double(width) * double(s + 1) / double(o.steps));
-      std::printf("[%s%s] %zu/%zu loss %.3f", std::string(std::size_t(done), '#').c_str(),
-                  std::string(std::size_t(width - done), '.').c_str(), s + 1, o.steps, r.loss);
-    }
-    std::fflush(stdout);
-  }
-  if (tty) std::printf("\r\033[K");
-  weft::metrics::KernelCounters::uninstall();  // a run that stopped inside the counted steps
-  if (root && counted_steps > 0) {
-    std::printf("train_gpt: Kokkos events of rank 0's first step: %s\n", first_counts.summary().c_str());
-    if (later_counted)
-      std::printf("train_gpt: per step after the first (most of %zu): %s\n", later_counted,
-                  later_counts.summary().c_str());
-  }
+  // The run loop (weft/train_loop.hpp): timing, Kokkos events over the first
+  // steps, the step lines and the divergence checks. The first non-finite
+  // loss or gradient norm stops the run; both are reduced over every axis
+  // before a step returns, so every rank stops at the same step, and the
+  // record keeps the finite steps and says why it stopped.
+  weft::TrainLoop loop({.program = "train_gpt", .first = first, .steps = o.steps, .tokens_per_step = tokens_per_step,
+                        .print = root, .divergence_factor = o.divergence_factor,
+                        .divergence_window = o.divergence_window,
+                        .guard_settings = "--divergence-factor " + weft::number_text(o.divergence_factor) +
+                                          " --divergence-window " + std::to_string(o.divergence_window) +
+                                          "; --divergence-factor 0 turns it off"});
+  loop.set_fixes([&](double lr) {
+    return train_gpt_checks::divergence_fixes({.lr = lr, .clip = o.clip, .weight_decay = o.weight_decay,
+                                               .moe = c.experts > 0, .aux_loss = c.aux_loss, .z_loss = c.z_loss});
+  });
+  const std::size_t skip = loop.warmup();
+  const weft::TrainLoopRun run = loop.run(
+      [&](std::size_t s) { return o.warmup > 0 && s < o.warmup ? o.lr * double(s + 1) / double(o.warmup) : o.lr; },
+      [&](std::size_t s, double lr) { return job.step(s, lr, &prof); },
+      [&](std::size_t s, const weft::optim::StepResult&) {
+        if (o.ckpt.save_every && (s + 1) % o.ckpt.save_every == 0) {
+          const auto st = job.save(o.ckpt.dir, o.ckpt.keep, s + 1, run_json(s + 1));
+          ++saves;
+          save_seconds += st.seconds;
+          save_bytes += st.total_bytes;
+          if (root) std::printf("train_gpt: checkpoint %s: %zu bytes in %.3f s\n", st.path.c_str(), st.total_bytes, st.seconds);
+        }
+        if (s + 1 - first == skip) {
+          warm_stats = comm.stats();
+          warm_tp_stats = tpc.stats();
+          if (ppc) warm_pp_stats = ppc->stats();
+          if (cpc) warm_cp_stats = cpc->stats();
+        }
+        if (job.moe_stats) moe.push_back(job.moe_stats());
+      },
+      [&](std::size_t, const weft::optim::StepResult& r) {
+        std::string more;
+        char buf[200];
+        if (job.scaler) {
+          std::snprintf(buf, sizeof buf, " loss_scale %.0f%s", r.loss_scale, r.skipped ? " skipped (gradients overflowed)" : "");
+          more += buf;
+        }
+        if (!moe.empty()) {
+          std::snprintf(buf, sizeof buf, " moe imbalance %.2f dropped %.0f entropy %.3f aux %.4g z %.4g", moe.back().imbalance(),
+                        moe.back().dropped, moe.back().entropy(), moe.back().aux_loss_term(), moe.back().z_loss_term());
+          more += buf;
+        }
+        return more;
+      });
+  const std::vector<double>& losses = run.losses;
+  const std::vector<double>& norms = run.norms;
+  const std::vector<double>& walls = run.walls;
+  const std::vector<double>& scales = run.scales;
+  const std::vector<std::size_t>& skipped_steps = run.skipped_steps;
+  const std::string& diverged = run.diverged;
+  const std::size_t stop_step = run.stop_step;
+  const double stop_loss = run.stop_loss, stop_norm = run.stop_norm, stop_wall = run.stop_wall;
+  const std::size_t counted_steps = run.counted_steps, later_counted = run.later_counted;
+  const weft::metrics::KernelCounts& first_counts = run.first_counts;
+  const weft::metrics::KernelCounts& later_counts = run.later_counts;
   // Tokens/s: median over the steps after warm-up (the first steps pay for
   // first-touch and BLAS buffers). A run that stopped before the warm-up was
   // over excludes nothing (and has no throughput when no step completed).
-  const std::size_t done = walls.size(), excluded = done > skip ? skip : 0;
+  const std::size_t done = walls.size(), excluded = run.excluded();
   if (excluded != skip) warm_stats = warm_tp_stats = warm_pp_stats = warm_cp_stats = weft::CommStats{};
-  const std::vector<double> steady(walls.begin() + long(excluded), walls.end()),
-      steady_cpu(cpus.begin() + long(excluded), cpus.end());
-  const double tps = steady.empty() ? 0.0 : double(tokens_per_step) / median(steady);
-  const double tps_cpu = steady_cpu.empty() ? 0.0 : double(tokens_per_step) / median(steady_cpu);
+  const std::vector<double> steady = run.steady_walls();
+  const double tps = run.tokens_per_second(tokens_per_step);
+  const double tps_cpu = run.tokens_per_cpu_second(tokens_per_step);
   // Each rank's peak is the yardstick of its share of the work: the core's
   // FMA throughput (mfu) and, as a second figure, the best library sgemm.
   const double mfu = flops_per_token * tps / (fma_peak * world);
@@ -752,7 +714,7 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
   mine(5) = double(ledger.bytes(C::buffers) - comm_buffers);
   mine(6) = double(comm_buffers);
   mine(7) = double(ledger.total());
-  mine(8) = median(steady);
+  mine(8) = weft::median_of(steady);
   mine(9) = std::accumulate(steady.begin(), steady.end(), 0.0) / double(std::max<std::size_t>(1, steady.size()));
   mine(10) = input_stall;
   for (int k = 0; k < 12; ++k) mine(std::size_t(11 + k)) = exposed_kinds[k];
@@ -774,29 +736,9 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
     std::printf("train_gpt: final loss %.4f (unigram entropy of the data %.4f); %.0f tok/s, %.2f GFLOP/s of model FLOPs, MFU %.3f\n",
               losses.back(), unigram, tps, flops_per_token * tps * 1e-9, mfu);
 
-  // Loss parity against a baseline record: every step of this run against the same step there.
-  struct Parity {
-    std::size_t steps = 0, worst_step = 0;
-    double worst = 0, ref_at_worst = 0;
-    bool pass = true;
-  } parity;
-  if (!o.compare.empty()) {
-    const auto ref = read_losses(o.compare);
-    // A resumed run's losses start at step `first`: compared with the same steps of the baseline.
-    WEFT_REQUIRE(ref.size() >= first + losses.size(), ConfigError, "--baseline ", o.compare, " has ", ref.size(),
-                 " steps, fewer than the ", first + losses.size(), " of this run");
-    parity.steps = losses.size();
-    for (std::size_t s = 0; s < losses.size(); ++s) {
-      double rel = std::abs(losses[s] - ref[first + s]) / std::max(std::abs(ref[first + s]), 1e-30);
-      if (std::isnan(rel)) rel = INFINITY;  // a NaN loss is the worst difference there is
-      if (s == 0 || rel > parity.worst) {
-        parity.worst = rel;
-        parity.worst_step = first + s;
-        parity.ref_at_worst = ref[first + s];
-      }
-      if (!(rel <= o.tolerance)) parity.pass = false;
-    }
-  }
+  // Loss parity against a baseline record: every step of this run against the
+  // same step there (a resumed run's losses start at step `first`).
+  const weft::Parity parity = o.compare.empty() ? weft::Parity{} : o.baseline.compare(losses, o.tolerance, first);
 
   if (!o.record.empty()) {
     using weft::metrics::Json;
@@ -925,8 +867,8 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
     rec.set("warmup_steps_excluded", Json(excluded));
     Json stop = Json::object().set("reason", diverged.empty() ? "completed" : "diverged").set("steps_completed", Json(done));
     if (!diverged.empty())
-      stop.set("step", Json(stop_step)).set("loss", train_gpt_checks::number_text(stop_loss))
-          .set("grad_norm", train_gpt_checks::number_text(stop_norm)).set("step_seconds", stop_wall).set("message", diverged);
+      stop.set("step", Json(stop_step)).set("loss", weft::number_text(stop_loss))
+          .set("grad_norm", weft::number_text(stop_norm)).set("step_seconds", stop_wall).set("message", diverged);
     rec.set("stop", stop);
     rec.set("tokens_per_second", tps);
     rec.set("useful_tokens_per_second", tps);
@@ -998,15 +940,7 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                 .set("slowest", Json::object().set("rank", slow).set("seconds", field(slow, 8)))
                 .set("fastest", Json::object().set("rank", fast).set("seconds", field(fast, 8)))
                 .set("slowest_over_fastest", field(fast, 8) > 0 ? field(slow, 8) / field(fast, 8) : 1.0));
-    if (o.compare.empty()) {
-      rec.set("loss_parity", Json(nullptr));
-    } else {
-      rec.set("loss_parity", Json::object()
-                                 .set("baseline", o.compare).set("steps_compared", Json(parity.steps))
-                                 .set("max_relative_difference", parity.worst).set("worst_step", Json(parity.worst_step))
-                                 .set("tolerance", o.tolerance).set("pass", parity.pass)
-                                 .set("definition", "per step |loss - baseline| / |baseline|, steps 0..steps_compared-1"));
-    }
+    rec.set("loss_parity", o.compare.empty() ? Json(nullptr) : parity.json(o.compare));
     rec.set("collectives", collectives);
     rec.set("collectives_note", "dp axis (the DP x CP ranks with context parallelism: gradients sum over both), rank 0, all steps: bytes as nccl-tests' size; exposed = time the rank was blocked; collectives_tp, _pp and _cp: the other axes' (cp: the attention's K/V exchange and the loss sum)");
     rec.set("collectives_tp", collectives_of(tp_stats));
@@ -1022,7 +956,7 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
                                          "without callbacks); see docs/records.md"));
     rec.set("unigram_entropy", unigram);
     rec.set("moe", moe_record(c, moe));
-    train_gpt_checks::write_file_whole("--record", o.record, rec.dump() + "\n");
+    weft::write_file_whole("--record", o.record, rec.dump() + "\n");
     std::printf("train_gpt: run record written to %s\n", o.record.c_str());
   }
   if (!diverged.empty()) {
@@ -1031,14 +965,14 @@ inline int train(const Options& o, Job& job, weft::Comm& tpc, const weft::ops::B
     return status;
   }
   if (!o.compare.empty()) {
-    if (!parity.pass) {
-      std::fprintf(stderr, "train_gpt: error: step %zu loss %.9g differs from %s's %.9g by %.3g relative, more than --tolerance %.3g\n",
-                   parity.worst_step, losses[parity.worst_step - first], o.compare.c_str(), parity.ref_at_worst, parity.worst,
-                   o.tolerance);
+    // "train_gpt: the loss curve follows F (...)" or "train_gpt: error: the loss curve departs from F: ..."
+    const std::string verdict = parity.line("train_gpt", o.compare);
+    if (!parity.follows()) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "%s\n", verdict.c_str());
       return 3;
     }
-    std::printf("train_gpt: the loss curve follows %s: max relative difference %.3g over %zu steps (tolerance %.3g)\n",
-                o.compare.c_str(), parity.worst, parity.steps, o.tolerance);
+    std::printf("%s\n", verdict.c_str());
   }
   return 0;
 }
@@ -1522,15 +1456,17 @@ inline Checked check_before_step_zero(int argc, char** argv, int world, int rank
     WEFT_REQUIRE(size >= o.model.seq + 1, ConfigError, "--data ", o.data, " has ", size, " bytes, fewer than --seq + 1 = ",
                  o.model.seq + 1, "; use a longer file or a shorter --seq");
   }
-  if (rank == 0 && !o.record.empty()) train_gpt_checks::check_record_path(o.record);
+  if (rank == 0 && !o.record.empty()) weft::check_output_file("--record", o.record);
   // Nothing the user gave is overwritten: an output that is the same file as an input is refused.
-  train_gpt_checks::check_outputs_not_inputs({{"--record", o.record}, {"--checkpoint", o.ckpt.dir}},
+  weft::check_outputs_not_inputs({{"--record", o.record}, {"--checkpoint", o.ckpt.dir}},
                                              {{"--data", o.data}, {"--baseline", o.compare}, {"--resume", o.ckpt.resume}});
   const std::string data_name = o.data.empty() ? "synthetic" : o.data;
-  auto num = [](double x) { return train_gpt_checks::value_text(x); };
+  auto num = [](double x) { return weft::value_text(x); };
+  // Rank 0 reads the baseline once, before step 0: a record of another model
+  // or data, or one shorter than --steps, is refused now.
   if (rank == 0 && !o.compare.empty())
-    train_gpt_checks::check_baseline(
-        o.compare, o.steps,
+    o.baseline = weft::LossCurve::read(
+        o.compare, o.steps, "--baseline",
         {{"config.layers", num(double(o.model.layers))}, {"config.d_model", num(double(o.model.d_model))},
          {"config.heads", num(double(o.model.heads))}, {"config.kv_heads", num(double(o.model.kv()))},
          {"config.ffn_hidden", num(double(o.model.hidden()))}, {"config.vocab", num(double(o.model.vocab))},

@@ -1,9 +1,11 @@
-// Loss-curve parity and run records for programs built on weft: the pieces
-// that train_gpt's and custom_model's --baseline and --record need, public so
-// that a user's program gets the same checks without copying them.
+// Loss-curve parity, run records and the file checks around them, for
+// programs built on weft: the pieces that train_gpt's, serve_gpt's and
+// custom_model's --baseline and --record use, public so that a user's
+// program gets the same checks without copying them.
 //
 //   weft::LossCurve base = weft::LossCurve::read(path, steps);   // before step 0: a bad file fails at once
 //   weft::RecordFile rec(record_path);                           // before step 0: an unwritable place fails at once
+//   weft::check_outputs_not_inputs({{"--record", record_path}}, {{"--baseline", path}, {"--data", data}});
 //   ... train, collecting one loss per step ...
 //   const weft::Parity p = base.compare(losses, tolerance);      // worst relative difference
 //   std::puts(p.line("my_train", base.file).c_str());            // "the loss curve follows ..." or "error: ..."
@@ -11,15 +13,22 @@
 //   return p.follows() ? 0 : 1;
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include <weft/core/error.hpp>
@@ -28,23 +37,243 @@
 
 namespace weft {
 
+// ---------------------------------------------------------------------------
+// Run identity: which model and data a record or checkpoint belongs to.
+
+/// What identifies a run: pairs of (dotted path in a JSON document, the
+/// value expected there as json_text prints it), e.g. {"config.d_model",
+/// "32"}. A program lists the fields a --baseline (or a checkpoint to resume)
+/// must share with the run before it can be followed.
+using RunIdentity = std::vector<std::pair<std::string, std::string>>;
+
+/// A JSON value as text for comparing run identities: a number with 17
+/// significant digits ("%.17g": 32 is "32", 0.1 is "0.10000000000000001"),
+/// a string as it is, "true"/"false"; "(absent)" for a null pointer and
+/// "(not a value)" for null, arrays and objects.
+inline std::string json_text(const plan::JsonValue* v) {
+  using K = plan::JsonValue::Kind;
+  if (!v) return "(absent)";
+  if (v->kind == K::number) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v->number);
+    return buf;
+  }
+  if (v->kind == K::string) return v->string;
+  if (v->kind == K::boolean) return v->boolean ? "true" : "false";
+  return "(not a value)";
+}
+
+/// A number as json_text prints it ("%.17g"): what a RunIdentity holds for
+/// a numeric field.
+inline std::string value_text(double x) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  return buf;
+}
+
+/// The value at a dotted path ("config.d_model": member d_model of member
+/// config) of `doc`, or null when a step of the path is missing or not an
+/// object.
+inline const plan::JsonValue* json_at(const plan::JsonValue& doc, const std::string& path) {
+  const plan::JsonValue* v = &doc;
+  std::size_t start = 0;
+  while (v && start <= path.size()) {
+    const std::size_t dot = std::min(path.find('.', start), path.size());
+    v = v->kind == plan::JsonValue::Kind::object ? v->find(path.substr(start, dot - start)) : nullptr;
+    start = dot + 1;
+  }
+  return v;
+}
+
+/// The fields of `want` whose value in `doc` differs, joined as
+/// "config.d_model 64 there, 32 in this run, ..." in want's order (empty:
+/// none differs). A field absent from `doc` is not compared: records
+/// written before a field existed still match.
+inline std::string identity_differences(const plan::JsonValue& doc, const RunIdentity& want) {
+  std::string out;
+  for (const auto& [path, value] : want) {
+    const plan::JsonValue* v = json_at(doc, path);
+    if (!v) continue;
+    const std::string there = json_text(v);
+    if (there != value) out += (out.empty() ? "" : ", ") + path + " " + there + " there, " + value + " in this run";
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Output files: checked before step 0, written whole or not at all.
+
+/// A path given by a flag: (the flag, e.g. "--record"; its value, empty
+/// when not given).
+using FlagPath = std::pair<std::string, std::string>;
+
+/// True when `a` and `b` name the same existing file (the same device and
+/// inode, whatever the spelling: links, "./", ".."); false when either is
+/// empty or does not exist.
+inline bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  std::error_code ec;
+  const bool same = std::filesystem::equivalent(a, b, ec);
+  return !ec && same;
+}
+
+/// Refuses an output that is the same file as an input (same_file), since
+/// the run would overwrite what the user gave it: throws ConfigError
+/// "<oflag> <opath> is the same file as <iflag> <ipath> (the same device and
+/// inode); writing it would destroy that input. Give <oflag> another path".
+/// Pairs with an empty path are skipped.
+inline void check_outputs_not_inputs(const std::vector<FlagPath>& outputs, const std::vector<FlagPath>& inputs) {
+  for (const auto& [oflag, opath] : outputs)
+    for (const auto& [iflag, ipath] : inputs)
+      WEFT_REQUIRE(!same_file(opath, ipath), ConfigError, oflag, " ", opath, " is the same file as ", iflag, " ", ipath,
+                   " (the same device and inode); writing it would destroy that input. Give ", oflag,
+                   " another path");
+}
+
+/// The directory a file path lives in: the text before its last '/', "/"
+/// for "/name", "." for a bare name.
+inline std::string directory_of(const std::string& path) {
+  const std::size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+/// Creates a probe file in `dir` (the directory of the output `flag`
+/// `path`), writes 4 bytes and removes it, so that a directory that cannot
+/// take a new file (read-only file system, permissions, no inodes, no
+/// space) is found now, with the system's reason, and not when the output
+/// is written. Throws ConfigError "<flag> <path>: cannot create a file in
+/// <dir> (<reason>); ..." or "... cannot write a file in <dir> ...".
+inline void probe_directory(const std::string& flag, const std::string& path, const std::string& dir) {
+  const std::string probe = dir + "/.weft-probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  const int e = errno;
+  WEFT_REQUIRE(fd >= 0, ConfigError, flag, " ", path, ": cannot create a file in ", dir, " (", std::strerror(e),
+               "); give a directory this run may write in");
+  const bool wrote = ::write(fd, "weft", 4) == 4;
+  const int we = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  WEFT_REQUIRE(wrote, ConfigError, flag, " ", path, ": cannot write a file in ", dir, " (", std::strerror(we),
+               "); give a directory with space this run may write in");
+}
+
+/// Checks that the output file `path` (given by `flag`) can be written the
+/// way write_file_whole writes it: an existing regular file this process
+/// may write, or a new name in an existing directory; in both cases the
+/// directory must take a new file (probe_directory). Throws ConfigError
+/// naming the flag, the path and the fix: "is a directory", "is not a
+/// regular file", "cannot write the file (<reason>)", "the directory <dir>
+/// does not exist; create it first or write the record elsewhere", or
+/// probe_directory's sentences. Leaves nothing behind.
+inline void check_output_file(const std::string& flag, const std::string& path) {
+  struct stat st {};
+  const std::string dir = directory_of(path);
+  if (::stat(path.c_str(), &st) == 0) {
+    WEFT_REQUIRE(S_ISREG(st.st_mode), ConfigError, flag, " ", path, ": is ",
+                 S_ISDIR(st.st_mode) ? "a directory" : "not a regular file", "; give a file name");
+    WEFT_REQUIRE(::access(path.c_str(), W_OK) == 0, ConfigError, flag, " ", path, ": cannot write the file (",
+                 std::strerror(errno), ")");
+  } else {
+    WEFT_REQUIRE(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), ConfigError, flag, " ", path,
+                 ": the directory ", dir, " does not exist; create it first or write the record elsewhere");
+  }
+  probe_directory(flag, path, dir);
+}
+
+/// Writes `text` to `path` (given by `flag`) whole or not at all: into
+/// "<path>.tmp-<pid>" beside it, flushed to the disk (fsync), then renamed
+/// over `path`. A write that fails (a full disk, a quota) throws IoError
+/// "<flag> <path>: writing failed (<reason>); nothing was left behind" and
+/// removes the temporary file: neither a half-written nor an empty file is
+/// left, and an existing file at `path` stays as it was.
+inline void write_file_whole(const std::string& flag, const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  WEFT_REQUIRE(fd >= 0, IoError, flag, " ", path, ": cannot create ", tmp, " (", std::strerror(errno), ")");
+  std::string why;
+  for (std::size_t done = 0; done < text.size() && why.empty();) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w > 0) done += std::size_t(w);
+    else if (w < 0 && errno == EINTR) continue;
+    else why = w < 0 ? std::strerror(errno) : "no byte written";
+  }
+  if (why.empty() && ::fsync(fd) != 0) why = std::strerror(errno);
+  if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
+  if (why.empty() && ::rename(tmp.c_str(), path.c_str()) != 0) why = std::strerror(errno);
+  if (!why.empty()) {
+    ::unlink(tmp.c_str());
+    detail::throw_error<IoError>(flag, " ", path, ": writing failed (", why, "); nothing was left behind");
+  }
+}
+
+/// A run record's file. Constructing it runs check_output_file, so that a
+/// wrong path fails before step 0; write() writes the record with
+/// write_file_whole, so a reader never sees half a record and an earlier
+/// record stays whole until the new one is complete. Default-constructed
+/// (or constructed with an empty path): no record, and write() does nothing.
+class RecordFile {
+ public:
+  RecordFile() = default;
+  /// Throws ConfigError (check_output_file) when `path` cannot be written;
+  /// `flag` names the option in the messages.
+  explicit RecordFile(std::string path, std::string_view flag = "--record") : path_(std::move(path)), flag_(flag) {
+    if (!path_.empty()) check_output_file(flag_, path_);
+  }
+  /// Whether a path was given.
+  bool active() const { return !path_.empty(); }
+  /// The path.
+  const std::string& path() const { return path_; }
+  /// Writes `rec` as the record, dumped with `indent` (metrics::Json::dump)
+  /// and a final newline. Throws IoError when the file cannot be written or
+  /// renamed; the previous record is then intact and no temporary is left.
+  void write(const metrics::Json& rec, int indent = 2) const {
+    if (!path_.empty()) write_file_whole(flag_, path_, rec.dump(indent) + "\n");
+  }
+
+ private:
+  std::string path_;
+  std::string flag_ = "--record";
+};
+
+// ---------------------------------------------------------------------------
+// Loss-curve parity.
+
 /// The verdict of a loss curve against a baseline.
 struct Parity {
-  double worst = 0;      ///< max over the steps of |loss - baseline| / max(|baseline|, 1e-30)
-  double tolerance = 0;  ///< the largest worst that passes
-  std::size_t steps = 0; ///< steps compared
+  double worst = 0;            ///< max over the steps of |loss - baseline| / max(|baseline|, 1e-30); +inf for a NaN loss
+  double tolerance = 0;        ///< the largest worst that passes
+  std::size_t steps = 0;       ///< steps compared
+  std::size_t worst_step = 0;  ///< the step (as the baseline counts them) where worst was reached (the first such)
+  double run_at_worst = 0;     ///< this run's loss at worst_step
+  double baseline_at_worst = 0;///< the baseline's loss at worst_step
   /// Whether worst <= tolerance.
   bool follows() const { return worst <= tolerance; }
   /// "<program>: the loss curve follows <file> (worst relative difference W
   /// <= T over N steps)" or "<program>: error: the loss curve departs from
-  /// <file>: worst relative difference W > T over N steps".
+  /// <file>: worst relative difference W > T over N steps (step S: loss A,
+  /// baseline B)" (A and B with 9 significant digits).
   std::string line(std::string_view program, std::string_view file) const {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, follows() ? " (worst relative difference %.3g <= %.3g over %zu steps)"
-                                             : ": worst relative difference %.3g > %.3g over %zu steps",
-                  worst, tolerance, steps);
+    char buf[240];
+    if (follows())
+      std::snprintf(buf, sizeof buf, " (worst relative difference %.3g <= %.3g over %zu steps)", worst, tolerance, steps);
+    else
+      std::snprintf(buf, sizeof buf, ": worst relative difference %.3g > %.3g over %zu steps (step %zu: loss %.9g, baseline %.9g)",
+                    worst, tolerance, steps, worst_step, run_at_worst, baseline_at_worst);
     return std::string(program) + (follows() ? ": the loss curve follows " : ": error: the loss curve departs from ") +
            std::string(file) + buf;
+  }
+  /// The verdict as a run record's "loss_parity" object (docs/records.md):
+  /// baseline (`file`), steps_compared, max_relative_difference (null for a
+  /// NaN loss), worst_step, tolerance, pass, definition.
+  metrics::Json json(const std::string& file) const {
+    return metrics::Json::object()
+        .set("baseline", file)
+        .set("steps_compared", metrics::Json(double(steps)))
+        .set("max_relative_difference", worst)
+        .set("worst_step", metrics::Json(double(worst_step)))
+        .set("tolerance", tolerance)
+        .set("pass", follows())
+        .set("definition", "per step |loss - baseline| / |baseline|, steps 0..steps_compared-1");
   }
 };
 
@@ -59,16 +288,24 @@ struct LossCurve {
 
   /// Reads the "loss" array of the JSON record at `path`, which must hold at
   /// least `steps` numbers (the steps the run will compare). `flag` names
-  /// the option in the messages. Throws ConfigError, naming the file and
-  /// what is wrong, when it cannot be opened, is not JSON, has no "loss"
-  /// array of numbers, or is shorter than `steps`: call it before step 0,
-  /// so that a bad file costs no training.
-  static LossCurve read(const std::string& path, std::size_t steps, std::string_view flag = "--baseline") {
+  /// the option in the messages. When `identity` is given, the record must
+  /// also be one of the same run (identity_differences is empty): a curve of
+  /// another model cannot be followed, and finding that after the whole run
+  /// as a loss difference would hide why. Throws ConfigError, naming the
+  /// flag, the file and what is wrong, when it cannot be opened, is not JSON,
+  /// is a record of another run, has no non-empty "loss" array of numbers,
+  /// or is shorter than `steps`: call it before step 0, so that a bad file
+  /// costs no training.
+  static LossCurve read(const std::string& path, std::size_t steps, std::string_view flag = "--baseline",
+                        const RunIdentity& identity = {}) {
     const std::string what = std::string(flag) + " " + path;
     std::ifstream f(path);
     WEFT_REQUIRE(f.good(), ConfigError, what, ": cannot open the file (", std::strerror(errno), ")");
     const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     const plan::JsonValue doc = plan::parse_json(text, what);
+    const std::string diff = identity_differences(doc, identity);
+    WEFT_REQUIRE(diff.empty(), ConfigError, what, " is a record of another model or data (", diff,
+                 "); its loss curve cannot be followed. Give the record of a run of this model on this data");
     const plan::JsonValue* l = doc.kind == plan::JsonValue::Kind::object ? doc.find("loss") : nullptr;
     WEFT_REQUIRE(l && l->kind == plan::JsonValue::Kind::array && !l->array.empty(), ConfigError, what,
                  ": no \"loss\" array found; expected a run record (--record) with one loss per step");
@@ -80,68 +317,33 @@ struct LossCurve {
       c.loss.push_back(l->array[i].number);
     }
     WEFT_REQUIRE(c.loss.size() >= steps, ConfigError, what, " has ", c.loss.size(), " steps, fewer than the ", steps,
-                 " this run compares; record a longer baseline or run fewer steps");
+                 " this run compares; record a longer baseline or run --steps ", c.loss.size());
     return c;
   }
 
-  /// The worst relative difference of `run` (one loss per step run) against
-  /// this curve's first run.size() steps, with `tolerance`. Throws
-  /// ConfigError when the run has more steps than the curve.
-  Parity compare(const std::vector<double>& run, double tolerance) const {
-    WEFT_REQUIRE(run.size() <= loss.size(), ConfigError, "weft::LossCurve::compare: the run has ", run.size(),
-                 " steps but the baseline ", file, " only ", loss.size());
+  /// The worst relative difference of `run` against this curve, with
+  /// `tolerance`: run[i] is compared with loss[first + i] (`first` > 0 for a
+  /// run resumed at step `first`, whose losses start there). Throws
+  /// ConfigError when the curve has fewer than first + run.size() steps.
+  Parity compare(const std::vector<double>& run, double tolerance, std::size_t first = 0) const {
+    WEFT_REQUIRE(first + run.size() <= loss.size(), ConfigError, "weft::LossCurve::compare: the run has ",
+                 first + run.size(), " steps but the baseline ", file, " only ", loss.size());
     Parity p;
     p.tolerance = tolerance;
     p.steps = run.size();
     for (std::size_t i = 0; i < run.size(); ++i) {
-      const double d = std::abs(run[i] - loss[i]) / std::max(std::abs(loss[i]), 1e-30);
-      p.worst = std::max(p.worst, std::isnan(d) ? HUGE_VAL : d);  // a NaN loss never follows
+      const double base = loss[first + i];
+      double d = std::abs(run[i] - base) / std::max(std::abs(base), 1e-30);
+      if (std::isnan(d)) d = HUGE_VAL;  // a NaN loss never follows
+      if (i == 0 || d > p.worst) {
+        p.worst = d;
+        p.worst_step = first + i;
+        p.run_at_worst = run[i];
+        p.baseline_at_worst = base;
+      }
     }
     return p;
   }
-};
-
-/// A run record's file. Constructing it checks that the place can be
-/// written (it creates and removes `path`.tmp), so that a wrong path fails
-/// before step 0; write() writes the record to `path`.tmp and renames it over
-/// `path`, so a reader never sees half a record and an earlier record stays
-/// whole until the new one is complete. Default-constructed: no record.
-class RecordFile {
- public:
-  RecordFile() = default;
-  /// Throws ConfigError when `path`.tmp cannot be created (`flag` names the option).
-  explicit RecordFile(std::string path, std::string_view flag = "--record") : path_(std::move(path)), flag_(flag) {
-    if (path_.empty()) return;
-    const std::string tmp = path_ + ".tmp";
-    {
-      std::ofstream probe(tmp);
-      WEFT_REQUIRE(probe.good(), ConfigError, flag_, " ", path_, ": cannot write there (", std::strerror(errno),
-                   "); choose a writable path");
-    }
-    std::remove(tmp.c_str());
-  }
-  /// Whether a path was given.
-  bool active() const { return !path_.empty(); }
-  /// The path.
-  const std::string& path() const { return path_; }
-  /// Writes `rec` (pretty-printed) as the record. Throws ConfigError when the
-  /// file cannot be written or renamed; the previous record is then intact.
-  void write(const metrics::Json& rec) const {
-    if (path_.empty()) return;
-    const std::string tmp = path_ + ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << rec.dump(2) << "\n";
-      f.flush();
-      WEFT_REQUIRE(f.good(), ConfigError, flag_, " ", path_, ": cannot write the record (", std::strerror(errno), ")");
-    }
-    WEFT_REQUIRE(std::rename(tmp.c_str(), path_.c_str()) == 0, ConfigError, flag_, " ", path_,
-                 ": cannot move the finished record into place (", std::strerror(errno), ")");
-  }
-
- private:
-  std::string path_;
-  std::string flag_ = "--record";
 };
 
 }  // namespace weft

@@ -6,13 +6,24 @@
 //   steps to compare;
 // - compare gives the worst relative difference (a NaN never follows) and
 //   the verdict line;
-// - RecordFile refuses an unwritable place when constructed, writes whole
+// - read with a RunIdentity refuses a record of another run, naming the
+//   fields that differ, and ignores fields the record lacks;
+// - compare with `first` compares a resumed run's losses with the same steps
+//   of the curve and names the worst step; Parity::json is the record's
+//   "loss_parity" object;
+// - RecordFile (check_output_file) refuses a directory, a missing directory
+//   and a directory that cannot take a file when constructed, writes whole
 //   records through a temporary it renames (none is left behind), and a
-//   written record reads back as a baseline.
+//   written record reads back as a baseline; write_file_whole throws IoError
+//   and leaves nothing when it cannot write;
+// - check_outputs_not_inputs refuses an output that is an input under
+//   another spelling, and json_at / json_text / value_text read identities.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -40,6 +51,11 @@ std::string config_error(F f) {
   return "";
 }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+std::size_t files_in(const std::string& dir) {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+  return n;
+}
 
 }  // namespace
 
@@ -60,8 +76,42 @@ TEST_CASE("LossCurve::read takes a record's losses and refuses bad files before 
   CHECK(contains(config_error([&] { weft::LossCurve::read(bad, 1, "--compare"); }), "--compare " + bad + ": no \"loss\" array"));
   write_text(bad, R"({"loss": [1, "two"]})");
   CHECK(contains(config_error([&] { weft::LossCurve::read(bad, 1); }), "loss[1] is not a number"));
+  write_text(bad, R"({"loss": []})");
+  CHECK(contains(config_error([&] { weft::LossCurve::read(bad, 0); }), "no \"loss\" array found"));
   std::remove(good.c_str());
   std::remove(bad.c_str());
+}
+
+TEST_CASE("LossCurve::read with a run identity refuses a record of another run before any step") {
+  if (weft::test::world().rank() != 0) return;
+  const std::string rec = scratch("identity.json");
+  write_text(rec, R"({"config": {"d_model": 64, "data": "corpus.txt", "lr": 0.1}, "loss": [2.5, 2.0]})");
+  const weft::RunIdentity same = {{"config.d_model", weft::value_text(64)}, {"config.data", "corpus.txt"},
+                                  {"config.lr", weft::value_text(0.1)}, {"config.seed", "7"}};  // seed: absent there
+  CHECK(weft::LossCurve::read(rec, 2, "--baseline", same).loss.size() == 2);
+  const weft::RunIdentity other = {{"config.d_model", weft::value_text(32)}, {"config.data", "other.txt"}};
+  const std::string e = config_error([&] { weft::LossCurve::read(rec, 2, "--baseline", other); });
+  CHECK(contains(e, "--baseline " + rec + " is a record of another model or data (config.d_model 64 there, 32 in "
+                    "this run, config.data corpus.txt there, other.txt in this run)"));
+  // The identity is checked before the length: the reason given is the real one.
+  CHECK(contains(config_error([&] { weft::LossCurve::read(rec, 5, "--baseline", other); }), "another model"));
+  std::remove(rec.c_str());
+}
+
+TEST_CASE("json_at, json_text and value_text: the identity of a run as text") {
+  const auto doc = weft::plan::parse_json(R"({"a": {"b": 0.1, "s": "x", "t": true, "n": null, "o": {}}})", "doc");
+  CHECK(weft::json_text(weft::json_at(doc, "a.b")) == weft::value_text(0.1));
+  CHECK(weft::value_text(0.1) == "0.10000000000000001");
+  CHECK(weft::value_text(32) == "32");
+  CHECK(weft::json_text(weft::json_at(doc, "a.s")) == "x");
+  CHECK(weft::json_text(weft::json_at(doc, "a.t")) == "true");
+  CHECK(weft::json_text(weft::json_at(doc, "a.n")) == "(not a value)");
+  CHECK(weft::json_text(weft::json_at(doc, "a.o")) == "(not a value)");
+  CHECK(weft::json_at(doc, "a.missing") == nullptr);
+  CHECK(weft::json_at(doc, "a.b.c") == nullptr);  // b is not an object
+  CHECK(weft::json_text(nullptr) == "(absent)");
+  CHECK(weft::identity_differences(doc, {{"a.b", "0.2"}, {"a.s", "x"}, {"z", "1"}}) ==
+        "a.b 0.10000000000000001 there, 0.2 in this run");
 }
 
 TEST_CASE("LossCurve::compare: the worst relative difference, NaN never follows, the verdict line") {
@@ -76,15 +126,43 @@ TEST_CASE("LossCurve::compare: the worst relative difference, NaN never follows,
   const auto q = c.compare({2.0, 1.5}, 1e-5);
   CHECK(!q.follows());
   CHECK(std::abs(q.worst - 0.5) < 1e-15);
-  CHECK(q.line("prog", c.file) == "prog: error: the loss curve departs from ref.json: worst relative difference 0.5 > 1e-05 over 2 steps");
+  CHECK(q.line("prog", c.file) == "prog: error: the loss curve departs from ref.json: worst relative difference 0.5 > 1e-05 over 2 steps "
+                                  "(step 1: loss 1.5, baseline 1)");
   CHECK(!c.compare({std::nan("")}, 1.0).follows());
   CHECK(contains(config_error([&] { c.compare({1, 2, 3, 4}, 1e-5); }), "the run has 4 steps but the baseline ref.json only 3"));
+  CHECK(contains(config_error([&] { c.compare({1, 2}, 1e-5, 2); }), "the run has 4 steps but the baseline ref.json only 3"));
+}
+
+TEST_CASE("LossCurve::compare from a resumed step names the worst step as the baseline counts it") {
+  weft::LossCurve c;
+  c.file = "ref.json";
+  c.loss = {4.0, 2.0, 1.0, 0.5};
+  // A run resumed at step 2: its losses are steps 2 and 3.
+  const auto p = c.compare({1.0, 0.25}, 1e-5, 2);
+  CHECK(p.steps == 2);
+  CHECK(p.worst_step == 3);
+  CHECK(p.run_at_worst == 0.25);
+  CHECK(p.baseline_at_worst == 0.5);
+  CHECK(std::abs(p.worst - 0.5) < 1e-15);
+  CHECK(p.line("prog", c.file) ==
+        "prog: error: the loss curve departs from ref.json: worst relative difference 0.5 > 1e-05 over 2 steps "
+        "(step 3: loss 0.25, baseline 0.5)");
+  // The first of equal worsts; a NaN is the worst there is.
+  const auto q = c.compare({4.0, std::nan(""), 1.0}, 1e-5);
+  CHECK(q.worst_step == 1);
+  CHECK(std::isinf(q.worst));
+  const std::string j = p.json("ref.json").dump();
+  for (const char* part : {"\"baseline\": \"ref.json\"", "\"steps_compared\": 2", "\"max_relative_difference\": 0.5",
+                           "\"worst_step\": 3", "\"tolerance\": 1.0000000000000001e-05", "\"pass\": false"})
+    CHECK_MESSAGE(contains(j, part), j, " lacks ", part);
+  CHECK(contains(q.json("ref.json").dump(), "\"max_relative_difference\": null"));  // a NaN loss
 }
 
 TEST_CASE("RecordFile refuses an unwritable place at once and writes whole records") {
   if (weft::test::world().rank() != 0) return;
   CHECK(contains(config_error([] { weft::RecordFile("/nonexistent-dir/run.json"); }),
-                 "--record /nonexistent-dir/run.json: cannot write there"));
+                 "--record /nonexistent-dir/run.json: the directory /nonexistent-dir does not exist"));
+  CHECK(contains(config_error([] { weft::RecordFile("/tmp", "--out"); }), "--out /tmp: is a directory; give a file name"));
   CHECK(!weft::RecordFile().active());
   const std::string path = scratch("record.json");
   weft::RecordFile rec(path);
@@ -98,4 +176,47 @@ TEST_CASE("RecordFile refuses an unwritable place at once and writes whole recor
   rec.write(weft::metrics::Json::object().set("loss", std::vector<double>{1.0}));  // replaces the whole record
   CHECK(weft::LossCurve::read(path, 1).loss == std::vector<double>{1.0});
   std::remove(path.c_str());
+}
+
+TEST_CASE("check_output_file refuses a directory that cannot take a file; write_file_whole leaves nothing on failure") {
+  if (weft::test::world().rank() != 0) return;
+  const std::string dir = scratch("dir");
+  std::filesystem::create_directory(dir);
+  weft::check_output_file("--record", dir + "/run.json");  // writable: passes and leaves nothing
+  CHECK(files_in(dir) == 0);
+  weft::write_file_whole("--record", dir + "/run.json", "first\n");
+  weft::write_file_whole("--record", dir + "/run.json", "second\n");
+  std::ifstream in(dir + "/run.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text == "second\n");
+  CHECK(files_in(dir) == 1);  // no temporary left
+  std::string io;
+  try {
+    weft::write_file_whole("--record", dir + "/missing/run.json", "x");
+  } catch (const weft::IoError& e) {
+    io = e.what();
+  }
+  CHECK(contains(io, "--record " + dir + "/missing/run.json: cannot create "));
+  if (::geteuid() != 0) {  // root writes anywhere: the permission check is a non-root one
+    ::chmod(dir.c_str(), 0555);
+    CHECK(contains(config_error([&] { weft::check_output_file("--record", dir + "/new.json"); }),
+                   "cannot create a file in " + dir));
+    ::chmod(dir.c_str(), 0755);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("check_outputs_not_inputs refuses an output that is an input under another spelling") {
+  if (weft::test::world().rank() != 0) return;
+  const std::string in = scratch("input.json");
+  write_text(in, "{}");
+  const std::string dir = in.substr(0, in.find_last_of('/'));
+  const std::string respelled = dir + "/./" + in.substr(in.find_last_of('/') + 1);
+  CHECK(weft::same_file(in, respelled));
+  CHECK(!weft::same_file(in, scratch("absent.json")));
+  CHECK(!weft::same_file("", in));
+  const std::string e = config_error([&] { weft::check_outputs_not_inputs({{"--record", respelled}}, {{"--baseline", in}}); });
+  CHECK(contains(e, "--record " + respelled + " is the same file as --baseline " + in + " (the same device and inode)"));
+  weft::check_outputs_not_inputs({{"--record", scratch("other.json")}, {"--checkpoint", ""}}, {{"--baseline", in}, {"--data", ""}});
+  std::remove(in.c_str());
 }

@@ -14,7 +14,7 @@ import sys
 # From the bottom. "config" is the generated weft/config.hpp, "weft" the
 # umbrella weft/weft.hpp, which includes every floor.
 FLOORS = ["config", "core", "precision", "comm", "mesh", "ops", "placement", "metrics", "data",
-          "vocabulary", "nn", "optim", "parallel", "plan", "serve", "checkpoint", "parity", "weft"]
+          "vocabulary", "nn", "optim", "parallel", "plan", "serve", "checkpoint", "parity", "train_loop", "weft"]
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*<weft/([^>]+)>')
 
