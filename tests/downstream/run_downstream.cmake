@@ -5,7 +5,10 @@
 # KOKKOS_DIR, KOKKOSKERNELS_DIR and KOKKOS_VERSION are those of weft's build:
 # the project is pointed at them and must use them. KOKKOS_CORE_LIB is the
 # Kokkos core library of weft's build; when it is a shared library, the
-# program must load it and no other Kokkos core library.
+# program must load it and no other Kokkos core library. USER_MODEL_SOURCE
+# (optional) is a user's model program (examples/custom_model.cpp): it is
+# built against the package too, and its loss curve at 2 ranks (pp=2, the
+# zero-bubble schedule) must follow its one-rank curve.
 foreach(v WEFT_BUILD_DIR SOURCE_DIR WORK_DIR CXX GENERATOR MPIEXEC KOKKOS_DIR KOKKOSKERNELS_DIR KOKKOS_VERSION KOKKOS_CORE_LIB)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "run_downstream.cmake: -D${v}=... is required")
@@ -33,7 +36,8 @@ step("cmake --install into ${prefix}" ${CMAKE_COMMAND} --install "${WEFT_BUILD_D
 step("configure against the installed package"
      ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${build}" -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release
      -DCMAKE_CXX_COMPILER=${CXX} "-DCMAKE_PREFIX_PATH=${prefix}" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
-     "-DKokkos_DIR=${KOKKOS_DIR}" "-DKokkosKernels_DIR=${KOKKOSKERNELS_DIR}")
+     "-DKokkos_DIR=${KOKKOS_DIR}" "-DKokkosKernels_DIR=${KOKKOSKERNELS_DIR}"
+     "-DWEFT_USER_MODEL_SOURCE=${USER_MODEL_SOURCE}")
 set(configure_output "${step_output}")
 string(REGEX MATCH "weft [0-9.]+ found at ([^\n]*)" _ "${step_output}")
 file(REAL_PATH "${prefix}" real_prefix)
@@ -84,4 +88,21 @@ math(EXPR expected_macro "${maj} * 10000 + ${min} * 100 + ${pat}")
 if(NOT program_macro EQUAL expected_macro)
   message(FATAL_ERROR "downstream test: the program was compiled with KOKKOS_VERSION '${program_macro}', "
                       "not weft's Kokkos ${KOKKOS_VERSION} (${expected_macro})")
+endif()
+
+# A user's model of declared blocks on the toolkit, from the installed package:
+# the one-rank run records the curve, the pipelined run must follow it.
+if(USER_MODEL_SOURCE)
+  set(_um "${build}/user_model")
+  set(_um_flags --batch 8 --microbatches 4 --steps 3)
+  step("user model at 1 rank" ${MPIEXEC} 1 "${_um}" ${_um_flags} --record "${WORK_DIR}/user_model_ref.json")
+  if(NOT step_output MATCHES "step 2 loss [0-9.]+")
+    message(FATAL_ERROR "downstream test: the user model did not print its steps:\n${step_output}")
+  endif()
+  step("user model at 2 ranks, pp=2, zero-bubble" ${MPIEXEC} 2 "${_um}" ${_um_flags} --mesh pp=2 --schedule zb
+       --baseline "${WORK_DIR}/user_model_ref.json")
+  if(NOT step_output MATCHES "the loss curve follows")
+    message(FATAL_ERROR "downstream test: the pipelined user model does not follow its one-rank curve:\n${step_output}")
+  endif()
+  message(STATUS "downstream test: the user model built against the package follows its one-rank curve at pp=2")
 endif()
