@@ -70,17 +70,22 @@ struct DivergenceGuard {
   std::size_t best_step = 0, above = 0;
   bool any = false;
 
-  /// Takes step `step`'s loss; returns the message when the guard stops the
-  /// run (empty otherwise): "training diverged at step S: the loss is L,
-  /// above F x the best so far (B at step T) for N consecutive steps; "
-  /// `fixes` " (the guard: " `settings` ")".
-  std::string observe(std::size_t step, double loss, const std::string& fixes, const std::string& settings = {}) {
-    if (factor <= 0 || !std::isfinite(loss)) return {};
+  /// Takes step `step`'s loss; returns true when the guard stops the run
+  /// here (the loss has been above factor x best for `window` steps).
+  bool observe(std::size_t step, double loss) {
+    if (factor <= 0 || !std::isfinite(loss)) return false;
     if (!any || loss < best) {
       any = true, best = loss, best_step = step;
     }
     above = loss > factor * best && best > 0 ? above + 1 : 0;
-    if (above < window) return {};
+    return above >= window;
+  }
+  /// The message of a stop at step `step` with loss `loss` (after observe
+  /// returned true): "training diverged at step S: the loss is L, above F x
+  /// the best so far (B at step T) for N consecutive steps; " `fixes` "
+  /// (the guard: " `settings` ")" (the last part only with settings). Built
+  /// only when the run stops, not at every step.
+  std::string message(std::size_t step, double loss, const std::string& fixes, const std::string& settings = {}) const {
     return "training diverged at step " + std::to_string(step) + ": the loss is " + number_text(loss) + ", above " +
            number_text(factor) + " x the best so far (" + number_text(best) + " at step " + std::to_string(best_step) +
            ") for " + std::to_string(above) + " consecutive steps; " + fixes +
@@ -220,8 +225,11 @@ class TrainLoop {
       }
       const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // A loss-scaled step that overflowed was skipped (its norm is not finite by design): only its loss can diverge.
-      std::string diverged = divergence_message(s, r.loss, r.skipped ? 0.0 : r.grad_norm, fixes(lr));
-      if (diverged.empty()) diverged = guard.observe(s, r.loss, fixes(lr), s_.guard_settings);
+      // The fixes text is built only for a step that stops the run.
+      const double norm = r.skipped ? 0.0 : r.grad_norm;
+      std::string diverged;
+      if (!std::isfinite(r.loss) || !std::isfinite(norm)) diverged = divergence_message(s, r.loss, norm, fixes(lr));
+      else if (guard.observe(s, r.loss)) diverged = guard.message(s, r.loss, fixes(lr), s_.guard_settings);
       if (!diverged.empty()) {
         out.diverged = std::move(diverged);
         out.stop_step = s, out.stop_loss = r.loss, out.stop_norm = r.grad_norm, out.stop_wall = wall;

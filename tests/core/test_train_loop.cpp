@@ -95,8 +95,10 @@ TEST_CASE("TrainLoop stops at the first non-finite loss or norm, before after ru
   std::vector<double> curve = {5, 4.5, 4, std::nan(""), 3};
   std::vector<std::size_t> after;
   weft::TrainLoop loop({.program = "t", .steps = 5, .print = false});
-  loop.set_fixes([](double lr) { return "try a smaller --lr (now " + weft::number_text(lr) + ")"; });
+  int asked = 0;
+  loop.set_fixes([&](double lr) { ++asked; return "try a smaller --lr (now " + weft::number_text(lr) + ")"; });
   const auto run = run_curve(loop, curve, {}, &after);
+  CHECK(asked == 1);  // the fixes are worded for the stopping step only, not at every step
   CHECK(after == std::vector<std::size_t>{0, 1, 2});
   CHECK(run.losses == std::vector<double>{5, 4.5, 4});
   CHECK(run.stop_step == 3);
