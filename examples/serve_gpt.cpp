@@ -413,74 +413,6 @@ std::vector<std::vector<int>> parse_prompts(const std::string& text, const std::
   return out;
 }
 
-// The requests of a --baseline record: each one's prompt and output tokens.
-struct BaselineRecord {
-  std::vector<std::vector<int>> prompts, outputs;
-  std::string prompts_file;  ///< its traffic.prompts_file (--prompts), if any
-  /// How to serve the baseline's requests again, for a message.
-  std::string how() const {
-    return prompts_file.empty() ? "its --requests, --seed and --prompt-* flags"
-                                : "--prompts " + prompts_file + " as it did";
-  }
-};
-
-BaselineRecord read_baseline(const std::string& text, const std::string& path) {
-  using weft::plan::JsonValue;
-  const JsonValue doc = weft::plan::parse_json(text, "--baseline " + path);
-  auto tokens = [&](const char* key) {
-    const JsonValue* a = doc.kind == JsonValue::Kind::object ? doc.find(key) : nullptr;
-    WEFT_REQUIRE(a && a->kind == JsonValue::Kind::array, ConfigError, "--baseline ", path, ": no \"", key,
-                 "\" array found; expected a record written by serve_gpt --record",
-                 std::string(key) == "prompts" && doc.find("outputs")
-                     ? " (a record from before serve_gpt recorded its prompts: record the baseline run again)"
-                     : "");
-    std::vector<std::vector<int>> out;
-    for (std::size_t i = 0; i < a->array.size(); ++i) {
-      const JsonValue& r = a->array[i];
-      WEFT_REQUIRE(r.kind == JsonValue::Kind::array, ConfigError, "--baseline ", path, ": ", key, "[", i,
-                   "] is not an array of token ids");
-      out.emplace_back();
-      for (std::size_t k = 0; k < r.array.size(); ++k) {
-        const JsonValue& t = r.array[k];
-        WEFT_REQUIRE(t.kind == JsonValue::Kind::number && t.number >= 0 && t.number < 2147483648.0 &&
-                         t.number == std::floor(t.number),
-                     ConfigError, "--baseline ", path, ": ", key, "[", i, "][", k, "] is not a token id");
-        out.back().push_back(int(t.number));
-      }
-    }
-    return out;
-  };
-  BaselineRecord b;
-  b.outputs = tokens("outputs");
-  b.prompts = tokens("prompts");
-  if (const JsonValue* t = doc.find("traffic"); t && t->kind == JsonValue::Kind::object)
-    if (const JsonValue* f = t->find("prompts_file"); f && f->kind == JsonValue::Kind::string) b.prompts_file = f->string;
-  WEFT_REQUIRE(b.prompts.size() == b.outputs.size(), ConfigError, "--baseline ", path, ": ", b.prompts.size(),
-               " prompts but ", b.outputs.size(), " outputs; the record is damaged");
-  return b;
-}
-
-// The baseline must hold the same requests as this run, checked before any
-// work: the same number and, request by request, the same prompt.
-void check_baseline_requests(const BaselineRecord& b, const std::string& path, const Traffic& t) {
-  WEFT_REQUIRE(b.prompts.size() == t.requests.size(), ConfigError, "--baseline ", path, " has ", b.prompts.size(),
-               " requests, this run ", t.requests.size(), "; serve the baseline's requests (", b.how(), ")");
-  for (std::size_t i = 0; i < b.prompts.size(); ++i) {
-    const auto& mine = t.requests[i].prompt;
-    const auto& theirs = b.prompts[i];
-    std::size_t k = 0;
-    while (k < mine.size() && k < theirs.size() && mine[k] == theirs[k]) ++k;
-    if (k == mine.size() && k == theirs.size()) continue;
-    const auto tok = [](const std::vector<int>& v, std::size_t k) {
-      return k < v.size() ? std::to_string(v[k]) : "the end (" + std::to_string(v.size()) + " tokens)";
-    };
-    weft::detail::throw_error<ConfigError>("--baseline ", path, ": the prompt of request ", i, " differs at token ", k,
-                                           ": this run's ", tok(mine, k), ", the baseline's ", tok(theirs, k),
-                                           "; the outputs of other prompts cannot be compared. Serve the baseline's "
-                                           "requests (", b.how(), ")");
-  }
-}
-
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -555,11 +487,13 @@ int run(int argc, char** argv, weft::Environment& env) {
     o.requests = given.size();
   }
   const Traffic all = traffic(o, given);
-  BaselineRecord base;
+  weft::TokenRecord base;
   if (!o.baseline.empty()) {
-    base = read_baseline(read_shared(env.world().native(), "--baseline", o.baseline, "a serve_gpt --record file"),
-                         o.baseline);
-    check_baseline_requests(base, o.baseline, all);
+    base = weft::TokenRecord::parse(read_shared(env.world().native(), "--baseline", o.baseline, "a serve_gpt --record file"),
+                                    o.baseline);
+    std::vector<std::vector<int>> prompts;
+    for (const auto& q : all.requests) prompts.push_back(q.prompt);
+    base.check_prompts(prompts);
   }
   // The record's directory before the first request, not after the last.
   if (!o.record.empty()) {
@@ -812,39 +746,12 @@ int run(int argc, char** argv, weft::Environment& env) {
   // Output parity against --baseline (its requests and prompts were checked
   // before any work): request by request, token by token; the first
   // difference is named. A rejected request has no tokens, in both records.
-  struct Parity {
-    bool match = true;
-    std::size_t request = 0, position = 0, tokens = 0;  // the first difference; tokens equal before it
-    std::string mine, theirs;
-  } parity;
-  if (!o.baseline.empty())
-    for (std::size_t i = 0; i < all_out.size() && parity.match; ++i) {
-      const auto& mine = all_out[i];
-      const auto& theirs = base.outputs[i];
-      std::size_t k = 0;
-      while (k < mine.size() && k < theirs.size() && mine[k] == theirs[k]) ++k;
-      parity.tokens += k;
-      if (k == mine.size() && k == theirs.size()) continue;
-      parity = {false, i, k, parity.tokens, "", ""};
-      parity.mine = k < mine.size()            ? "this run's token is " + std::to_string(mine[k])
-                    : !rejected_why[i].empty() ? "this run rejected it (" + rejected_why[i] + ")"
-                                               : "this run's output ends there (" + std::to_string(mine.size()) + " tokens)";
-      parity.theirs = k < theirs.size() ? "the baseline's is " + std::to_string(theirs[k])
-                      : theirs.empty()  ? std::string("the baseline has no tokens (rejected there)")
-                                        : "the baseline's ends there (" + std::to_string(theirs.size()) + " tokens)";
-    }
+  const weft::TokenParity parity = o.baseline.empty() ? weft::TokenParity{} : weft::TokenParity::compare(all_out, base, rejected_why);
   const int status = parity.match ? 0 : 3;
   auto report_parity = [&] {
     if (o.baseline.empty()) return;
     std::fflush(stdout);
-    if (parity.match)
-      std::printf("serve_gpt: the outputs match --baseline %s: %zu requests, %zu tokens identical\n", o.baseline.c_str(),
-                  all_out.size(), parity.tokens);
-    else
-      std::fprintf(stderr, "serve_gpt: error: the outputs differ from --baseline %s at request %zu, token %zu: %s, %s "
-                   "(the %zu tokens before it, in request order, are identical)\n",
-                   o.baseline.c_str(), parity.request, parity.position, parity.mine.c_str(), parity.theirs.c_str(),
-                   parity.tokens);
+    std::fprintf(parity.match ? stdout : stderr, "%s\n", parity.line("serve_gpt", o.baseline).c_str());
   };
   if (o.record.empty()) {
     report_parity();
@@ -980,13 +887,7 @@ int run(int argc, char** argv, weft::Environment& env) {
   if (o.baseline.empty()) {
     r.set("baseline", Json());
   } else {
-    Json b = Json::object();
-    b.set("file", o.baseline);
-    b.set("requests", all_out.size());
-    b.set("match", parity.match);
-    b.set("identical_tokens", parity.tokens);
-    b.set("first_difference", parity.match ? Json() : Json::object().set("request", parity.request).set("token", parity.position));
-    r.set("baseline", b);
+    r.set("baseline", parity.json(o.baseline));
   }
   weft::write_file_whole("--record", o.record, r.dump(1) + "\n");  // whole or not at all
   std::printf("serve_gpt: record written to %s\n", o.record.c_str());

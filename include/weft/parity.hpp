@@ -11,6 +11,9 @@
 //   std::puts(p.line("my_train", base.file).c_str());            // "the loss curve follows ..." or "error: ..."
 //   rec.write(json);                                             // whole or not at all
 //   return p.follows() ? 0 : 1;
+//
+// A generation program's --baseline is another run's output tokens:
+// TokenRecord::read (check_prompts before any work) and TokenParity::compare.
 #pragma once
 
 #include <fcntl.h>
@@ -343,6 +346,180 @@ struct LossCurve {
       }
     }
     return p;
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Token parity: a generation run's output tokens against another run's.
+
+/// The requests of a token record: each request's prompt and its output
+/// tokens, in request order, as serve_gpt's --record writes them (the
+/// top-level "prompts" and "outputs" arrays of arrays of token ids, and
+/// "traffic.prompts_file" when the prompts came from a file). A rejected
+/// request has an empty output.
+struct TokenRecord {
+  std::string file;                               ///< where it was read from (empty: no baseline)
+  std::vector<std::vector<int>> prompts, outputs;  ///< per request: the prompt's and the output's token ids
+  std::string prompts_file;                       ///< its "traffic.prompts_file", if any
+
+  /// Whether a record was read.
+  bool active() const { return !file.empty(); }
+
+  /// How to serve the record's requests again, for a message: "--prompts
+  /// FILE as it did", or "its --requests, --seed and --prompt-* flags" when
+  /// its prompts were drawn.
+  std::string how() const {
+    return prompts_file.empty() ? "its --requests, --seed and --prompt-* flags" : "--prompts " + prompts_file + " as it did";
+  }
+
+  /// Parses `text`, the contents of the record at `path` (read by one rank
+  /// and shared, or read here with read()). `flag` and `path` name it in the
+  /// messages, and `writer` is the program whose --record it must be. Throws
+  /// ConfigError when the text is not JSON, has no "prompts" or "outputs"
+  /// array (a record from before prompts were recorded is named so), an
+  /// entry that is not an array of token ids (integers in [0, 2^31)), or
+  /// different numbers of prompts and outputs.
+  static TokenRecord parse(const std::string& text, const std::string& path, std::string_view flag = "--baseline",
+                           std::string_view writer = "serve_gpt") {
+    using plan::JsonValue;
+    const std::string what = std::string(flag) + " " + path;
+    const JsonValue doc = plan::parse_json(text, what);
+    auto tokens = [&](const char* key) {
+      const JsonValue* a = doc.kind == JsonValue::Kind::object ? doc.find(key) : nullptr;
+      WEFT_REQUIRE(a && a->kind == JsonValue::Kind::array, ConfigError, what, ": no \"", key,
+                   "\" array found; expected a record written by ", writer, " --record",
+                   std::string_view(key) == "prompts" && doc.kind == JsonValue::Kind::object && doc.find("outputs")
+                       ? std::string(" (a record from before ") + std::string(writer) +
+                             " recorded its prompts: record the baseline run again)"
+                       : std::string());
+      std::vector<std::vector<int>> out;
+      for (std::size_t i = 0; i < a->array.size(); ++i) {
+        const JsonValue& r = a->array[i];
+        WEFT_REQUIRE(r.kind == JsonValue::Kind::array, ConfigError, what, ": ", key, "[", i, "] is not an array of token ids");
+        out.emplace_back();
+        for (std::size_t k = 0; k < r.array.size(); ++k) {
+          const JsonValue& t = r.array[k];
+          WEFT_REQUIRE(t.kind == JsonValue::Kind::number && t.number >= 0 && t.number < 2147483648.0 &&
+                           t.number == std::floor(t.number),
+                       ConfigError, what, ": ", key, "[", i, "][", k, "] is not a token id");
+          out.back().push_back(int(t.number));
+        }
+      }
+      return out;
+    };
+    TokenRecord b;
+    b.file = path;
+    b.outputs = tokens("outputs");
+    b.prompts = tokens("prompts");
+    if (const JsonValue* t = doc.find("traffic"); t && t->kind == JsonValue::Kind::object)
+      if (const JsonValue* f = t->find("prompts_file"); f && f->kind == JsonValue::Kind::string) b.prompts_file = f->string;
+    WEFT_REQUIRE(b.prompts.size() == b.outputs.size(), ConfigError, what, ": ", b.prompts.size(), " prompts but ",
+                 b.outputs.size(), " outputs; the record is damaged");
+    return b;
+  }
+
+  /// parse() of the file at `path`; ConfigError when it cannot be opened.
+  static TokenRecord read(const std::string& path, std::string_view flag = "--baseline", std::string_view writer = "serve_gpt") {
+    std::ifstream f(path);
+    WEFT_REQUIRE(f.good(), ConfigError, flag, " ", path, ": cannot open the file (", std::strerror(errno), ")");
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return parse(text, path, flag, writer);
+  }
+
+  /// Checks, before any work, that this run's requests are the record's:
+  /// as many, and request by request the same prompt token for token.
+  /// Outputs of other prompts cannot be compared, so a difference throws
+  /// ConfigError naming the request, the first differing token (or "the end
+  /// (N tokens)" of the shorter prompt) on both sides, and how() to serve
+  /// the record's requests.
+  void check_prompts(const std::vector<std::vector<int>>& run, std::string_view flag = "--baseline") const {
+    WEFT_REQUIRE(prompts.size() == run.size(), ConfigError, flag, " ", file, " has ", prompts.size(), " requests, this run ",
+                 run.size(), "; serve the baseline's requests (", how(), ")");
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const auto& mine = run[i];
+      const auto& theirs = prompts[i];
+      std::size_t k = 0;
+      while (k < mine.size() && k < theirs.size() && mine[k] == theirs[k]) ++k;
+      if (k == mine.size() && k == theirs.size()) continue;
+      const auto tok = [](const std::vector<int>& v, std::size_t j) {
+        return j < v.size() ? std::to_string(v[j]) : "the end (" + std::to_string(v.size()) + " tokens)";
+      };
+      detail::throw_error<ConfigError>(flag, " ", file, ": the prompt of request ", i, " differs at token ", k, ": this run's ",
+                                       tok(mine, k), ", the baseline's ", tok(theirs, k),
+                                       "; the outputs of other prompts cannot be compared. Serve the baseline's requests (",
+                                       how(), ")");
+    }
+  }
+};
+
+/// The verdict of a run's output tokens against a TokenRecord: request by
+/// request in request order, token by token, up to the first difference.
+struct TokenParity {
+  bool match = true;           ///< every request's output equals the record's
+  std::size_t requests = 0;    ///< requests compared
+  std::size_t tokens = 0;      ///< tokens equal before the first difference (all of them when match)
+  std::size_t request = 0;     ///< the first differing request (when !match)
+  std::size_t position = 0;    ///< the first differing token of that request
+  std::string mine, theirs;    ///< what stands there on each side, in words
+
+  /// Compares `run` (this run's output tokens per request) with `record`'s
+  /// outputs. `rejected_why[i]`, when given and not empty, says why this run
+  /// rejected request i (its output is then empty), for the message. Throws
+  /// ConfigError when the numbers of requests differ (check_prompts refuses
+  /// that before any work).
+  static TokenParity compare(const std::vector<std::vector<int>>& run, const TokenRecord& record,
+                             const std::vector<std::string>& rejected_why = {}) {
+    WEFT_REQUIRE(run.size() == record.outputs.size(), ConfigError, "weft::TokenParity::compare: the run has ", run.size(),
+                 " requests but the baseline ", record.file, " ", record.outputs.size());
+    TokenParity p;
+    p.requests = run.size();
+    for (std::size_t i = 0; i < run.size(); ++i) {
+      const auto& mine = run[i];
+      const auto& theirs = record.outputs[i];
+      std::size_t k = 0;
+      while (k < mine.size() && k < theirs.size() && mine[k] == theirs[k]) ++k;
+      p.tokens += k;
+      if (k == mine.size() && k == theirs.size()) continue;
+      p.match = false;
+      p.request = i;
+      p.position = k;
+      const bool rejected = i < rejected_why.size() && !rejected_why[i].empty();
+      p.mine = k < mine.size() ? "this run's token is " + std::to_string(mine[k])
+               : rejected      ? "this run rejected it (" + rejected_why[i] + ")"
+                               : "this run's output ends there (" + std::to_string(mine.size()) + " tokens)";
+      p.theirs = k < theirs.size() ? "the baseline's is " + std::to_string(theirs[k])
+                 : theirs.empty()  ? std::string("the baseline has no tokens (rejected there)")
+                                   : "the baseline's ends there (" + std::to_string(theirs.size()) + " tokens)";
+      break;
+    }
+    return p;
+  }
+
+  /// "<program>: the outputs match --baseline <file>: R requests, N tokens
+  /// identical" or "<program>: error: the outputs differ from --baseline
+  /// <file> at request I, token K: <mine>, <theirs> (the N tokens before it,
+  /// in request order, are identical)".
+  std::string line(std::string_view program, std::string_view file, std::string_view flag = "--baseline") const {
+    std::string s(program);
+    if (match)
+      return s + ": the outputs match " + std::string(flag) + " " + std::string(file) + ": " + std::to_string(requests) +
+             " requests, " + std::to_string(tokens) + " tokens identical";
+    return s + ": error: the outputs differ from " + std::string(flag) + " " + std::string(file) + " at request " +
+           std::to_string(request) + ", token " + std::to_string(position) + ": " + mine + ", " + theirs + " (the " +
+           std::to_string(tokens) + " tokens before it, in request order, are identical)";
+  }
+
+  /// The verdict as a record's "baseline" object (docs/serving.md): file,
+  /// requests, match, identical_tokens, first_difference ({request, token},
+  /// or null when the outputs match).
+  metrics::Json json(const std::string& file) const {
+    return metrics::Json::object()
+        .set("file", file)
+        .set("requests", requests)
+        .set("match", match)
+        .set("identical_tokens", tokens)
+        .set("first_difference", match ? metrics::Json()
+                                       : metrics::Json::object().set("request", request).set("token", position));
   }
 };
 

@@ -17,7 +17,12 @@
 //   written record reads back as a baseline; write_file_whole throws IoError
 //   and leaves nothing when it cannot write;
 // - check_outputs_not_inputs refuses an output that is an input under
-//   another spelling, and json_at / json_text / value_text read identities.
+//   another spelling, and json_at / json_text / value_text read identities;
+// - TokenRecord::parse takes a generation record's prompts and outputs and
+//   refuses, naming the entry, what is not one; check_prompts refuses other
+//   requests before any work; TokenParity::compare names the first
+//   differing token (a longer, shorter or rejected output too), and its
+//   line and json are the verdict and the record's "baseline" object.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -112,6 +117,80 @@ TEST_CASE("json_at, json_text and value_text: the identity of a run as text") {
   CHECK(weft::json_text(nullptr) == "(absent)");
   CHECK(weft::identity_differences(doc, {{"a.b", "0.2"}, {"a.s", "x"}, {"z", "1"}}) ==
         "a.b 0.10000000000000001 there, 0.2 in this run");
+}
+
+TEST_CASE("TokenRecord::parse takes prompts and outputs and refuses what is not a generation record") {
+  const std::string rec = R"({"prompts": [[1, 2], [3]], "outputs": [[7, 8, 9], []], "traffic": {"prompts_file": "p.txt"}})";
+  const auto r = weft::TokenRecord::parse(rec, "base.json");
+  CHECK(r.active());
+  CHECK(r.file == "base.json");
+  CHECK(r.prompts == std::vector<std::vector<int>>{{1, 2}, {3}});
+  CHECK(r.outputs == std::vector<std::vector<int>>{{7, 8, 9}, {}});
+  CHECK(r.how() == "--prompts p.txt as it did");
+  CHECK(!weft::TokenRecord{}.active());
+  auto refused = [](const std::string& text) { return config_error([&] { weft::TokenRecord::parse(text, "b.json"); }); };
+  CHECK(contains(refused("{\"outputs\": [[1]]"), "--baseline b.json"));  // not JSON
+  CHECK(contains(refused(R"({"outputs": [[1]]})"),
+                 "--baseline b.json: no \"prompts\" array found; expected a record written by serve_gpt --record (a record "
+                 "from before serve_gpt recorded its prompts: record the baseline run again)"));
+  CHECK(contains(refused(R"({"prompts": [[1]]})"), "no \"outputs\" array found"));
+  CHECK(contains(refused(R"({"prompts": [[1]], "outputs": [3]})"), "outputs[0] is not an array of token ids"));
+  CHECK(contains(refused(R"({"prompts": [[1, 2.5]], "outputs": [[3]]})"), "prompts[0][1] is not a token id"));
+  CHECK(contains(refused(R"({"prompts": [[1, -1]], "outputs": [[3]]})"), "prompts[0][1] is not a token id"));
+  CHECK(contains(refused(R"({"prompts": [[1], [2]], "outputs": [[3]]})"), "2 prompts but 1 outputs; the record is damaged"));
+  CHECK(contains(config_error([&] { weft::TokenRecord::read(scratch("missing_tokens.json")); }), "cannot open the file"));
+  if (weft::test::world().rank() != 0) return;
+  const std::string path = scratch("tokens.json");
+  write_text(path, rec);
+  CHECK(weft::TokenRecord::read(path).outputs == r.outputs);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("TokenRecord::check_prompts and TokenParity: other requests refused, the first differing token named") {
+  const auto r = weft::TokenRecord::parse(R"({"prompts": [[1, 2], [3]], "outputs": [[7, 8, 9], [4]]})", "base.json");
+  CHECK(r.how() == "its --requests, --seed and --prompt-* flags");
+  r.check_prompts({{1, 2}, {3}});  // the same requests: no error
+  CHECK(contains(config_error([&] { r.check_prompts({{1, 2}}); }),
+                 "--baseline base.json has 2 requests, this run 1; serve the baseline's requests (its --requests"));
+  CHECK(contains(config_error([&] { r.check_prompts({{1, 2}, {5}}); }),
+                 "--baseline base.json: the prompt of request 1 differs at token 0: this run's 5, the baseline's 3"));
+  CHECK(contains(config_error([&] { r.check_prompts({{1}, {3}}); }),
+                 "the prompt of request 0 differs at token 1: this run's the end (1 tokens), the baseline's 2"));
+
+  const auto same = weft::TokenParity::compare({{7, 8, 9}, {4}}, r);
+  CHECK(same.match);
+  CHECK(same.requests == 2);
+  CHECK(same.tokens == 4);
+  CHECK(same.line("serve", "base.json") == "serve: the outputs match --baseline base.json: 2 requests, 4 tokens identical");
+  CHECK(same.json("base.json").dump().find("\"first_difference\": null") != std::string::npos);
+
+  const auto other = weft::TokenParity::compare({{7, 6, 9}, {4}}, r);
+  CHECK(!other.match);
+  CHECK(other.request == 0);
+  CHECK(other.position == 1);
+  CHECK(other.tokens == 1);
+  CHECK(other.line("serve", "base.json") ==
+        "serve: error: the outputs differ from --baseline base.json at request 0, token 1: this run's token is 6, the "
+        "baseline's is 8 (the 1 tokens before it, in request order, are identical)");
+  const std::string j = other.json("base.json").dump();
+  CHECK(contains(j, "\"match\": false"));
+  CHECK(contains(j, "\"request\": 0"));
+  CHECK(contains(j, "\"token\": 1"));
+
+  const auto shorter = weft::TokenParity::compare({{7, 8, 9}, {}}, r, {"", "too long"});
+  CHECK(!shorter.match);
+  CHECK(shorter.request == 1);
+  CHECK(shorter.position == 0);
+  CHECK(shorter.tokens == 3);
+  CHECK(shorter.mine == "this run rejected it (too long)");
+  CHECK(shorter.theirs == "the baseline's is 4");
+  const auto longer = weft::TokenParity::compare({{7, 8, 9, 1}, {4}}, r);
+  CHECK(longer.mine == "this run's token is 1");
+  CHECK(longer.theirs == "the baseline's ends there (3 tokens)");
+  const auto rejected_there = weft::TokenParity::compare({{7, 8, 9}, {4}},
+                                                         weft::TokenRecord::parse(R"({"prompts": [[1], [3]], "outputs": [[7, 8, 9], []]})", "b"));
+  CHECK(rejected_there.theirs == "the baseline has no tokens (rejected there)");
+  CHECK(contains(config_error([&] { weft::TokenParity::compare({{7}}, r); }), "the run has 1 requests but the baseline base.json 2"));
 }
 
 TEST_CASE("LossCurve::compare: the worst relative difference, NaN never follows, the verdict line") {
