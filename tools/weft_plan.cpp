@@ -10,6 +10,10 @@
 // steps, and their measured step time and memory are printed beside the
 // predicted ones (a table, or with --json one document, schema
 // docs/schema/run_top.schema.json).
+//   mpirun -n N weft-plan --calibrate FILE.json
+// --calibrate: measures this machine as the planner sees it (the core's FMA
+// peak, the gemm rate, memory per rank, MPI's links inside a host and across
+// hosts; weft/plan/calibrate.hpp) and writes a topology file for --topology.
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -29,7 +33,11 @@
 #include <string>
 #include <vector>
 
+#include <weft/comm/environment.hpp>
 #include <weft/metrics/json.hpp>
+#include <weft/ops/blas_threads.hpp>
+#include <weft/parity.hpp>
+#include <weft/plan/calibrate.hpp>
 #include <weft/plan/presets.hpp>
 
 #ifndef WEFT_TRAIN_GPT_PATH
@@ -42,6 +50,7 @@ using namespace weft::plan;
 
 struct Args {
   std::string preset, model_file, topology_file;
+  std::string calibrate;  // --calibrate FILE: measure this machine and write a topology file
   std::size_t gpus = 0, top = 10, batch = 8, context = 4096;
   bool serve = false, json = false, rejected = false;
   std::size_t run_top = 0, steps = 6;        // --run-top K: train the top K candidates for --steps steps
@@ -59,6 +68,7 @@ std::string usage_text() {
   std::string presets;
   for (const auto& n : preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   return "usage: weft-plan --preset NAME|--model FILE.json --gpus N [flags]\n"
+         "       mpirun -n N weft-plan --calibrate FILE.json\n"
          "  --preset NAME         a published model shape: " + presets + "\n"
          "  --model FILE.json     a model description (its fields: docs/plan.md)\n"
          "  --gpus N              devices to plan for, 1.." + std::to_string(max_gpus) + "\n"
@@ -76,9 +86,14 @@ std::string usage_text() {
          "  --launcher CMD        how --run-top launches, {n} the rank count ('mpirun -n {n}')\n"
          "  --steps N             steps of each --run-top run (6)\n"
          "  --workdir DIR         records and logs of --run-top (default: a new directory under /tmp)\n"
+         "  --calibrate FILE.json measure this machine and write it as a topology file for --topology: one\n"
+         "                        device per rank, the FMA peak and gemm rate of a rank, MemAvailable / its\n"
+         "                        node's ranks, MPI's bandwidth and latency inside a host and across hosts\n"
+         "                        (launch 2 or more ranks; 2 on each of 2 hosts measure both links)\n"
          "  --help                this text\n"
-         "Each flag may be given once. Exit status: 0 a plan; 1 no valid layout (the most common reasons are\n"
-         "printed) or no --run-top candidate ran; 2 a bad flag or input file.\n";
+         "Each flag may be given once. Exit status: 0 a plan (or, with --calibrate, the file written); 1 no valid\n"
+         "layout (the most common reasons are printed) or no --run-top candidate ran; 2 a bad flag or input file\n"
+         "(--calibrate: one rank, or a file that cannot be written).\n";
 }
 
 [[noreturn]] void usage(const std::string& why) {
@@ -133,7 +148,13 @@ Args parse(int argc, char** argv) {
     else if (f == "--serve") a.serve = true;
     else if (f == "--json") a.json = true;
     else if (f == "--rejected") a.rejected = true;
+    else if (f == "--calibrate") a.calibrate = next();
     else usage("unknown flag " + f);
+  }
+  if (seen.count("--calibrate")) {
+    if (a.calibrate.empty()) usage("--calibrate needs the name of the file to write");
+    if (seen.size() > 1) usage("--calibrate takes no other flag; plan with the file it writes (--topology) afterwards");
+    return a;
   }
   if (a.preset.empty() == a.model_file.empty()) usage("give exactly one of --preset and --model");
   if (!a.gpus) usage("--gpus is required");
@@ -634,8 +655,76 @@ int serve(const Args& a, const ModelSpec& m, const Topology& t) {
 
 }  // namespace
 
+// --calibrate: every rank measures (weft::plan::calibrate), rank 0 writes
+// the topology file. Its place is checked before anything is measured.
+int calibrate(int argc, char** argv, const std::string& file) {
+  weft::Environment env(argc, argv);
+  const int rank = env.world().rank();
+  int ok = 1;
+  std::string why;
+  if (rank == 0) {
+    try {
+      weft::check_output_file("--calibrate", file);
+    } catch (const weft::Error& e) {
+      ok = 0;
+      why = e.what();
+    }
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (!ok) {
+    if (rank == 0) std::cerr << "weft-plan: " << why << "\n";
+    return 2;
+  }
+  if (env.world().size() < 2) {
+    std::cerr << "weft-plan: --calibrate on one rank has no link to measure; launch at least 2 ranks "
+                 "(mpirun -n 4 with 2 slots on each of 2 hosts measures both links)\n";
+    return 2;
+  }
+  const int per_node = weft::ranks_on_node(MPI_COMM_WORLD);
+  const weft::ops::BlasThreads bt = weft::ops::set_blas_threads(0, per_node);
+  if (rank == 0)
+    std::printf("weft-plan: calibrating on %d ranks (%d BLAS thread(s) per rank): core peak, gemm, memory read, links\n",
+                env.world().size(), bt.threads);
+  std::fflush(stdout);
+  weft::plan::Calibration c;
+  try {
+    c = weft::plan::calibrate(MPI_COMM_WORLD);
+  } catch (const weft::Error& e) {  // printed here: leaving with it aborts the job (weft::Environment)
+    std::cerr << "weft-plan: " << e.what() << "\n";
+    return 2;
+  }
+  // A rank computes on its BLAS threads: its peak is theirs together.
+  c.fma_gflops *= bt.threads;
+  if (rank != 0) return 0;
+  const std::string name = "calibrated on " + c.host + (c.hosts > 1 ? " and " + std::to_string(c.hosts - 1) + " more host(s)" : "") +
+                           ": " + std::to_string(c.ranks) + " ranks, " + std::to_string(c.ranks_per_host) + " per host";
+  try {
+    weft::write_file_whole("--calibrate", file, c.json(name).dump(1) + "\n");
+  } catch (const weft::Error& e) {  // a full disk since the check: said here, before weft::Environment ends the job
+    std::cerr << "weft-plan: " << e.what() << "\n";
+    return 2;
+  }
+  std::printf("weft-plan: per rank: fp32 FMA peak %.1f GFLOP/s (%s), gemm %.1f GFLOP/s (efficiency %.2f), read %.1f GB/s, "
+              "memory %.2f GB\n",
+              c.fma_gflops, c.fma_isa, c.gemm_gflops, std::min(1.0, c.gemm_gflops / c.fma_gflops), c.stream_read_gbs,
+              c.memory_gb);
+  std::printf("weft-plan: inside a host: %.3f GB/s, %.2f us%s; across hosts: %.3f GB/s, %.2f us%s\n", c.intra_bw_gbs,
+              c.intra_latency_us, c.intra_measured ? "" : " (not measured: no second rank on rank 0's host)",
+              c.inter_bw_gbs, c.inter_latency_us, c.inter_measured ? "" : " (not measured: one host; the figures inside it)");
+  std::printf("weft-plan: topology written to %s (%d host(s))\n", file.c_str(), c.hosts);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
+  if (!a.calibrate.empty()) {
+    try {
+      return calibrate(argc, argv, a.calibrate);
+    } catch (const weft::Error& e) {
+      std::cerr << "weft-plan: " << e.what() << "\n";
+      return 2;
+    }
+  }
   try {
     ModelSpec m;
     if (!a.preset.empty()) {

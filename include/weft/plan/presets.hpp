@@ -156,6 +156,11 @@ inline Topology topology_from_json(const JsonValue& v, const std::string& what) 
       t.switch_levels.push_back(l);
     }
   }
+  // What weft-plan --calibrate measured (plan/calibrate.hpp): kept in the
+  // file for the reader, not used by the planner.
+  if (f.has("calibration"))
+    WEFT_REQUIRE(v.find("calibration")->kind == JsonValue::Kind::object, ConfigError, what,
+                 ": field \"calibration\" must be an object (the figures weft-plan --calibrate measured)");
   f.no_unknown();
   WEFT_REQUIRE(t.compute_efficiency <= 1, ConfigError, what, ": field \"compute_efficiency\" is ", t.compute_efficiency,
                "; expected a fraction in (0, 1]");
