@@ -51,6 +51,7 @@
 #include <weft/metrics/counters.hpp>
 #include <weft/comm/node.hpp>
 #include <weft/core/flags.hpp>
+#include <weft/core/measure.hpp>
 #include <weft/core/parse.hpp>
 #include <weft/ops/blas_threads.hpp>
 #include <weft/parity.hpp>
@@ -538,16 +539,7 @@ int run(int argc, char** argv, weft::Environment& env) {
                  "give fewer --kv-blocks or a smaller --block-size");
     const auto plan = weft::serve::planned_memory(o.model, std::size_t(o.tp), o.engine, o.bytes());
     const double need = plan.weights + plan.kv_cache + plan.workspace + plan.buffers;
-    double avail_kb = -1;
-    {
-      std::ifstream mi("/proc/meminfo");
-      std::string key, unit;
-      double kb = 0;
-      while (mi >> key >> kb) {
-        std::getline(mi, unit);
-        if (key == "MemAvailable:") avail_kb = kb;
-      }
-    }
+    const double avail_kb = weft::mem_available_bytes().value_or(-1024.0) / 1024.0;  // -1: unknown
     const int node_ranks = weft::ranks_on_node(MPI_COMM_WORLD);
     const double limit = avail_kb * 1024.0 / double(node_ranks);
     constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Kokkos::DefaultExecutionSpace::memory_space>::accessible;

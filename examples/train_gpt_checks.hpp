@@ -157,17 +157,7 @@ inline void check_free_space(const std::vector<Output>& outputs) {
   }
 }
 
-/// MemAvailable of /proc/meminfo in bytes (nullopt where it cannot be read).
-inline std::optional<double> mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key, unit;
-  double kb = 0;
-  while (f >> key >> kb) {
-    std::getline(f, unit);
-    if (key == "MemAvailable:") return kb * 1024.0;
-  }
-  return std::nullopt;
-}
+using weft::mem_available_bytes;  // MemAvailable in bytes (weft/core/measure.hpp)
 
 /// A run as the memory estimate sees it.
 struct RunShape {

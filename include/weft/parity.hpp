@@ -238,6 +238,16 @@ class RecordFile {
   std::string flag_ = "--record";
 };
 
+namespace detail {
+/// The whole text of the file at `path`; ConfigError "WHAT: cannot open the
+/// file (reason)" when it cannot be opened (`what`: the flag and the path).
+inline std::string file_text(const std::string& what, const std::string& path) {
+  std::ifstream f(path);
+  WEFT_REQUIRE(f.good(), ConfigError, what, ": cannot open the file (", std::strerror(errno), ")");
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+}  // namespace detail
+
 // ---------------------------------------------------------------------------
 // Loss-curve parity.
 
@@ -302,10 +312,7 @@ struct LossCurve {
   static LossCurve read(const std::string& path, std::size_t steps, std::string_view flag = "--baseline",
                         const RunIdentity& identity = {}) {
     const std::string what = std::string(flag) + " " + path;
-    std::ifstream f(path);
-    WEFT_REQUIRE(f.good(), ConfigError, what, ": cannot open the file (", std::strerror(errno), ")");
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const plan::JsonValue doc = plan::parse_json(text, what);
+    const plan::JsonValue doc = plan::parse_json(detail::file_text(what, path), what);
     const std::string diff = identity_differences(doc, identity);
     WEFT_REQUIRE(diff.empty(), ConfigError, what, " is a record of another model or data (", diff,
                  "); its loss curve cannot be followed. Give the record of a run of this model on this data");
@@ -420,10 +427,7 @@ struct TokenRecord {
 
   /// parse() of the file at `path`; ConfigError when it cannot be opened.
   static TokenRecord read(const std::string& path, std::string_view flag = "--baseline", std::string_view writer = "serve_gpt") {
-    std::ifstream f(path);
-    WEFT_REQUIRE(f.good(), ConfigError, flag, " ", path, ": cannot open the file (", std::strerror(errno), ")");
-    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    return parse(text, path, flag, writer);
+    return parse(detail::file_text(std::string(flag) + " " + path, path), path, flag, writer);
   }
 
   /// Checks, before any work, that this run's requests are the record's:

@@ -32,6 +32,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <weft/core/measure.hpp>
 #include <weft/metrics/counters.hpp>
 #include <weft/metrics/peak.hpp>
 #include <weft/optim/train_step.hpp>
@@ -92,15 +93,6 @@ struct DivergenceGuard {
            (settings.empty() ? std::string() : " (the guard: " + settings + ")");
   }
 };
-
-/// The median of `v` (the mean of the two middle values for an even count;
-/// 0 for none).
-inline double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /// How a TrainLoop runs and prints.
 struct TrainLoopSettings {

@@ -8,6 +8,7 @@
 #include <weft/core/flags.hpp>
 #include <weft/core/half.hpp>
 #include <weft/core/kokkos_compat.hpp>
+#include <weft/core/measure.hpp>
 #include <weft/core/version.hpp>
 #include <weft/comm/datatype.hpp>
 #include <weft/comm/stats.hpp>

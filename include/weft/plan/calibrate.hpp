@@ -17,12 +17,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <weft/comm/node.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/measure.hpp>
 #include <weft/metrics/json.hpp>
 #include <weft/metrics/peak.hpp>
 #include <weft/ops/gemm.hpp>
@@ -118,24 +118,6 @@ struct Calibration {
 
 namespace detail {
 
-/// MemAvailable of /proc/meminfo in bytes (0 where it cannot be read).
-inline double mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024.0;
-  return 0;
-}
-
-/// The median of `v` (the upper one of an even count; 0 for none).
-inline double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 /// Times `reps` runs of `work()` after one warm-up, every rank of `comm` at
 /// once: a barrier before each run, so that ranks sharing a core (more ranks
 /// than cores, or two hosts on one machine) run side by side as they do in
@@ -150,7 +132,7 @@ double concurrent_median_seconds(MPI_Comm comm, int reps, Work&& work) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) t.push_back(dt);  // r == 0: the warm-up (first touch, the provider's set-up)
   }
-  return median_of(t);
+  return ::weft::median_of(t);
 }
 
 /// A sum of every element of `a`, 16 at a time (the loop a compiler vectorises).
@@ -287,7 +269,7 @@ inline Calibration calibrate(MPI_Comm comm, const CalibrateOptions& o = {}) {
     links[2] = bw;
     links[3] = lat;
   }
-  links[4] = detail::mem_available_bytes() / double(std::max(1, c.ranks_per_host));
+  links[4] = mem_available_bytes().value_or(0) / double(std::max(1, c.ranks_per_host));
   MPI_Bcast(links, 5, MPI_DOUBLE, 0, comm);
   c.intra_measured = intra_peer >= 0;
   c.inter_measured = inter_peer >= 0;
